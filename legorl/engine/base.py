@@ -1,0 +1,53 @@
+"""The Engine protocol: generate by token ids, report what was sampled.
+
+Every engine (in-process `hf`, HTTP `vllm`/`sglang`, `scripted`, `oracle`) takes prompt
+token ids and returns completion token ids with the log-probability of each sampled token
+and, for MoE models, the experts every token was routed to. The proxy never sends text to
+an engine: rendering and tokenising are the proxy's job, so the recorded ids are exactly
+the ids the policy conditioned on and produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
+
+
+class EngineError(RuntimeError):
+    """The engine failed (server down, bad response): an infrastructure fault."""
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Token-in/token-out generation."""
+
+    name: str
+    policy_version: int  # bumped by every weight sync
+
+    def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        """Yield one TokenStep per sampled token, then a final step with `finish_reason` set
+        (and `routed_experts` for MoE engines). Must stop on any of `params.stop` strings
+        (decoded) and on the tokenizer's end-of-turn/eos ids."""
+        ...
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    async def close(self) -> None: ...
+
+
+async def collect(steps: AsyncIterator[TokenStep], prompt_tokens: int) -> Generation:
+    """Drain a stream into a Generation (the default `generate` of streaming engines)."""
+    ids: list[int] = []
+    lps: list[float] = []
+    finish = FinishReason.ABORT
+    routing = None
+    async for step in steps:
+        if step.token_id is not None:
+            ids.append(step.token_id)
+            lps.append(float(step.logprob if step.logprob is not None else 0.0))
+        if step.finish_reason is not None:
+            finish = step.finish_reason
+            routing = step.routed_experts
+    return Generation(ids, lps, finish, routing, prompt_tokens)

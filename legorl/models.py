@@ -1,0 +1,75 @@
+"""Model and tokenizer resolution: a name or a local directory → an HF model directory.
+
+No model hub is reachable from our machines, so the bundled models (`tiny-qwen3`,
+`tiny-qwen3-moe`) are a committed config plus the committed locally-trained tokenizer,
+materialised with random weights from a fixed seed the first time they are asked for.
+Every process that asks for the same name therefore gets bit-identical weights, which is
+what lets an engine process and a trainer process agree without shipping weights.
+Any other value is taken as the path of a local HF model directory with a chat template.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+TOKENIZER_DIR = ASSETS / "tokenizer"
+BUNDLED = {p.name: p for p in (ASSETS / "models").iterdir() if (p / "config.json").exists()}
+INIT_SEED = 1234
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LEGORL_CACHE", Path.home() / ".cache" / "legorl"))
+
+
+class ModelNotFound(ValueError):
+    """The model name is neither bundled nor an existing local directory."""
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """Return a directory holding config.json, tokenizer files and weights for the model."""
+    if name_or_path in BUNDLED:
+        return _materialise(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if (path / "config.json").exists():
+        return path
+    raise ModelNotFound(
+        f"model {name_or_path!r}: not a bundled model ({', '.join(sorted(BUNDLED))}) "
+        f"and not a local directory with a config.json"
+    )
+
+
+def _materialise(name: str) -> Path:
+    out = cache_root() / "models" / name
+    marker = out / "model.safetensors"
+    src = BUNDLED[name]
+    if marker.exists() and (out / "config.json").read_text() == (src / "config.json").read_text():
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tmp = out.with_name(f".{name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copy(src / "config.json", tmp / "config.json")
+    for f in TOKENIZER_DIR.iterdir():
+        shutil.copy(f, tmp / f.name)
+    config = AutoConfig.from_pretrained(tmp)
+    torch.manual_seed(INIT_SEED)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(tmp, safe_serialization=True)
+    shutil.copy(src / "config.json", tmp / "config.json")  # keep the committed text exactly
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerFast
+    """The tokenizer of a model (with its chat template)."""
+    from transformers import AutoTokenizer
+
+    if name_or_path in BUNDLED:
+        return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))

@@ -1,0 +1,246 @@
+"""Completion text → content, reasoning and tool calls; whole or streamed.
+
+Two formats, chosen by config (`tool_format`):
+- `hermes` (Qwen3 / Hermes): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
+- `qwen3_coder` (Qwen3-Coder XML):
+  `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
+Reasoning is a leading `<think>...</think>` block in both.
+
+A malformed call is never an error for the client: its text is returned as ordinary
+content and the completion is flagged `format_error`, so the harness sees what the policy
+wrote and the trainer sees a flagged turn (a 500 would turn a policy mistake into an
+infrastructure failure).
+
+Streaming: text and reasoning stream as they are generated, character-exact. A tool call
+is held until its closing tag so that it can be validated first (an already-streamed call
+cannot be taken back); it is then emitted as a start delta plus argument pieces.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_XML_FN = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$", re.S)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON object text
+
+
+@dataclass
+class ParsedCompletion:
+    content: str
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    format_error: bool = False
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class ToolCallDelta:
+    index: int
+    id: str
+    name: str | None
+    arguments: str
+
+
+StreamEvent = TextDelta | ReasoningDelta | ToolCallDelta
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
+    """The (name, arguments-JSON) of one call body, or None when it is malformed."""
+    if fmt == "qwen3_coder":
+        m = _XML_FN.match(body)
+        if not m:
+            return None
+        args: dict[str, object] = {}
+        for key, raw in _XML_PARAM.findall(m.group(2)):
+            try:
+                args[key.strip()] = json.loads(raw)
+            except json.JSONDecodeError:
+                args[key.strip()] = raw
+        return m.group(1).strip(), json.dumps(args, ensure_ascii=False)
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return obj["name"], json.dumps(args, ensure_ascii=False)
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """(reasoning, rest) when the text starts with a closed think block."""
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
+        inner, rest = stripped[len(THINK_OPEN) :].split(THINK_CLOSE, 1)
+        return inner.strip("\n"), rest.lstrip("\n")
+    return None, text
+
+
+def parse_completion(text: str, fmt: str = "hermes") -> ParsedCompletion:
+    """Parse a finished completion's text (end-of-turn token already removed)."""
+    reasoning, rest = split_reasoning(text)
+    content: list[str] = []
+    calls: list[ToolCall] = []
+    bad = False
+    pos = 0
+    while True:
+        start = rest.find(OPEN, pos)
+        if start < 0:
+            content.append(rest[pos:])
+            break
+        end = rest.find(CLOSE, start)
+        if end < 0:  # unclosed call: text, flagged
+            content.append(rest[pos:])
+            bad = True
+            break
+        content.append(rest[pos:start])
+        parsed = parse_call(rest[start + len(OPEN) : end], fmt)
+        if parsed is None:
+            content.append(rest[start : end + len(CLOSE)])
+            bad = True
+        else:
+            calls.append(ToolCall(new_call_id(), *parsed))
+        pos = end + len(CLOSE)
+    text_out = "".join(content)
+    if calls:
+        text_out = text_out.strip()
+    return ParsedCompletion(text_out, reasoning, calls, bad)
+
+
+class StreamParser:
+    """Incremental version of `parse_completion` that emits events as text arrives."""
+
+    def __init__(self, fmt: str = "hermes") -> None:
+        self.fmt = fmt
+        self.buf = ""  # text not yet emitted
+        self.mode = "start"  # start | think | text | call
+        self.text_parts: list[str] = []
+        self.reasoning_parts: list[str] = []
+        self.calls: list[ToolCall] = []
+        self.bad = False
+
+    def feed(self, delta: str) -> list[StreamEvent]:
+        self.buf += delta
+        events: list[StreamEvent] = []
+        while True:
+            before = (self.mode, len(self.buf))
+            events.extend(self._step(final=False))
+            if (self.mode, len(self.buf)) == before:
+                return events
+
+    def finish(self) -> tuple[list[StreamEvent], ParsedCompletion]:
+        events: list[StreamEvent] = []
+        while self.buf:
+            before = (self.mode, len(self.buf))
+            events.extend(self._step(final=True))
+            if (self.mode, len(self.buf)) == before:
+                break
+        if self.mode == "call" or self.buf:  # unclosed call or leftover: flush as text
+            self.bad = self.bad or self.mode == "call"
+            leftover = (OPEN if self.mode == "call" else "") + self.buf
+            self.buf, self.mode = "", "text"
+            if leftover:
+                events.append(self._text(leftover))
+        content = "".join(self.text_parts)
+        if self.calls:
+            content = content.strip()
+        reasoning = "".join(self.reasoning_parts).strip("\n") if self.reasoning_parts else None
+        return events, ParsedCompletion(content, reasoning, self.calls, self.bad)
+
+    def _text(self, s: str) -> TextDelta:
+        self.text_parts.append(s)
+        return TextDelta(s)
+
+    def _step(self, final: bool) -> list[StreamEvent]:
+        b = self.buf
+        if self.mode == "start":
+            s = b.lstrip()
+            if not s and not final:
+                return []
+            if THINK_OPEN.startswith(s) and not final and s:
+                return []  # could still become <think>
+            if s.startswith(THINK_OPEN):
+                self.buf, self.mode = s[len(THINK_OPEN) :].lstrip("\n"), "think"
+            else:
+                self.mode = "text"
+            return []
+        if self.mode == "think":
+            i = b.find(THINK_CLOSE)
+            if i >= 0:
+                self.buf, self.mode = b[i + len(THINK_CLOSE) :].lstrip("\n"), "text"
+                return [self._reason(b[:i].rstrip("\n"))] if b[:i].rstrip("\n") else []
+            keep = _partial_suffix(b, THINK_CLOSE) if not final else 0
+            out = b[: len(b) - keep]
+            if not final:  # newlines just before </think> are not part of the reasoning
+                out = out.rstrip("\n")
+            self.buf = b[len(out) :]
+            return [self._reason(out)] if out else []
+        if self.mode == "text":
+            i = b.find(OPEN)
+            if i >= 0:
+                self.buf, self.mode = b[i + len(OPEN) :], "call"
+                return [self._text(b[:i])] if b[:i] else []
+            keep = _partial_suffix(b, OPEN) if not final else 0
+            out, self.buf = b[: len(b) - keep], b[len(b) - keep :]
+            return [self._text(out)] if out else []
+        # call
+        i = b.find(CLOSE)
+        if i < 0:
+            return []
+        body, self.buf, self.mode = b[:i], b[i + len(CLOSE) :], "text"
+        parsed = parse_call(body, self.fmt)
+        if parsed is None:
+            self.bad = True
+            return [self._text(OPEN + body + CLOSE)]
+        call = ToolCall(new_call_id(), *parsed)
+        self.calls.append(call)
+        idx = len(self.calls) - 1
+        events: list[StreamEvent] = [ToolCallDelta(idx, call.id, call.name, "")]
+        step = 16
+        for k in range(0, len(call.arguments), step):
+            events.append(ToolCallDelta(idx, call.id, None, call.arguments[k : k + step]))
+        return events
+
+    def _reason(self, s: str) -> ReasoningDelta:
+        self.reasoning_parts.append(s)
+        return ReasoningDelta(s)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0

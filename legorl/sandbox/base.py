@@ -1,0 +1,83 @@
+"""The Sandbox protocol: one isolated, throw-away copy of an image with a process tree.
+
+Both backends (`local`: namespaces + overlayfs; `docker`) implement it and pass the same
+contract tests. A sandbox is an async context manager so it is always cleaned up, also
+when the code using it crashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one command did inside a sandbox."""
+
+    exit_code: int  # -9 etc. for a signal; 124 when our timeout killed it
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False  # output was cut at the limit
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandbox (cgroups where available)."""
+
+    memory_mb: int = 2048
+    pids: int = 512
+    cpus: float = 1.0
+    disk_mb: int = 2048
+    output_bytes: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """How to start a sandbox: from which image, with what limits and environment."""
+
+    image: str  # image key (see sandbox/images.py)
+    limits: Limits = field(default_factory=Limits)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/repo"
+    proxy_socket: str | None = None  # host unix socket of this sandbox's proxy session
+    proxy_port: int = 8000  # loopback port inside the sandbox that forwards to proxy_socket
+    readonly_mounts: dict[str, str] = field(default_factory=dict)  # host path -> sandbox path
+
+
+class SandboxError(RuntimeError):
+    """An infrastructure fault of a sandbox (start failed, backend gone): never the agent's."""
+
+
+class Sandbox(Protocol):
+    """One running sandbox."""
+
+    id: str
+
+    async def exec(
+        self, cmd: str, timeout_s: float = 60.0, cwd: str | None = None, env: dict[str, str] | None = None
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes, mode: int = 0o644) -> None: ...
+
+    async def diff(self, base_commit: str) -> str:
+        """The agent's changes as a git diff against `base_commit` (tracked and new files)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class Backend(Protocol):
+    """Starts sandboxes of one kind."""
+
+    name: str
+
+    async def start(self, spec: SandboxSpec) -> Sandbox: ...

@@ -1,0 +1,219 @@
+"""The RL vocabulary of LEGO-RL (see DESIGN.md) as plain dataclasses.
+
+This is the only data model shared between the proxy, the sandboxes, the trainer and the
+run store: every component speaks in these words, so a record written by one can be read
+by any other. Token-level arrays are plain lists here (they cross process and JSON
+boundaries); the trainer turns them into tensors with shape-suffixed names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Dialect(enum.StrEnum):
+    """The HTTP API a harness speaks to the proxy."""
+
+    OPENAI_CHAT = "openai_chat"
+    ANTHROPIC = "anthropic"
+    RESPONSES = "responses"
+
+
+class FinishReason(enum.StrEnum):
+    """Why the engine stopped generating a completion."""
+
+    STOP = "stop"  # an end-of-turn token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # cancelled (client went away, engine shut down)
+
+
+class Status(enum.StrEnum):
+    """How a rollout ended. Doubles as metric keys (`status/<value>`).
+
+    Agent-caused statuses are trained on with their reward; infrastructure statuses are
+    retried and finally become `infra_error`, which is masked out of the loss and out of
+    its group's statistics (an infrastructure fault must never look like a reward of 0).
+    """
+
+    RESOLVED = "resolved"
+    FAILED = "failed"
+    NO_PATCH = "no_patch"
+    AGENT_TIMEOUT = "agent_timeout"
+    MAX_TURNS = "max_turns"
+    FORMAT_ERROR = "format_error"
+    AGENT_CRASH = "agent_crash"
+    HACK_DETECTED = "hack_detected"
+    SANDBOX_START_FAILED = "sandbox_start_failed"
+    ENGINE_ERROR = "engine_error"
+    GRADER_ERROR = "grader_error"
+    INFRA_ERROR = "infra_error"
+
+    @property
+    def is_infra(self) -> bool:
+        return self in INFRA_STATUSES
+
+
+INFRA_STATUSES = frozenset(
+    {Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR, Status.GRADER_ERROR, Status.INFRA_ERROR}
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What the engine samples with. Chosen by the trainer's config, never by the harness."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Generation:
+    """One completion as the engine produced it.
+
+    `logprobs[i]` is the log-probability of `completion_ids[i]` under the distribution the
+    token was actually sampled from (see the engine's docstring for temperature/top-p).
+    `routed_experts[t][l]` lists the top-k expert indices of token t (prompt tokens first,
+    then completion tokens) in MoE layer l; None for dense models or when not returned.
+    """
+
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    routed_experts: list[list[list[int]]] | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass
+class TokenStep:
+    """One streamed engine step: a sampled token, or the final step with the finish reason."""
+
+    token_id: int | None
+    logprob: float | None
+    finish_reason: FinishReason | None = None
+    routed_experts: list[list[list[int]]] | None = None  # only on the final step
+
+
+@dataclass
+class Turn:
+    """One model call as the engine saw it; the unit the proxy records."""
+
+    session_id: str
+    index: int
+    dialect: Dialect
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    sampling_used: dict[str, Any]
+    sampling_requested: dict[str, Any] = field(default_factory=dict)
+    request: dict[str, Any] = field(default_factory=dict)  # the raw request body
+    response_text: str = ""  # the text the client received (tool calls included as parsed)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    routed_experts: list[list[list[int]]] | None = None
+    format_error: bool = False
+    side_call: bool = False  # answered, but not part of the policy's trajectory
+    policy_version: int = 0
+    model: str = ""
+    t_start: float = 0.0
+    t_first_token: float = 0.0
+    t_end: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Turn:
+        d = dict(d)
+        d["dialect"] = Dialect(d["dialect"])
+        d["finish_reason"] = FinishReason(d["finish_reason"])
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class Segment:
+    """A maximal run of turns in which each prompt extends the previous prompt+completion.
+
+    `token_ids` is the first turn's prompt followed by everything after it; `loss_mask[i]`
+    is 1 only for tokens the policy sampled; `logprobs[i]` is the rollout logprob there
+    (0.0 where the mask is 0).
+    """
+
+    turn_indices: list[int]
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    policy_versions: list[int]
+    routed_experts: list[list[list[int]]] | None = None  # (len(token_ids), L, K)
+
+
+@dataclass
+class Outcome:
+    """How a rollout was judged: reward, status and the evidence behind it."""
+
+    reward: float
+    status: Status
+    masked: bool = False  # excluded from loss and group statistics (infra errors)
+    flags: list[str] = field(default_factory=list)  # e.g. "tamper_attempt"
+    tests: dict[str, str] = field(default_factory=dict)  # test id -> passed/failed/error/skipped/missing
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class AlignmentStats:
+    """How well a session's turns chained token-for-token."""
+
+    tokens: int = 0  # total tokens over segments
+    sampled_tokens: int = 0
+    segments: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens that were an exact prefix continuation
+    first_divergence: dict[str, int] | None = None  # {"turn": i, "token": position}
+
+
+@dataclass
+class Trajectory:
+    """All segments of one session, plus its outcome once graded."""
+
+    session_id: str
+    segments: list[Segment]
+    stats: AlignmentStats
+    instance_id: str = ""
+    harness: str = ""
+    step: int = 0
+    outcome: Outcome | None = None
+    side_turns: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Task:
+    """One SWE-bench-format problem (plus where its repository lives locally)."""
+
+    instance_id: str
+    repo: str
+    base_commit: str
+    problem_statement: str
+    patch: str
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str]
+    repo_path: str = ""  # absolute path of a git repository or bundle
+    test_cmd: str = ""
+    env_setup: str = ""
+    image: str = ""
+    split: str = "train"

@@ -1,0 +1,89 @@
+"""The incremental renderer must equal the chat template, token for token."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from legorl.models import load_tokenizer
+from legorl.proxy.render import ChatRequest, Renderer, RenderState
+from legorl.proxy.toolcalls import parse_completion
+
+TOOLS = [
+    {"type": "function", "function": {"name": "bash", "description": "Run a command.",
+                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}},
+    {"type": "function", "function": {"name": "edit", "description": "Édit a file ✓",
+                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer("tiny-qwen3")
+
+
+def _random_conversation(rng: random.Random) -> list[dict]:
+    words = ["def", "foo", "(x):", "\n", "  ", "return", "x+1", "héllo", "😀", "{}", '"q"', "\t", "ls -la"]
+    text = lambda: "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(0, 12)))
+    msgs: list[dict] = []
+    if rng.random() < 0.8:
+        msgs.append({"role": "system", "content": text()})
+    msgs.append({"role": "user", "content": text()})
+    for _ in range(rng.randint(0, 4)):
+        calls = [
+            {"id": f"c{k}", "type": "function",
+             "function": {"name": "bash", "arguments": '{"command": "%s"}' % rng.choice(["ls", "pwd", "cat a"])}}
+            for k in range(rng.randint(0, 2))
+        ]
+        m = {"role": "assistant", "content": text()}
+        if calls:
+            m["tool_calls"] = calls
+        if rng.random() < 0.3:
+            m["reasoning_content"] = text()
+        msgs.append(m)
+        for c in calls:
+            msgs.append({"role": "tool", "tool_call_id": c["id"], "content": text()})
+        if not calls:
+            msgs.append({"role": "user", "content": text()})
+    return msgs
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_render_matches_chat_template(tok, seed: int) -> None:
+    rng = random.Random(seed)
+    msgs = _random_conversation(rng)
+    tools = TOOLS if rng.random() < 0.6 else []
+    r = Renderer(tok)
+    ids = r.render(ChatRequest(msgs, tools))
+    ref = tok.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    assert ids == tok(ref, add_special_tokens=False)["input_ids"]
+    assert r.render(ChatRequest(msgs, tools)) == ids  # cached path gives the same ids
+
+
+def test_continue_final_message(tok) -> None:
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Partial answer"}]
+    ids = Renderer(tok).render(ChatRequest(msgs, [], add_generation_prompt=False))
+    assert tok.decode(ids).endswith("<|im_start|>assistant\nPartial answer")
+
+
+def test_splice_keeps_sampled_ids_under_reserialisation(tok) -> None:
+    r = Renderer(tok)
+    state = RenderState()
+    msgs = [{"role": "user", "content": "list files"}]
+    prompt = r.render(ChatRequest(msgs, TOOLS), state)
+    # a non-canonical tokenisation the policy might sample: one token per character
+    text = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    sampled = [i for ch in text for i in r.encode(ch)] + [r.im_end]
+    parsed = parse_completion(text)
+    state.remember(sampled, parsed)
+    # the harness replays it re-serialised compactly (OpenCode) and adds the tool result
+    msgs2 = msgs + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
+        {"role": "tool", "tool_call_id": "x", "content": "a.py"},
+    ]
+    prompt2 = r.render(ChatRequest(msgs2, TOOLS), state)
+    assert prompt2[: len(prompt) + len(sampled)] == prompt + sampled
+    # without the session state the canonical rendering is used and the prefix diverges
+    assert r.render(ChatRequest(msgs2, TOOLS))[: len(prompt) + len(sampled)] != prompt + sampled
