@@ -1,0 +1,202 @@
+"""Pre-flight checks (`legorl doctor`): named checks, each ok or failed with a fix hint.
+
+A check is a plain function that either returns (None, a detail string, or a
+`CheckResult`) or raises; `CheckFailed` carries its own fix hint, any other exception
+becomes a failure naming it, and a check that hangs fails after its timeout instead of
+hanging the doctor. Checks can depend on others (`needs`): when a dependency failed they
+are skipped, so a missing Docker daemon is one red line, not ten.
+
+Checks are pluggable: each component contributes `Check`s (the CLI collects them), or
+registers them with the `@check(...)` decorator into `REGISTRY`. `run_checks` prints a
+rich table and returns the exit code (0 all passed, 1 otherwise).
+
+    @check("docker daemon", fix="start it: bash scripts/setup_docker.sh", timeout=20)
+    def docker_daemon() -> str:
+        ...
+        return "Docker 27.3 (cgroup v2)"
+
+    raise SystemExit(run_checks(REGISTRY))
+"""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+class CheckFailed(Exception):
+    """Raise from a check to fail it with a message and, optionally, a specific fix."""
+
+    def __init__(self, message: str, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+@dataclass
+class CheckResult:
+    ok: bool
+    detail: str = ""
+    fix: str = ""
+    skipped: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Check:
+    name: str
+    fn: Callable[[], Any]
+    fix: str = ""  # shown when the check fails without a more specific hint
+    timeout: float = 60.0
+    needs: tuple[str, ...] = ()  # names of checks that must pass first
+
+
+@dataclass
+class CheckOutcome:
+    check: Check
+    result: CheckResult = field(default_factory=lambda: CheckResult(ok=False))
+
+
+REGISTRY: list[Check] = []
+
+
+def check(name: str, *, fix: str = "", timeout: float = 60.0, needs: Sequence[str] = ()) -> Callable:
+    """Decorator: register a check function in `REGISTRY`."""
+    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
+        if any(c.name == name for c in REGISTRY):
+            raise ValueError(f"a check named {name!r} is already registered")
+        REGISTRY.append(Check(name, fn, fix, timeout, tuple(needs)))
+        return fn
+    return deco
+
+
+def run_one(c: Check) -> CheckResult:
+    """Run a check in a worker thread so a hang becomes a failure after `c.timeout` s."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = c.fn()
+        except BaseException as e:  # a check must never take the doctor down
+            box["error"] = e
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=target, name=f"check:{c.name}", daemon=True)
+    worker.start()
+    worker.join(c.timeout)
+    dt = time.monotonic() - t0
+    if worker.is_alive():
+        return CheckResult(False, f"timed out after {c.timeout:.0f} s", c.fix, seconds=dt)
+    if "error" in box:
+        e = box["error"]
+        if isinstance(e, CheckFailed):
+            return CheckResult(False, str(e), e.fix or c.fix, seconds=dt)
+        return CheckResult(False, f"{type(e).__name__}: {e}", c.fix, seconds=dt)
+    value = box.get("value")
+    if isinstance(value, CheckResult):
+        value.seconds = dt
+        if not value.ok and not value.fix:
+            value.fix = c.fix
+        return value
+    return CheckResult(True, "" if value is None else str(value), seconds=dt)
+
+
+def evaluate_checks(checks: Sequence[Check]) -> list[CheckOutcome]:
+    """Run checks in order; a check whose `needs` did not all pass is skipped."""
+    names = [c.name for c in checks]
+    dupes = {n for n in names if names.count(n) > 1}
+    if dupes:
+        raise ValueError(f"duplicate check names: {sorted(dupes)}")
+    passed: dict[str, bool] = {}
+    out = []
+    for c in checks:
+        unknown = [n for n in c.needs if n not in names]
+        if unknown:
+            raise ValueError(f"check {c.name!r} needs unknown check(s) {unknown}")
+        blocked = [n for n in c.needs if not passed.get(n, False)]
+        if blocked:
+            res = CheckResult(False, f"skipped: needs {', '.join(blocked)}", skipped=True)
+        else:
+            res = run_one(c)
+        passed[c.name] = res.ok
+        out.append(CheckOutcome(c, res))
+    return out
+
+
+def run_checks(checks: Sequence[Check], console: Console | None = None) -> int:
+    """Run, print a table, and return the process exit code (0 = all passed)."""
+    console = console or Console()
+    outcomes = evaluate_checks(checks)
+    table = Table(title="legorl doctor", show_lines=False)
+    table.add_column("", width=2)
+    table.add_column("check", style="bold")
+    table.add_column("result")
+    table.add_column("how to fix", style="yellow")
+    for o in outcomes:
+        r = o.result
+        mark = "[dim]-[/]" if r.skipped else ("[green]✓[/]" if r.ok else "[red]✗[/]")
+        detail = r.detail + (f" [dim]({r.seconds:.1f} s)[/]" if r.seconds >= 1 else "")
+        table.add_row(mark, o.check.name, detail, "" if r.ok else r.fix)
+    console.print(table)
+    failed = [o for o in outcomes if not o.result.ok]
+    if failed:
+        console.print(f"[red]{len(failed)} of {len(outcomes)} checks did not pass[/]")
+        return 1
+    console.print(f"[green]all {len(outcomes)} checks passed[/]")
+    return 0
+
+
+# ---------------------------------------------------------------- checks of this package
+def store_check(run_dir: Path | str | None = None) -> Check:
+    """The run store works here: SQLite has FTS5 and WAL, and the run directory is writable."""
+    def fn() -> str:
+        conn = sqlite3.connect(":memory:")
+        try:
+            conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+        except sqlite3.OperationalError as e:
+            raise CheckFailed(f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
+                              fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)")
+        from legorl.monitor.store import RunStore
+
+        target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
+        db = target / "doctor.sqlite"
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            with RunStore(db, durable=False) as s:
+                s.log_metrics(0, {"doctor/ok": 1.0})
+                mode = s._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        except (OSError, sqlite3.Error) as e:
+            raise CheckFailed(f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory")
+        finally:
+            for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+                try:
+                    p.unlink(missing_ok=True)
+                except OSError:
+                    pass
+        if mode != "wal":
+            raise CheckFailed(f"journal mode is {mode!r}, not WAL, on {target}",
+                              fix="put the run directory on a local filesystem (WAL needs shared memory)")
+        return f"SQLite {sqlite3.sqlite_version}, FTS5, WAL in {target}"
+    return Check("run store", fn, fix="see the message", timeout=30)
+
+
+def port_check(host: str, port: int, what: str = "UI") -> Check:
+    """Nothing else listens where the UI (or proxy) wants to."""
+    def fn() -> str:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise CheckFailed(f"{host}:{port} is not free ({e.strerror})", fix=f"pass another port for the {what}")
+        return f"{host}:{port} is free"
+    return Check(f"{what} port", fn, timeout=5)

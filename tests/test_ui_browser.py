@@ -1,0 +1,150 @@
+"""The live UI in a real headless Chromium (Debian's, driven by Playwright; see scripts/setup_ui.sh).
+
+On a run written through the store API: the overview draws its charts, a trajectory page
+shows coloured tokens and the diff, a filter narrows the list, and a trajectory written
+while the page is open appears without a reload. Saves the README screenshots.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from legorl.monitor.demo import write_demo_run, write_session
+from legorl.monitor.store import RunStore
+from legorl.monitor.ui.server import UIServerThread
+from legorl.types import Dialect
+
+DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+
+
+def chromium_path() -> str:
+    path = os.environ.get("LEGORL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("Debian chromium is not installed: run `bash scripts/setup_ui.sh` (or set LEGORL_CHROMIUM)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunStore, str]]:
+    run_dir = tmp_path_factory.mktemp("runs") / "demo-run"
+    store = RunStore(run_dir, durable=False)
+    write_demo_run(store, steps=8, tasks=4, group_size=4, seed=0)
+    with UIServerThread(run_dir, poll_interval=0.2) as srv:
+        yield store, srv.url
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, timeout=60_000)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.set_default_timeout(15_000)
+    yield pg
+    ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def open_page(pg: object, url: str) -> None:
+    pg.goto(url)
+    pg.wait_for_selector("body[data-ready='1']")
+
+
+def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object) -> None:
+    _, url = ui
+    open_page(page, url)
+    for title in ("Reward & resolved rate", "Rollout/trainer prob correlation", "Clip fraction", "Entropy",
+                  "Turns (mean)", "Tool use", "Failure classes (share of rollouts)"):
+        chart = page.locator(f".chart[data-title='{title}']")
+        assert chart.locator("path.line").count() >= 1, f"chart {title!r} has no line"
+        d = chart.locator("path.line").first.get_attribute("d")
+        assert d.count("L") >= 7, f"chart {title!r} does not span the 8 steps"
+    assert page.locator("table.alerts tr.sev-warning").count() >= 1  # the demo's mismatch dip raised one
+    assert page.locator(".chart[data-title='Rollout/trainer prob correlation'] line.mark").count() >= 1
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(DOCS_IMG / "ui-overview.png"))
+
+
+def test_trajectory_page_shows_coloured_tokens_segments_and_diff(ui: tuple[RunStore, str], page: object) -> None:
+    store, url = ui
+    resolved = store.list_trajectories(status="resolved", limit=200)["items"]
+    sid = max(resolved, key=lambda r: r["n_turns"])["session_id"]
+    open_page(page, f"{url}#/t/{sid}")
+    page.wait_for_selector(".tokens .tok")
+    view = store.get_trajectory(sid)
+    n_tokens = sum(t["n_completion"] for t in view["turns"])
+    assert page.locator(".tokens .tok").count() == n_tokens
+    first = page.locator(".turn").first.locator(".tok").first
+    assert first.text_content() == view["turns"][0]["pieces"][0]
+    coloured = page.eval_on_selector_all(".tokens .tok", "els => els.filter(e => e.style.background).length")
+    assert coloured == n_tokens
+    assert page.locator(".segment-start").count() == view["n_segments"]
+    assert page.locator("pre.diff .dl.add").count() >= 1 and "cright" in page.locator("pre.diff").text_content()
+    assert page.locator("table.tests .t-passed").count() >= 1
+    assert page.locator(".msg.m-tool_result").count() >= 1  # tool outputs as the harness sent them
+    page.screenshot(path=str(DOCS_IMG / "ui-trajectory.png"))
+    rollout_bg = first.evaluate("e => e.style.background")
+    page.click("button[data-mode=diff]")
+    page.wait_for_selector(".tokens[data-mode=diff]")
+    diff_bg = page.locator(".turn").first.locator(".tok").first.evaluate("e => e.style.background")
+    assert diff_bg != rollout_bg  # a different colouring, from the trainer logprobs
+
+
+def test_filter_narrows_the_list(ui: tuple[RunStore, str], page: object) -> None:
+    store, url = ui
+    open_page(page, f"{url}#/trajectories")
+    page.wait_for_selector("table.trajs tr.row")
+    total = store.list_trajectories()["total"]
+    assert page.locator(".list-info").text_content().startswith(f"{total} matching")
+    page.select_option("select[name=status]", "resolved")
+    n_resolved = store.list_trajectories(status="resolved")["total"]
+    page.wait_for_function(f"document.querySelector('.list-info').textContent.startsWith('{n_resolved} matching')")
+    statuses = page.eval_on_selector_all("table.trajs tr.row .badge[class*='st-']", "els => els.map(e => e.textContent)")
+    assert statuses and set(statuses) == {"resolved"} and n_resolved < total
+    page.fill("input[name=q]", "cright")
+    page.press("input[name=q]", "Enter")
+    n_q = store.list_trajectories(status="resolved", q="cright")["total"]
+    page.wait_for_function(f"location.hash.includes('q=cright') && "
+                           f"document.querySelector('.list-info').textContent.startsWith('{n_q} matching')")
+
+
+def test_a_new_trajectory_appears_without_reload(ui: tuple[RunStore, str], page: object) -> None:
+    store, url = ui
+    open_page(page, f"{url}#/trajectories")
+    page.wait_for_selector("table.trajs tr.row")
+    page.evaluate("window.__same_document = true")
+    write_session(store, random.Random(42), session_id="live-session", step=8, task="astropy__astropy-12907",
+                  harness="claude_code", dialect=Dialect.ANTHROPIC, p_resolve=1.0)
+    page.wait_for_selector("tr.row[data-sid='live-session']")
+    assert page.evaluate("window.__same_document") is True
+    # and its page follows the session live too: a new turn shows up in the open trajectory view
+    page.click("tr.row[data-sid='live-session'] a")
+    page.wait_for_selector(".turn")
+    n = page.locator(".turn").count()
+    from legorl.monitor.demo import encode
+    from legorl.types import FinishReason, Turn
+
+    ids, pieces = encode("One more look at the tests.")
+    store.add_turn(Turn(session_id="live-session", index=n, dialect=Dialect.ANTHROPIC, prompt_ids=[1, 2],
+                        completion_ids=ids, logprobs=[-0.1] * len(ids), finish_reason=FinishReason.STOP,
+                        sampling_used={}, request={"messages": [{"role": "user", "content": "go on"}]}), pieces=pieces)
+    page.wait_for_selector(f".turn[data-turn='{n}']")
+    assert page.evaluate("window.__same_document") is True
