@@ -84,10 +84,8 @@ def ui(
     port: int = typer.Option(8780),
 ) -> None:
     """Serve the live web UI over a run directory."""
-    from legorl.monitor.ui import serve_ui
+    from legorl.monitor.ui.server import serve_ui
 
-    if not (run / "run.sqlite").exists():
-        fail(f"{run}: no run store here (expected {run / 'run.sqlite'})")
     serve_ui(run, host, port)
 
 

@@ -1,0 +1,95 @@
+"""A unix socket that reaches exactly one proxy session: a sandbox's only way out.
+
+A sandbox has no network. Its forwarder turns `http://127.0.0.1:<port>` inside into this
+socket outside (bind-mounted into the sandbox), so an unmodified harness needs nothing but
+a base URL. Whatever path or API key the agent sends, every request on the socket is
+pinned to its own session: the path's `/s/<id>` prefix is replaced by the socket's, and
+the proxy's management routes (`/legorl/...`: list and close sessions) are refused. An
+agent therefore cannot read, write or close another rollout's session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+
+Scope = dict[str, Any]
+
+
+class SessionPinned:
+    """ASGI wrapper: every HTTP request goes to `/s/<session_id>/...` of the inner app."""
+
+    def __init__(self, app: Any, session_id: str) -> None:
+        self.app = app
+        self.prefix = f"/s/{session_id}"
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path: str = scope["path"]
+        if path.startswith("/s/"):
+            rest = path[3:]
+            cut = rest.find("/")
+            path = rest[cut:] if cut >= 0 else "/"
+        if path.startswith("/legorl"):
+            body = orjson.dumps({"error": {"message": "management routes are not reachable from a sandbox",
+                                           "type": "permission_error"}})
+            await send({"type": "http.response.start", "status": 403,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        scope = dict(scope, path=self.prefix + path, raw_path=(self.prefix + path).encode())
+        await self.app(scope, receive, send)
+
+
+class SessionSocket:
+    """Serve one session of a running `ProxyServer` on a unix socket (same event loop)."""
+
+    def __init__(self, asgi_app: Any, session_id: str, path: str | Path) -> None:
+        self.app = SessionPinned(asgi_app, session_id)
+        self.path = str(path)
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        os.chmod(self.path, 0o666)  # the sandbox's user may be unprivileged
+        sock.listen(256)
+        sock.setblocking(False)
+        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", access_log=False,
+                                loop="none", server_header=False, date_header=False)
+        self._server = uvicorn.Server(config)
+        serve = getattr(self._server, "_serve", None) or self._server.serve  # _serve: no signal handlers
+        self._task = asyncio.get_running_loop().create_task(serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError(f"session socket {self.path} stopped during start-up")
+            await asyncio.sleep(0.002)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 10)
+        self._server = self._task = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    async def __aenter__(self) -> SessionSocket:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
