@@ -89,6 +89,83 @@ def ui(
     serve_ui(run, host, port)
 
 
+def _run_config(config: Path | None) -> Any:
+    from legorl.loop.config import RunConfig, load_run_config
+
+    return load_run_config(config) if config is not None else RunConfig()
+
+
+@app.command()
+@friendly
+def train(
+    config: Path = typer.Argument(..., help="Run config (TOML), e.g. examples/quickstart.toml."),
+    resume: bool = typer.Option(False, help="Continue from the newest checkpoint of the run directory."),
+) -> None:
+    """Train: rollouts in sandboxes through the proxy, graded, GSPO, weight sync."""
+    import asyncio
+    import json
+
+    from legorl.config import read_toml
+
+    if "quickstart" in read_toml(config):
+        from legorl.quickstart import run_quickstart
+
+        out = run_quickstart(config, None)
+        typer.echo(json.dumps(out.get("table", out), indent=1, default=str))
+        return
+    from legorl.loop.train import train as run_train
+
+    summary = asyncio.run(run_train(_run_config(config), resume=resume))
+    typer.echo(json.dumps({"run_dir": summary["run_dir"], "steps": len(summary["steps"])}))
+
+
+@app.command("eval")
+@friendly
+def eval_(
+    config: Path = typer.Argument(..., help="Run config (TOML): harness, sandbox, tasks, engine."),
+    split: str | None = typer.Option(None, help="Task split (default: run.eval_split)."),
+    endpoint: str | None = typer.Option(None, help="External OpenAI/Anthropic-compatible base URL to evaluate."),
+    api_key: str | None = typer.Option(None, envvar="LEGORL_EVAL_API_KEY", help="API key for --endpoint."),
+    k: int | None = typer.Option(None, help="Samples per task (pass@k)."),
+    limit: int | None = typer.Option(None, help="Only the first N tasks."),
+    out: Path | None = typer.Option(None, help="Write the summary JSON here."),
+) -> None:
+    """Evaluate pass@1 / pass@k of a harness over a task split."""
+    import asyncio
+    import json
+
+    from legorl.loop.evaluate import evaluate
+
+    summary = asyncio.run(evaluate(_run_config(config), split=split, endpoint=endpoint, api_key=api_key,
+                                   k=k, limit=limit, out=out))
+    typer.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "per_task"}))
+
+
+@app.command()
+@friendly
+def rollout(
+    tasks: Path = typer.Option(..., help="Task JSONL (SWE-bench format + repo_path)."),
+    instance: str = typer.Option(..., help="instance_id of the task to run."),
+    harness: str = typer.Option("command", help="command, claude-code, opencode, openhands, mini-swe-agent."),
+    command_file: Path | None = typer.Option(None, help="command harness: the agent's shell script."),
+    engine: str = typer.Option("hf", help="Engine kind: hf, oracle, scripted, vllm, sglang."),
+    model: str = typer.Option("tiny-qwen3", help="Bundled model name or local HF model directory."),
+    sandbox: str = typer.Option("local", help="Sandbox backend: local or docker."),
+    max_turns: int = typer.Option(8, help="Harness turn/step limit."),
+    config: Path | None = typer.Option(None, help="Run config whose sections fill in the rest."),
+    out: Path | None = typer.Option(None, help="Directory: also write turns.jsonl and trajectories.jsonl."),
+) -> None:
+    """Run one rollout and print its outcome as one JSON line."""
+    import asyncio
+
+    from legorl.loop.rollout_cli import run_one
+
+    cfg = _run_config(config)
+    line = asyncio.run(run_one(cfg, tasks, instance, harness=harness, command_file=command_file, engine=engine,
+                               model=model, sandbox=sandbox, max_turns=max_turns, out=out))
+    typer.echo(line)
+
+
 def main() -> None:
     _add_subapps()
     app(prog_name="legorl")

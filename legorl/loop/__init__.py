@@ -1,0 +1,1 @@
+"""The whole loop: rollout workers, `legorl train`, `legorl eval`, and the Ray backend."""

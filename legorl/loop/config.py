@@ -1,0 +1,143 @@
+"""The run config (`legorl train|eval CONFIG.toml`): one section per component.
+
+Sections are owned by their components (`[engine]` by engine/registry.py, `[proxy]` by
+proxy/config.py, `[trainer]` by train/config.py, `[monitor]` by monitor/monitors.py);
+the ones defined here belong to the loop itself. Relative paths are resolved against the
+config file's directory, so a config can be run from anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from legorl.config import load
+from legorl.config_base import Section
+from legorl.engine.registry import EngineConfig
+from legorl.monitor.monitors import MonitorConfig
+from legorl.proxy.config import ProxyConfig
+from legorl.train.config import TrainerConfig
+
+
+class RunSection(Section):
+    """`[run]`: what to train on, how much, and where the run directory is."""
+
+    dir: Path = Path("runs/default")
+    """Run directory: run.sqlite (the store), checkpoints, logs."""
+    tasks: str = "shipped"
+    """Task JSONL (SWE-bench format + repo_path), or `shipped` for the bundled generated tasks."""
+    split: str | None = "train"
+    """Task split used for training (`None`: every task in the file)."""
+    eval_split: str | None = "heldout"
+    """Task split `legorl eval` uses by default."""
+    steps: int = Field(2, ge=1)
+    """Training steps."""
+    tasks_per_step: int = Field(2, ge=1)
+    """Tasks sampled per step (each gets one group)."""
+    group_size: int = Field(4, ge=1)
+    """Rollouts per task per step (G); advantages are normalised within a group."""
+    max_concurrent_rollouts: int = Field(4, ge=1)
+    """Rollouts (sandboxes + proxy sessions) in flight at once on this machine."""
+    seed: int = 0
+    """Seed of task sampling."""
+    ui: bool = False
+    """Serve the live UI while training (`ui_port`)."""
+    ui_port: int = Field(8780, ge=0, le=65535)
+    """Port of the live UI."""
+
+
+class SandboxSection(Section):
+    """`[sandbox]`: where rollouts run."""
+
+    backend: Literal["local", "docker"] = "local"
+    """`local` (namespaces + overlayfs, the embedded default) or `docker`."""
+    agent_timeout_s: float = Field(600.0, gt=0)
+    """Wall-clock budget of one harness run; past it the rollout is `agent_timeout`."""
+    retries: int = Field(2, ge=0)
+    """Fresh-sandbox retries of an infrastructure fault before `infra_error`."""
+    memory_mb: int = Field(2048, ge=64)
+    """Memory limit of an agent sandbox."""
+    pids: int = Field(512, ge=16)
+    """Process limit of an agent sandbox."""
+    cpus: float = Field(1.0, gt=0)
+    """CPU limit of an agent sandbox."""
+    disk_mb: int = Field(2048, ge=16)
+    """Disk quota of an agent sandbox."""
+
+
+class HarnessSection(Section):
+    """`[harness]`: which agent program runs in the sandbox."""
+
+    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent"] = "command"
+    """The harness; its adapter only writes config and a command line."""
+    command_file: Path | None = None
+    """`command`: the shell script that is the agent."""
+    max_turns: int = Field(8, ge=1)
+    """Turn/step limit passed to the harness (its own `max_turns`)."""
+    model_name: str | None = None
+    """Model name the harness is told to use (default: the proxy's served model name)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Adapter-specific settings (see legorl/harness/<name>.py)."""
+
+    @model_validator(mode="after")
+    def _command(self) -> HarnessSection:
+        if self.name == "command" and self.command_file is None:
+            raise ValueError("harness.command_file is required when harness.name = 'command'")
+        return self
+
+
+class RayConfig(Section):
+    """`[ray]`: run rollout workers as Ray actors (one machine or a cluster)."""
+
+    enabled: bool = False
+    """Use Ray for rollouts; the trainer and (for `hf`) the engine stay in the driver."""
+    address: str | None = None
+    """Ray cluster address (`auto`, `ray://host:port`); None starts a local cluster."""
+    workers: int = Field(2, ge=1)
+    """Rollout worker actors."""
+    num_cpus_per_worker: float = Field(0.5, gt=0)
+    """CPUs Ray reserves per worker actor."""
+
+
+class EvalSection(Section):
+    """`[eval]`: `legorl eval` settings."""
+
+    k: int = Field(1, ge=1)
+    """Samples per task: pass@1 (mean over samples) and pass@k are reported."""
+    limit: int | None = Field(None, ge=1)
+    """Evaluate only the first N tasks of the split."""
+    endpoint: str | None = None
+    """External OpenAI- or Anthropic-compatible base URL to evaluate instead of our engine."""
+    endpoint_api_key: str | None = None
+    """API key for `endpoint`."""
+
+
+class RunConfig(Section):
+    """A whole run: every component's section."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    proxy: ProxyConfig = Field(default_factory=ProxyConfig)
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    harness: HarnessSection = Field(default_factory=lambda: HarnessSection(name="mini-swe-agent"))
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    eval: EvalSection = Field(default_factory=EvalSection)
+
+
+def _resolve(base: Path, p: Path | None) -> Path | None:
+    return None if p is None or p.is_absolute() else (base / p).resolve()
+
+
+def load_run_config(path: Path) -> RunConfig:
+    """Load and validate; relative paths become relative to the config file."""
+    cfg = load(RunConfig, path)
+    base = path.resolve().parent
+    cfg.run.dir = _resolve(base, cfg.run.dir) or cfg.run.dir
+    if cfg.run.tasks != "shipped" and not Path(cfg.run.tasks).is_absolute():
+        cfg.run.tasks = str((base / cfg.run.tasks).resolve())
+    cfg.harness.command_file = _resolve(base, cfg.harness.command_file) or cfg.harness.command_file
+    return cfg

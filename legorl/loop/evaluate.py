@@ -1,0 +1,100 @@
+"""`legorl eval`: pass@1 / pass@k of a harness over a task split.
+
+Against our engine (the config's `[engine]`, e.g. a checkpoint) or any external OpenAI- or
+Anthropic-compatible endpoint (`--endpoint`), so a baseline model is measured with the
+same harness, sandboxes and grading. pass@k uses the unbiased estimator of Chen et al.
+(2021) with n = k samples per task, i.e. "any of the k resolved"; pass@1 is the mean
+resolved rate over all samples. Infrastructure errors are reported, and left out of the
+rates (a crashed sandbox says nothing about the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from math import comb
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from legorl.engine.registry import make_engine
+from legorl.loop.config import RunConfig
+from legorl.loop.train import load_task_split
+from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.models import load_tokenizer
+from legorl.types import Status
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for n samples of which c are correct."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def summarize(records: list[RolloutRecord], k: int) -> dict[str, Any]:
+    by_task: dict[str, list[RolloutRecord]] = {}
+    for r in records:
+        by_task.setdefault(r.trajectory.instance_id, []).append(r)
+    p1, pk = [], []
+    for rs in by_task.values():
+        valid = [r for r in rs if not r.trajectory.outcome.masked]
+        if not valid:
+            continue
+        c = sum(1 for r in valid if r.trajectory.outcome.status is Status.RESOLVED)
+        p1.append(c / len(valid))
+        pk.append(pass_at_k(len(valid), c, min(k, len(valid))))
+    statuses = Counter(r.trajectory.outcome.status.value for r in records)
+    return {
+        "tasks": len(by_task), "samples": len(records), "k": k,
+        "pass@1": sum(p1) / len(p1) if p1 else 0.0,
+        f"pass@{k}": sum(pk) / len(pk) if pk else 0.0,
+        "tasks_scored": len(p1),
+        "status_counts": dict(sorted(statuses.items())),
+    }
+
+
+def print_summary(summary: dict[str, Any], console: Console) -> None:
+    t = Table(title=f"eval: {summary['tasks']} tasks × {summary['k']} samples")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_row("pass@1", f"{summary['pass@1']:.3f}")
+    t.add_row(f"pass@{summary['k']}", f"{summary[f'pass@{summary['k']}']:.3f}")
+    for status, n in summary["status_counts"].items():
+        t.add_row(f"status/{status}", str(n))
+    console.print(t)
+
+
+async def evaluate(
+    cfg: RunConfig, *, split: str | None = None, endpoint: str | None = None, api_key: str | None = None,
+    k: int | None = None, limit: int | None = None, out: Path | None = None, console: Console | None = None,
+) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    k = k or cfg.eval.k
+    endpoint = endpoint or cfg.eval.endpoint
+    tasks = load_task_split(cfg.run.tasks, split or cfg.run.eval_split)
+    limit = limit or cfg.eval.limit
+    tasks = tasks[:limit] if limit else tasks
+    engine = None if endpoint else make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
+    sem = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
+    try:
+        async with RolloutWorker(cfg, engine, upstream=endpoint, upstream_api_key=api_key or cfg.eval.endpoint_api_key) as w:
+            groups = await asyncio.gather(*(w.group(t, k, step=0, limit=sem) for t in tasks))
+    finally:
+        if engine is not None:
+            await engine.close()
+    records = [r for g in groups for r in g]
+    summary = summarize(records, k)
+    summary["endpoint"] = endpoint or f"{cfg.engine.kind}:{cfg.engine.model}"
+    summary["harness"] = cfg.harness.name
+    summary["per_task"] = {
+        r.trajectory.instance_id: r.trajectory.outcome.status.value for r in records
+    } if k == 1 else {}
+    print_summary(summary, console)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1))
+    return summary

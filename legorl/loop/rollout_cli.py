@@ -1,0 +1,50 @@
+"""`legorl rollout`: one rollout of any harness on one task, printed as a JSON line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from legorl.engine.registry import make_engine
+from legorl.loop.config import RunConfig
+from legorl.loop.worker import RolloutWorker
+from legorl.models import load_tokenizer
+from legorl.tasks.loader import get_task, load_tasks
+
+
+async def run_one(
+    cfg: RunConfig, tasks: Path, instance: str, *, harness: str, command_file: Path | None, engine: str,
+    model: str, sandbox: str, max_turns: int, out: Path | None = None,
+) -> str:
+    task = get_task(load_tasks(tasks, None), instance)
+    cfg = cfg.model_copy(deep=True)
+    engine_cfg = cfg.engine.model_dump()
+    engine_cfg.update(kind=engine, model=model)
+    if engine == "oracle":
+        engine_cfg["options"] = {**engine_cfg.get("options", {}), "tasks": str(tasks)}
+    harness_cfg = cfg.harness.model_dump()
+    harness_cfg.update(name=harness, max_turns=max_turns, command_file=command_file)
+    sandbox_cfg = cfg.sandbox.model_dump()
+    sandbox_cfg["backend"] = sandbox
+    cfg = RunConfig.model_validate({**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg,
+                                    "sandbox": sandbox_cfg})
+    eng = make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
+    try:
+        async with RolloutWorker(cfg, eng) as w:
+            rec = await w.rollout(task)
+    finally:
+        await eng.close()
+    line: dict[str, Any] = rec.result.to_json()
+    st = rec.trajectory.stats
+    line.update(session=rec.trajectory.session_id, turns=len(rec.turns), segments=st.segments,
+                sampled_tokens=st.sampled_tokens, side_calls=len(rec.trajectory.side_turns))
+    line["evidence"] = {k: v for k, v in line.get("evidence", {}).items() if k != "diff"}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "turns.jsonl", "a") as f:
+            for t in rec.turns:
+                f.write(json.dumps(t.to_dict()) + "\n")
+        with open(out / "trajectories.jsonl", "a") as f:
+            f.write(json.dumps(rec.trajectory.to_dict(), default=str) + "\n")
+    return json.dumps(line, default=str)

@@ -1,0 +1,151 @@
+"""`legorl train`: sample tasks → groups of rollouts → store → advantages → GSPO → sync.
+
+One step, in order (DESIGN.md "Data flow"):
+1. sample `tasks_per_step` tasks (deterministically from the seed and the step, so a
+   resumed run samples what the uninterrupted run would have);
+2. run a group of `group_size` rollouts per task, all groups concurrently within
+   `max_concurrent_rollouts` (one rollout's grading overlaps another's agent stage);
+3. write every turn, trajectory and outcome to the run store *before* training on them;
+4. train one step (advantages within groups, infra errors masked), push the new weights
+   to the engine, log metrics, evaluate the monitors (a critical alert may stop the run);
+5. checkpoint (model, optimizer, scheduler, RNG, the next step) so `--resume` continues.
+Ctrl-C cancels the step: sandboxes and servers are closed by their context managers and
+the store holds every committed record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from legorl.engine.base import Engine
+from legorl.engine.registry import make_engine
+from legorl.loop.config import RunConfig
+from legorl.loop.metrics import rollout_metrics
+from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.models import load_tokenizer
+from legorl.monitor.monitors import run_monitors
+from legorl.monitor.store import RunStore
+from legorl.tasks.loader import load_shipped, load_tasks
+from legorl.train.advantages import compute_advantages
+from legorl.train.trainer import Trainer
+from legorl.types import Task
+
+
+def load_task_split(spec: str, split: str | None) -> list[Task]:
+    tasks = load_shipped(split) if spec == "shipped" else load_tasks(spec, split)
+    if not tasks:
+        raise ValueError(f"no tasks in {spec!r} for split {split!r}")
+    return tasks
+
+
+def sample_tasks(tasks: list[Task], n: int, seed: int, step: int) -> list[Task]:
+    rng = random.Random(seed * 1_000_003 + step)
+    return rng.sample(tasks, min(n, len(tasks)))
+
+
+def make_weight_sync(engine: Engine, run_dir: Path) -> Any:
+    """In-place for in-process engines, from disk for HTTP engines, none for weightless ones."""
+    from legorl.train.sync import DiskSync, InProcessSync
+
+    if callable(getattr(engine, "update_weights", None)):
+        return InProcessSync(engine)
+    if callable(getattr(engine, "update_weights_from_disk", None)):
+        return DiskSync([engine], run_dir / "weights")
+    return None  # scripted / oracle: nothing to update
+
+
+def record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> None:
+    """Persist a step's rollouts (turns first, then the trajectory with its outcome)."""
+    for rec in records:
+        t = rec.trajectory
+        store.start_session(t.session_id, step=t.step, instance_id=t.instance_id, harness=t.harness)
+        for turn in rec.turns:
+            pieces = [tokenizer.decode([i]) for i in turn.completion_ids]
+            store.add_turn(turn, pieces)
+        store.add_trajectory(t)
+
+
+def build_trainer(cfg: RunConfig, engine: Engine) -> Trainer:
+    tcfg = cfg.trainer.model_copy()
+    if not tcfg.checkpoint_dir:
+        tcfg.checkpoint_dir = str(cfg.run.dir / "checkpoints")
+    tcfg.total_steps = cfg.run.steps
+    return Trainer(tcfg, weight_sync=make_weight_sync(engine, cfg.run.dir))
+
+
+async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
+    console = console or Console(stderr=True)
+    run_dir = cfg.run.dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
+    tasks = load_task_split(cfg.run.tasks, cfg.run.split)
+    tokenizer = load_tokenizer(cfg.engine.model)
+    engine = make_engine(cfg.engine, tokenizer)
+    trainer = build_trainer(cfg, engine)
+    start = 0
+    if resume:
+        from legorl.train.checkpoint import latest_checkpoint
+
+        ckpt = latest_checkpoint(trainer.cfg.checkpoint_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}")
+        trainer.load_checkpoint(ckpt)
+        start = int(trainer.data_state.get("next_step", trainer.step_count))
+        await trainer.sync_weights()  # the engine must sample from the restored weights
+        console.print(f"resumed from {ckpt} at step {start}")
+    ui = None
+    if cfg.run.ui:
+        from legorl.monitor.ui.server import UIServerThread
+
+        ui = UIServerThread(run_dir, port=cfg.run.ui_port)
+        ui.start()
+        console.print(f"live UI: {ui.url}")
+    limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
+    summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": []}
+    try:
+        async with RolloutWorker(cfg, engine) as worker:
+            for step in range(start, cfg.run.steps):
+                t0 = time.monotonic()
+                store.begin_step(step, policy_version=trainer.version)
+                batch = sample_tasks(tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
+                groups = await asyncio.gather(
+                    *(worker.group(t, cfg.run.group_size, step=step, limit=limit) for t in batch)
+                )
+                records = [r for g in groups for r in g]
+                t1 = time.monotonic()
+                record(store, records, tokenizer)
+                trajs = [r.trajectory for r in records]
+                adv = compute_advantages(trajs, scale_by_std=bool(trainer.cfg.scale_advantage_by_std),
+                                         eps=trainer.cfg.advantage_eps, zero_variance=trainer.cfg.zero_variance_groups)
+                store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values) if a is not None})
+                t2 = time.monotonic()
+                metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1})
+                t3 = time.monotonic()
+                metrics.update(rollout_metrics(records, trainer.version - 1))
+                metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "time/train_sync_s": t3 - t2,
+                                "time/step_s": t3 - t0, "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})
+                store.log_metrics(step, metrics)
+                store.end_step(step)
+                verdict = run_monitors(store, cfg.monitor, step)
+                console.print(
+                    f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
+                    f"loss {metrics.get('train/loss', 0):.4g} rollouts {len(records)} in {t1 - t0:.1f}s, "
+                    f"train+sync {t3 - t2:.1f}s, alerts {len(verdict.alerts)}"
+                )
+                summary["steps"].append({k: metrics[k] for k in sorted(metrics)})
+                if verdict.should_stop:
+                    console.print(f"[red]stopping: {'; '.join(verdict.stop_reasons)}[/red]")
+                    summary["stopped"] = verdict.stop_reasons
+                    break
+    finally:
+        if ui is not None:
+            ui.stop()
+        await engine.close()
+        store.close()
+    return summary

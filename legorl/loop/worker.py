@@ -1,0 +1,146 @@
+"""A rollout worker: a proxy, a sandbox backend and task images, running rollouts.
+
+One worker is what one machine contributes to a step: `legorl train` runs one in-process;
+the Ray backend runs one per actor (each with its own proxy and sandboxes, the engine
+reached over HTTP). A rollout is: open a proxy session → serve it on a unix socket that
+only that session answers on → run the harness in the agent sandbox with that socket as
+its only way out → close the session → grade → assemble the recorded turns into a
+trajectory carrying the outcome.
+
+An engine failure during the run is the infrastructure's fault even when the harness
+merely reports "API error" and exits: the session's engine-error count turns such a
+rollout into `engine_error` (retried, then masked), never into a reward of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from legorl.engine.base import Engine
+from legorl.loop.config import HarnessSection, RunConfig
+from legorl.models import load_tokenizer
+from legorl.proxy.render import Renderer
+from legorl.proxy.server import ProxyServer
+from legorl.proxy.session_socket import SessionSocket
+from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
+from legorl.sandbox.base import Limits
+from legorl.tasks.image import TaskImages, close_backend, open_backend
+from legorl.trajectory import assemble
+from legorl.types import Outcome, Status, Task, Trajectory, Turn
+
+
+def make_harness(cfg: HarnessSection, served_model: str) -> Any:
+    """The adapter of the configured harness (only configures and launches it)."""
+    if cfg.name == "command":
+        from legorl.harness.command import CommandHarness
+
+        assert cfg.command_file is not None
+        return CommandHarness.from_file(cfg.command_file)
+    try:
+        from legorl.harness.registry import make_harness as make_adapter
+    except ImportError as e:
+        raise ValueError(f"harness {cfg.name!r} is not available in this install: {e}") from None
+    return make_adapter(cfg.name, model=cfg.model_name or served_model, max_turns=cfg.max_turns, **cfg.options)
+
+
+@dataclass
+class RolloutRecord:
+    """What one rollout produced: the trajectory (with outcome) and the raw turns."""
+
+    trajectory: Trajectory
+    turns: list[Turn]
+    result: RolloutResult
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutWorker:
+    """Runs rollouts against one engine; use as an async context manager."""
+
+    def __init__(
+        self, cfg: RunConfig, engine: Engine | None, *, socket_dir: Path | None = None,
+        upstream: str | None = None, upstream_api_key: str | None = None,
+    ) -> None:
+        if (engine is None) == (upstream is None):
+            raise ValueError("a rollout worker needs exactly one of an engine or an upstream endpoint")
+        self.cfg = cfg
+        self.engine = engine
+        self.upstream = upstream
+        self.upstream_api_key = upstream_api_key
+        self.relay: Any = None
+        self._tmp = tempfile.TemporaryDirectory(prefix="legorl-sock-") if socket_dir is None else None
+        self.socket_dir = Path(self._tmp.name) if self._tmp else socket_dir
+        self.proxy: ProxyServer | None = None
+        self.backend: Any = None
+        self.images = TaskImages(backend=cfg.sandbox.backend)
+        self.harness = make_harness(cfg.harness, cfg.proxy.served_model)
+        s = cfg.sandbox
+        self.rollout_cfg = RolloutConfig(
+            agent_timeout_s=s.agent_timeout_s, retries=s.retries,
+            limits=Limits(memory_mb=s.memory_mb, pids=s.pids, cpus=s.cpus, disk_mb=s.disk_mb),
+        )  # fmt: skip
+
+    async def __aenter__(self) -> RolloutWorker:
+        if self.engine is not None:
+            tok = getattr(self.engine, "tokenizer", None) or load_tokenizer(self.cfg.engine.model)
+            self.proxy = ProxyServer(self.cfg.proxy, self.engine, Renderer(tok), port=0)
+            await self.proxy.start()
+        else:
+            from legorl.proxy.passthrough import PassthroughApp
+
+            self.relay = PassthroughApp(self.upstream or "", self.upstream_api_key, self.cfg.proxy.request_timeout_s)
+        self.backend = open_backend(self.cfg.sandbox.backend, self.images.store)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        if self.relay is not None:
+            await self.relay.aclose()
+        if self.backend is not None:
+            await close_backend(self.backend)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    async def rollout(self, task: Task, *, step: int = 0, session_id: str | None = None) -> RolloutRecord:
+        assert self.backend is not None, "use the worker as `async with RolloutWorker(...)`"
+        sid = session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}"
+        image = await self.images.for_task(task)
+        app = self.relay
+        session = None
+        if self.proxy is not None:
+            session = self.proxy.open_session(sid, {"instance_id": task.instance_id, "step": step})
+            app = self.proxy.app
+        sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
+        turns: list[Turn] = []
+        try:
+            async with SessionSocket(app, sid, sock):
+                result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg,
+                                           proxy_socket=str(sock))
+        finally:
+            if self.proxy is not None:
+                turns = self.proxy.close_session(sid)
+        engine_errors = int(getattr(session, "engine_errors", 0))
+        outcome = result.outcome
+        if engine_errors and not outcome.status.is_infra:
+            outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=list(outcome.flags),
+                              evidence={**outcome.evidence, "cause": "engine_error", "engine_errors": engine_errors})
+            result = dataclasses.replace(result, outcome=outcome)
+        outcome.evidence.setdefault("diff", result.diff)
+        traj = assemble(turns, sid)
+        traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, result.harness, step, outcome
+        return RolloutRecord(traj, turns, result, dict(result.timings))
+
+    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore) -> list[RolloutRecord]:
+        """n rollouts of one task, concurrently (within the shared limit)."""
+
+        async def one(k: int) -> RolloutRecord:
+            async with limit:
+                return await self.rollout(task, step=step, session_id=f"s{step}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}")
+
+        return list(await asyncio.gather(*(one(k) for k in range(n))))
