@@ -49,7 +49,6 @@ def _free_port() -> int:
 def test_train_two_steps_then_ui(tmp_path: Path) -> None:
     task = load_shipped("train")[0]
     (tmp_path / "agent.sh").write_text(AGENT.replace("__PATCH__", task.patch if task.patch.endswith("\n") else task.patch + "\n"))
-    (tmp_path / "tasks.jsonl").write_text("")  # not used: shipped tasks
     (tmp_path / "run.toml").write_text(f"""
 [run]
 dir = "run"

@@ -62,7 +62,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_row("pass@1", f"{summary['pass@1']:.3f}")
-    t.add_row(f"pass@{summary['k']}", f"{summary[f'pass@{summary['k']}']:.3f}")
+    key = f"pass@{summary['k']}"
+    t.add_row(key, f"{summary[key]:.3f}")
     for status, n in summary["status_counts"].items():
         t.add_row(f"status/{status}", str(n))
     console.print(t)
