@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from legorl.tasks.loader import load_shipped
+from legorl.tasks.loader import load_shipped, shipped_tasks_dir
 
 AGENT = """#!/bin/bash
 reply=$(python3 - <<'PY'
@@ -54,7 +54,7 @@ async def test_eval_external_endpoint(tmp_path: Path, answer: str, expected: flo
     (tmp_path / "agent.sh").write_text(AGENT.replace("__PATCH__", task.patch.rstrip("\n") + "\n"))
     (tmp_path / "eval.toml").write_text(f"""
 [run]
-tasks = "{Path(task.repo_path).parents[1] / 'train.jsonl'}"
+tasks = "{shipped_tasks_dir() / 'train.jsonl'}"
 eval_split = "train"
 [harness]
 name = "command"

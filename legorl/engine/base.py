@@ -19,6 +19,11 @@ class EngineError(RuntimeError):
     """The engine failed (server down, bad response): an infrastructure fault."""
 
 
+class ContextLengthExceeded(ValueError):
+    """The prompt leaves no room for a completion in the model's context: the agent's fault
+    (its context grew too long), not an infrastructure fault. Engines expose `max_context`."""
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Token-in/token-out generation."""

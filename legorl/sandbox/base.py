@@ -21,6 +21,15 @@ class ExecResult:
     timed_out: bool = False
     truncated: bool = False  # output was cut at the limit
     duration_s: float = 0.0
+    # Resource limits the command ran into (all agent-caused; see sandbox/channel.py):
+    oom_killed: bool = False  # the kernel's OOM killer killed a process of the sandbox
+    pids_limited: bool = False  # a fork failed at the sandbox's pids limit
+    disk_full: bool = False  # the sandbox's disk quota is (nearly) exhausted
+
+    @property
+    def resource_exhausted(self) -> bool:
+        """True when the sandbox hit one of its limits while this command ran."""
+        return self.oom_killed or self.pids_limited or self.disk_full
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,11 @@ class SandboxSpec:
 
 class SandboxError(RuntimeError):
     """An infrastructure fault of a sandbox (start failed, backend gone): never the agent's."""
+
+
+class DiffError(RuntimeError):
+    """The agent's repository yields no diff (base commit gone, .git broken, diff too large):
+    agent-caused, unlike SandboxError."""
 
 
 class Sandbox(Protocol):
