@@ -166,6 +166,22 @@ def rollout(
     typer.echo(line)
 
 
+@app.command()
+@friendly
+def doctor(
+    config: Path | None = typer.Option(None, help="Run config to check (default: the built-in defaults)."),
+    skip: list[str] = typer.Option([], help="Check names to leave out (repeatable)."),
+) -> None:
+    """Pre-flight: check the whole chain (engine, template, sandboxes, harness, grading, store)."""
+    from legorl.loop.preflight import preflight_checks
+    from legorl.monitor.doctor import run_checks
+
+    checks = [c for c in preflight_checks(_run_config(config)) if c.name not in skip]
+    for c in checks:
+        c.needs = tuple(n for n in c.needs if n not in skip)
+    raise typer.Exit(run_checks(checks))
+
+
 def main() -> None:
     _add_subapps()
     app(prog_name="legorl")

@@ -1,0 +1,348 @@
+"""`hf`: an in-process transformers model that batches concurrent requests (CPU or GPU).
+
+Many harness sessions call the engine at once; generating for them one at a time would
+make a rollout as slow as the sum of its sessions. A dedicated generation thread runs a
+continuous-batching loop instead: every iteration it admits waiting requests (prefilled
+together as one left-padded batch), then advances every running request by one token in
+a single decode forward over a shared KV cache (`kv_batch.py`). Requests join and leave
+between steps. Prompts are prefilled in chunks of `prefill_chunk` columns, so a long agent
+context never materialises a prompt x prompt attention mask; while a wave of prompts is
+prefilled, running requests wait (no interleaving of prefill chunks with decode steps).
+The thread keeps the asyncio event loop (which also serves the HTTP proxy) free: each
+iteration's tokens are handed back with one `call_soon_threadsafe` per caller loop.
+
+What each request gets back (see `sampling.py` for the exact distribution):
+- one `TokenStep` per sampled token with `logprob = log q(token)`, q being the
+  temperature/top-k/top-p-processed distribution it was drawn from (greedy: log softmax
+  at T = 1);
+- a final step with the finish reason: `stop` on an end-of-turn/eos id (the id is
+  included in the completion) or when the decoded completion contains a stop string
+  (the completing token is included; trimming text is the proxy's job), `length` at
+  `max_tokens` or at the model's context limit;
+- for MoE models, `routed_experts[t][l][k]` for every prompt and completion token
+  (`routing.py`). The last sampled token is forwarded once more so that it, too, has
+  its routing — the shape is exactly (prompt + completion, MoE layers, top-k).
+
+Seeds: a request with `seed` samples with its own generator, so its completion does not
+depend on the other requests in the batch (up to floating-point effects of batch shape).
+
+Weights: `load_state_dict(state_dict, version)` (thread-safe, between two steps) and
+`update_weights_from_disk(path, version)` copy new weights in place and set
+`policy_version`. Requests in flight continue under the new weights (their KV cache keeps
+what the old weights computed), as in asynchronous RL systems; a turn's policy version is
+the one the proxy reads when the turn ends.
+
+CPU threads: the generation thread sets its own intra-op thread count (OpenMP's is per
+thread, so a trainer in the same process keeps its own). The default is
+min(4, cores // 2): tiny models are bound by Python overhead, and on a busy machine more
+threads than free cores make OpenMP spin — on 2 loaded cores, 2 threads measured ~20x
+slower per decode step than 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from legorl.engine.base import ContextLengthExceeded, EngineError, collect
+from legorl.engine.hf_rows import Outbox, Request, Row, eos_ids
+from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup
+from legorl.engine.routing import RoutingRecorder, moe_gates
+from legorl.engine.sampling import params_tensors, processed_logprobs, sample, validate_params
+from legorl.models import load_tokenizer, resolve_model
+from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_model(model: str, device: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
+    """An HF causal LM from a bundled name or a local directory, on `device`, in eval mode."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(model)
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
+        net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+    finally:
+        if bar:
+            transformers.utils.logging.enable_progress_bar()
+    return net.to(device).eval()
+
+
+class HFEngine:
+    """Continuous-batching generation with an in-process transformers model."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model: str = "tiny-qwen3",
+        tokenizer: Any = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 16384,
+        prefill_chunk: int = 1024,
+        max_context: int | None = None,
+        num_threads: int | None = None,
+        seed: int | None = None,
+        record_routing: bool = True,
+        attn_implementation: str = "sdpa",
+    ) -> None:
+        if dtype != "auto" and dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of auto, {', '.join(DTYPES)}")
+        self.num_threads = num_threads or min(4, max(1, (os.cpu_count() or 2) // 2))
+        self.model_name = model
+        self.model = load_model(model, device, dtype, attn_implementation)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+        self.device = torch.device(device)
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_chunk = prefill_chunk
+        self.max_context = int(max_context or getattr(self.model.config, "max_position_embeddings", 0) or 2**31)
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        self.policy_version = 0
+        self.eos_ids = eos_ids(self.tokenizer, self.model)
+        self.routing = RoutingRecorder(self.model) if record_routing else None
+        if self.routing is not None and not self.routing.gates:
+            self.routing.close()
+            self.routing = None
+        self.is_moe = bool(moe_gates(self.model))
+        self._fwd = BatchedForward(self.model)
+        self._generator = torch.Generator(device=self.device)
+        if seed is not None:
+            self._generator.manual_seed(seed)
+        else:
+            self._generator.seed()  # this generator only; the global torch RNG is left alone
+        self._cv = threading.Condition()
+        self._model_lock = threading.Lock()
+        self._pending: deque[Request] = deque()
+        self._outbox = Outbox()
+        self._rows: list[Row] = []
+        self._batch: KVBatch | None = None
+        self._closing = False
+        self.stats = {"forward_calls": 0, "decode_steps": 0, "max_rows": 0, "tokens": 0}
+        self._thread = threading.Thread(target=self._loop, name="legorl-hf-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, cfg: Any, tokenizer: Any = None) -> HFEngine:
+        return cls(
+            cfg.model,
+            tokenizer,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            max_batch_size=cfg.max_batch_size,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            prefill_chunk=cfg.prefill_chunk,
+            max_context=cfg.max_context,
+            num_threads=cfg.num_threads,
+            seed=cfg.seed,
+            record_routing=cfg.record_routing,
+            attn_implementation=cfg.attn_implementation,
+        )
+
+    # ---- asyncio side -------------------------------------------------------------------
+
+    def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        validate_params(params)
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
+        bad = [t for t in prompt_ids if not (0 <= int(t) < self.vocab_size)]
+        if bad:
+            raise ValueError(f"prompt_ids has ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
+        if len(prompt_ids) >= self.max_context:
+            raise ContextLengthExceeded(
+                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {self.max_context} tokens"
+            )
+        if self._closing:
+            raise EngineError("hf engine is closed")
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        self._check(prompt_ids, params)
+        req = Request(
+            [int(t) for t in prompt_ids], params, asyncio.get_running_loop(), self._outbox, self.tokenizer, self.device
+        )
+        with self._cv:
+            self._pending.append(req)
+            self._cv.notify()
+        done = False
+        try:
+            while True:
+                item = await req.queue.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    done = True
+                    return
+        finally:
+            if not done:
+                req.cancelled = True
+                with self._cv:
+                    self._cv.notify()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await collect(self.stream(prompt_ids, params), len(prompt_ids))
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        await asyncio.to_thread(self._thread.join, 60)
+        if self.routing is not None:
+            self.routing.close()
+
+    # ---- weights ------------------------------------------------------------------------
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy (a subset of) the model's parameters in place, between two generation steps."""
+        own = self.model.state_dict()
+        unknown = [k for k in state_dict if k not in own]
+        if unknown:
+            raise ValueError(f"update_weights: {len(unknown)} names the model does not have, e.g. {unknown[:3]}")
+        wrong = [k for k, v in state_dict.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if wrong:
+            k = wrong[0]
+            raise ValueError(f"update_weights: shape of {k} is {tuple(state_dict[k].shape)}, model has {tuple(own[k].shape)}")
+        with self._model_lock, torch.no_grad():
+            for k, v in state_dict.items():
+                own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
+            self.policy_version = int(version)
+
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        await asyncio.to_thread(self.load_state_dict, state_dict, version)
+
+    async def update_weights_from_disk(self, path: str | Path, version: int) -> None:
+        """Load an HF checkpoint directory (same architecture) and copy its weights in."""
+        if not (Path(path) / "config.json").exists():
+            raise ValueError(f"update_weights_from_disk: {path} is not an HF model directory (no config.json)")
+
+        def load() -> None:
+            fresh = load_model(str(path), "cpu", "float32", "eager")
+            self.load_state_dict(fresh.state_dict(), version)
+
+        await asyncio.to_thread(load)
+
+    # ---- generation thread --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.num_threads)  # this thread only
+        while True:
+            with self._cv:
+                while not self._closing and not self._pending and not self._rows:
+                    self._cv.wait()
+                if self._closing:
+                    break
+                admitted = self._admit()
+            try:
+                self._drop_cancelled()
+                with self._model_lock:
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._rows:
+                        self._decode()
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                err = EngineError(f"hf engine step failed: {type(exc).__name__}: {exc}")
+                for row in self._rows:
+                    row.req.fail(err)
+                for req in admitted:
+                    req.fail(err)
+                self._rows, self._batch = [], None
+            self._outbox.flush()
+        for row in self._rows:
+            row.req.emit(TokenStep(None, None, FinishReason.ABORT))
+        for req in self._pending:
+            req.emit(TokenStep(None, None, FinishReason.ABORT))
+        self._outbox.flush()
+        self._rows, self._batch = [], None
+        self._pending.clear()
+
+    def _admit(self) -> list[Request]:
+        """Waiting requests that fit in the batch and the prefill token budget (under _cv)."""
+        admitted: list[Request] = []
+        while self._pending and len(self._rows) + len(admitted) < self.max_batch_size:
+            req = self._pending[0]
+            if req.cancelled:
+                self._pending.popleft()
+                continue
+            longest = max([len(r.prompt_ids) for r in admitted] + [len(req.prompt_ids)])
+            if admitted and longest * (len(admitted) + 1) > self.max_prefill_tokens:
+                break
+            admitted.append(self._pending.popleft())
+        return admitted
+
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
+        if len(keep) != len(self._rows) and self._batch is not None:
+            self._batch = regroup([(self._batch, keep)])
+            self._rows = [self._rows[i] for i in keep]
+
+    def _prefill(self, admitted: list[Request]) -> None:
+        prompts = [r.prompt_ids for r in admitted]
+        if self.routing is not None:
+            self.routing.start()
+        batch, logits_B_V = self._fwd.prefill(prompts, self.prefill_chunk)
+        self.stats["forward_calls"] = self._fwd.forward_calls
+        rows = [Row(req) for req in admitted]
+        if self.routing is not None:
+            idx_B_T_L_K = self.routing.take(len(prompts))
+            for r, row in enumerate(rows):
+                row.routing.append(idx_B_T_L_K[r, idx_B_T_L_K.shape[1] - len(row.req.prompt_ids) :])
+        self._sample(rows, logits_B_V)
+        self._finish(rows)
+        keep = [r for r, row in enumerate(rows) if not row.done]
+        old = [(self._batch, list(range(len(self._rows))))] if self._batch is not None else []
+        self._batch = regroup(old + [(batch, keep)])
+        self._rows = self._rows + [rows[r] for r in keep]
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(self._rows))
+
+    def _decode(self) -> None:
+        assert self._batch is not None
+        if self.routing is not None:
+            self.routing.start()
+        logits_B_V = self._fwd.decode(
+            self._batch, [row.tokens[-1] for row in self._rows], [len(row.tokens) - 1 for row in self._rows]
+        )
+        self.stats["decode_steps"] += 1
+        self.stats["forward_calls"] = self._fwd.forward_calls
+        if self.routing is not None:
+            idx_B_T_L_K = self.routing.take(len(self._rows))
+            for r, row in enumerate(self._rows):
+                row.routing.append(idx_B_T_L_K[r])
+        live = [r for r, row in enumerate(self._rows) if row.finish is None]
+        if live:
+            self._sample([self._rows[r] for r in live], logits_B_V[live])
+        self._finish(self._rows)
+        self._drop_cancelled()
+
+    def _finish(self, rows: list[Row]) -> None:
+        """Send the final step of rows that stopped (MoE rows once their last token is routed)."""
+        for row in rows:
+            if row.finish is not None and not row.done and (self.routing is None or row.routed_all()):
+                row.req.emit(TokenStep(None, None, row.finish, row.routed_experts() if self.routing else None))
+                row.done = True
+
+    def _sample(self, rows: list[Row], logits_B_V: torch.Tensor) -> None:
+        params = [row.req.params for row in rows]
+        temperature_B, top_p_B, top_k_B = params_tensors(params, self.device)
+        logprobs_B_V = processed_logprobs(logits_B_V, temperature_B, top_p_B, top_k_B)
+        ids_B = sample(logprobs_B_V, temperature_B <= 0, [row.req.generator for row in rows], self._generator)
+        lps_B = logprobs_B_V.gather(1, ids_B[:, None]).squeeze(1).tolist()
+        self.stats["tokens"] += len(rows)
+        for row, tok, lp in zip(rows, ids_B.tolist(), lps_B, strict=True):
+            row.add(tok, lp, self.eos_ids, self.max_context)

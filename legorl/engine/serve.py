@@ -1,0 +1,298 @@
+"""`legorl engine-serve`: any Engine behind the vLLM completions API our `vllm` client speaks.
+
+Why: remote rollout workers (Ray actors on other processes or machines) need the policy,
+but the policy may live in the trainer's process (the `hf` engine, whose weights the
+trainer updates in place). Serving that engine object over the same token-in/token-out
+protocol a real vLLM server speaks means remote workers use the `vllm` engine kind — the
+code path users take against a GPU vLLM server — and weight sync stays in-process.
+
+Routes (formats in `serve_protocol.py`):
+  POST /v1/completions        token-id prompt → ids, logprobs (SSE with `stream: true`)
+  GET  /v1/models             the served model
+  GET  /health                200 when serving
+  POST /collective_rpc        `{"method": "reload_weights"}`: re-read the served model
+                              directory into the engine (vLLM's dev-mode RL route)
+  POST /reset_prefix_cache    accepted (an engine without a prefix cache has nothing to drop)
+  POST /update_weight_version `{"new_version": "N"}` → the engine's `policy_version`
+  GET  /get_weight_version    the engine's `policy_version`
+
+The server shares the caller's event loop (an in-process engine must be driven from the
+loop it was created on) and binds its socket before returning, so `port=0` is race-free:
+
+    async with EngineServer(engine, tokenizer, "tiny-qwen3") as srv:
+        client = VLLMEngine(srv.url, "tiny-qwen3")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from legorl.engine.base import ContextLengthExceeded, Engine, EngineError
+from legorl.engine.serve_protocol import Completion, Detokenizer, HTTPError, context_message, error_body, parse_request
+from legorl.proxy.server import _bind, _http_impl
+from legorl.types import FinishReason, TokenStep
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class EngineApp:
+    """The ASGI application: one engine, one served model name."""
+
+    def __init__(
+        self, engine: Engine, tokenizer: Any, served_model: str, *, model_dir: str | Path | None = None,
+        api_key: str | None = None,
+    ) -> None:  # fmt: skip
+        self.engine, self.tokenizer, self.served_model = engine, tokenizer, served_model
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self.api_key = api_key
+        self.max_context = int(getattr(engine, "max_context", 0) or 2**31)
+        self.app = Starlette(routes=[
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
+            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+            Route("/get_weight_version", self.get_weight_version, methods=["GET"]),
+        ])  # fmt: skip
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.api_key and scope["path"] != "/health":
+            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+            if auth != f"Bearer {self.api_key}":
+                await _json({"error": "Unauthorized"}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    # ---- generation ---------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as e:
+            return _json(error_body(f"the request body is not valid JSON: {e}", "BadRequestError", 400), 400)
+        try:
+            req, prompt_ids, params = parse_request(body, self.served_model, self.max_context)
+        except HTTPError as e:
+            return _json(e.body(), e.status)
+        comp = Completion(req, prompt_ids, Detokenizer(self.tokenizer, req.skip_special_tokens), self.served_model)
+        steps = self.engine.stream(prompt_ids, params)
+        try:
+            first = await anext(steps)  # argument errors surface here, before any byte is sent
+        except ContextLengthExceeded:
+            await steps.aclose()
+            return _json(error_body(context_message(self.max_context, len(prompt_ids), req.max_tokens),
+                                    "BadRequestError", 400, "prompt"), 400)  # fmt: skip
+        except ValueError as e:
+            await steps.aclose()
+            return _json(error_body(str(e), "BadRequestError", 400), 400)
+        except Exception as e:
+            await steps.aclose()
+            return _json(error_body(f"{type(e).__name__}: {e}", "InternalServerError", 500), 500)
+        if req.stream:
+            return StreamingResponse(self._events(comp, first, steps), media_type="text/event-stream",
+                                     headers={"cache-control": "no-cache"})  # fmt: skip
+        try:
+            finish, routing = await self._collect(comp, first, steps)
+        except Exception as e:
+            return _json(error_body(f"{type(e).__name__}: {e}", "InternalServerError", 500), 500)
+        finally:
+            await steps.aclose()
+        return _json(comp.response(finish, routing))
+
+    async def _collect(
+        self, comp: Completion, step: TokenStep, steps: AsyncIterator[TokenStep]
+    ) -> tuple[FinishReason, list[list[list[int]]] | None]:
+        while True:
+            if step.token_id is not None:
+                comp.add(step.token_id, step.logprob or 0.0)
+            if step.finish_reason is not None:
+                return step.finish_reason, step.routed_experts
+            step = await anext(steps)
+
+    async def _events(self, comp: Completion, step: TokenStep, steps: AsyncIterator[TokenStep]) -> AsyncIterator[bytes]:
+        """One chunk per token; the last token is held back one step so that it carries the
+        finish reason, as vLLM's last chunk does. A failure mid-stream is an `error` event."""
+        held: TokenStep | None = None
+        sent = 0
+        try:
+            while True:
+                if step.token_id is not None:
+                    if held is not None:
+                        comp.add(held.token_id or 0, held.logprob or 0.0)
+                        yield _sse(comp.chunk(sent, None))
+                        sent = len(comp.ids)
+                    held = step
+                if step.finish_reason is not None:
+                    if held is not None:
+                        comp.add(held.token_id or 0, held.logprob or 0.0)
+                    yield _sse(comp.chunk(sent, step.finish_reason))
+                    break
+                try:
+                    step = await anext(steps)
+                except StopAsyncIteration:
+                    raise EngineError("the engine's stream ended without a finish reason") from None
+            if comp.req.stream_options is not None and comp.req.stream_options.include_usage:
+                yield _sse(comp.usage_chunk())
+        except Exception as e:  # the client learns why the stream stopped
+            yield _sse(error_body(f"{type(e).__name__}: {e}", "InternalServerError", 500))
+        finally:
+            await steps.aclose()
+        yield b"data: [DONE]\n\n"
+
+    # ---- model, health, weights ---------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        card = {"id": self.served_model, "object": "model", "created": 0, "owned_by": "legorl",
+                "root": str(self.model_dir or self.served_model), "parent": None, "max_model_len": self.max_context,
+                "permission": []}  # fmt: skip
+        return _json({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def collective_rpc(self, request: Request) -> Response:
+        body = await _body(request)
+        if body.get("method") != "reload_weights":
+            return _json(error_body(f"collective_rpc method {body.get('method')!r}: only 'reload_weights' is served",
+                                    "BadRequestError", 400, "method"), 400)  # fmt: skip
+        update = getattr(self.engine, "update_weights_from_disk", None)
+        if self.model_dir is None or update is None:
+            why = "no model directory was given" if self.model_dir is None else f"{self.engine.name} cannot load weights"
+            return _json(error_body(f"reload_weights: {why}", "BadRequestError", 400), 400)
+        try:
+            await update(self.model_dir, self.engine.policy_version)
+        except ValueError as e:
+            return _json(error_body(f"reload_weights: {e}", "BadRequestError", 400), 400)
+        return _json({"results": [None]})
+
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def update_weight_version(self, request: Request) -> Response:
+        body = await _body(request)
+        try:
+            version = int(str(body.get("new_version")))
+        except ValueError:
+            return _json(error_body(f"new_version must be an integer, got {body.get('new_version')!r}",
+                                    "BadRequestError", 400, "new_version"), 400)  # fmt: skip
+        self.engine.policy_version = version
+        return _json({"success": True, "new_version": str(version)})
+
+    async def get_weight_version(self, request: Request) -> Response:
+        return _json({"weight_version": str(self.engine.policy_version)})
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        body = None
+    return body if isinstance(body, dict) else {}
+
+
+class EngineServer:
+    """An EngineApp on a TCP port, served from the caller's event loop."""
+
+    def __init__(
+        self, engine: Engine, tokenizer: Any, served_model: str, *, host: str = "127.0.0.1", port: int = 0,
+        model_dir: str | Path | None = None, api_key: str | None = None,
+    ) -> None:  # fmt: skip
+        self.app = EngineApp(engine, tokenizer, served_model, model_dir=model_dir, api_key=api_key)
+        self.host, self.port = host, port
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        self._sock = _bind(self.host, self.port)
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, lifespan="off", log_level="warning", access_log=False, http=_http_impl(), loop="none",
+            timeout_keep_alive=75, server_header=False, backlog=2048, timeout_graceful_shutdown=5,
+        )  # fmt: skip
+        self._server = uvicorn.Server(config)
+        serve = getattr(self._server, "_serve", None) or self._server.serve  # _serve: no signal capture
+        self._task = asyncio.get_running_loop().create_task(serve(sockets=[self._sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the engine server stopped during start-up")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        self._server = self._task = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def __aenter__(self) -> EngineServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None = None) -> None:
+    """`legorl engine-serve`: build the configured engine and serve it until SIGINT/SIGTERM.
+
+    The served model name is `engine_cfg.served_model_name` or `engine_cfg.model`; clients
+    configure `[engine] kind = "vllm"`, `url = <printed URL>`, the same `model` (for its
+    tokenizer) and that name. Weight reloads re-read the model's directory."""
+    from legorl.engine.registry import make_engine
+    from legorl.models import load_tokenizer, resolve_model
+
+    tokenizer = load_tokenizer(engine_cfg.model)
+    model_dir = resolve_model(engine_cfg.model) if engine_cfg.kind == "hf" else None
+    engine = make_engine(engine_cfg, tokenizer)
+    name = engine_cfg.served_model_name or engine_cfg.model
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            async with EngineServer(engine, tokenizer, name, host=host, port=port, model_dir=model_dir,
+                                    api_key=api_key) as srv:  # fmt: skip
+                print(f"legorl engine-serve: {engine_cfg.kind}:{engine_cfg.model} as {name!r} at {srv.url} "
+                      f"(vLLM-compatible /v1/completions)", flush=True)  # fmt: skip
+                await stop.wait()
+        finally:
+            await engine.close()
+            print("legorl engine-serve: stopped", flush=True)
+
+    try:
+        asyncio.run(main())
+    except OSError as e:  # the port is taken, the host is not ours: one line, not a traceback
+        raise SystemExit(f"legorl engine-serve: {e}") from None

@@ -1,0 +1,293 @@
+"""`legorl doctor`: pre-flight checks of the whole chain a run config needs.
+
+Each check fails for its real reason with a hint that fixes it; later checks that need a
+failed one are skipped (a stopped engine is one red line, not five). The checks:
+
+- engine answers: a short generation by token ids, within a timeout;
+- chat template round trip: our incremental renderer equals the model's own chat
+  template, and render → generate → parse → render-next-turn keeps the recorded ids an
+  exact prefix (what makes trajectories one segment);
+- sandbox starts (the configured backend, from the base image);
+- sandbox isolation: no route to a listener on the host's loopback, no host files;
+- harness installed (and, for `command`, its script exists);
+- harness reaches its proxy session: from inside a sandbox, through the session socket;
+- grading self-test on a task: gold patch → resolved, empty patch → not resolved;
+- run store writable (SQLite WAL + FTS5); free disk and memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from legorl.loop.config import RunConfig
+from legorl.monitor.doctor import Check, CheckFailed, store_check
+from legorl.types import SamplingParams, Status
+
+SETUP_SANDBOX = "run: bash scripts/setup_sandbox.sh (installs bubblewrap/docker, starts dockerd, builds the base image)"
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def engine_check(cfg: RunConfig) -> Check:
+    def fn() -> str:
+        from legorl.engine.base import EngineError
+        from legorl.engine.registry import make_engine
+        from legorl.models import load_tokenizer
+
+        tok = load_tokenizer(cfg.engine.model)
+        ids = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+        async def go() -> Any:
+            engine = make_engine(cfg.engine, tok)
+            try:
+                return await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=4, temperature=1.0, seed=0)), 60)
+            finally:
+                await engine.close()
+
+        try:
+            gen = _run(go())
+        except (EngineError, OSError, asyncio.TimeoutError) as e:
+            where = cfg.engine.url or cfg.engine.kind
+            raise CheckFailed(f"engine {where} did not answer: {type(e).__name__}: {e}",
+                              fix=f"start the {cfg.engine.kind} server at {cfg.engine.url} or fix engine.url"
+                              if cfg.engine.url else "check the [engine] section (kind, model, device)")
+        if len(gen.logprobs) != len(gen.completion_ids) or not gen.completion_ids:
+            raise CheckFailed(f"engine returned {len(gen.completion_ids)} ids and {len(gen.logprobs)} logprobs",
+                              fix="the engine must return one logprob per sampled token")
+        return f"{cfg.engine.kind}:{cfg.engine.model} generated {len(gen.completion_ids)} tokens"
+
+    return Check("engine answers", fn, timeout=120)
+
+
+def template_check(cfg: RunConfig) -> Check:
+    def fn() -> str:
+        from legorl.engine.registry import make_engine
+        from legorl.models import load_tokenizer
+        from legorl.proxy.render import ChatRequest, Renderer, RenderState
+        from legorl.proxy.toolcalls import parse_completion
+
+        tok = load_tokenizer(cfg.engine.model)
+        r = Renderer(tok)
+        tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
+                                                   "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+        msgs = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
+        ours = r.render(ChatRequest(msgs, tools))
+        ref = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
+        theirs = tok(ref, add_special_tokens=False)["input_ids"]
+        if ours != theirs:
+            k = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            raise CheckFailed(f"our renderer and the model's chat template differ at token {k}: "
+                              f"{tok.decode(ours[k:k + 8])!r} vs {tok.decode(theirs[k:k + 8])!r}",
+                              fix="the proxy renders Qwen-style templates; use a model with a Qwen3 chat template")
+        state = RenderState()
+        prompt = r.render(ChatRequest(msgs[:2], tools), state)
+
+        async def go() -> Any:
+            engine = make_engine(cfg.engine, tok)
+            try:
+                return await asyncio.wait_for(engine.generate(prompt, SamplingParams(max_tokens=24, seed=0)), 60)
+            finally:
+                await engine.close()
+
+        gen = _run(go())
+        parsed = parse_completion(r.decode([i for i in gen.completion_ids if i not in r.eos_ids]))
+        state.remember(gen.completion_ids, parsed)
+        reply: dict[str, Any] = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning}
+        if parsed.tool_calls:
+            reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                   for c in parsed.tool_calls]
+        nxt = msgs[:2] + [reply, {"role": "user", "content": "Go on."}]
+        again = r.render(ChatRequest(nxt, tools), state)
+        if again[: len(prompt) + len(gen.completion_ids)] != prompt + gen.completion_ids:
+            raise CheckFailed("the next turn's prompt does not extend prompt + completion token-for-token",
+                              fix="report a bug: the renderer's splicing lost the sampled ids")
+        return f"parity with the chat template; next turn extends {len(prompt) + len(gen.completion_ids)} ids"
+
+    return Check("chat template round trip", fn, needs=("engine answers",), timeout=120)
+
+
+def sandbox_checks(cfg: RunConfig) -> list[Check]:
+    backend_name = cfg.sandbox.backend
+
+    async def with_sandbox(body: Any, proxy_socket: str | None = None) -> Any:
+        from legorl.sandbox.base import SandboxSpec
+        from legorl.tasks.image import TaskImages, close_backend, open_backend
+
+        images = TaskImages(backend=backend_name)
+        base = await images.base()
+        if backend_name == "docker":
+            from legorl.sandbox.docker_images import ensure_docker_image
+
+            await ensure_docker_image(images.store, base.key)
+        backend = open_backend(backend_name, images.store)
+        try:
+            sb = await backend.start(SandboxSpec(image=base.key, workdir="/", proxy_socket=proxy_socket))
+            async with sb:
+                return await body(sb)
+        finally:
+            await close_backend(backend)
+
+    def starts() -> str:
+        async def body(sb: Any) -> str:
+            res = await sb.exec("echo ok", timeout_s=30)
+            if res.exit_code != 0 or "ok" not in res.stdout:
+                raise CheckFailed(f"exec in a fresh sandbox failed: {res.stderr[-300:]}", fix=SETUP_SANDBOX)
+            return f"{backend_name} sandbox started and ran a command"
+
+        try:
+            return _run(with_sandbox(body))
+        except CheckFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - any start failure is this check's finding
+            raise CheckFailed(f"{backend_name} sandbox did not start: {type(e).__name__}: {e}", fix=SETUP_SANDBOX)
+
+    def isolation() -> str:
+        marker = Path(tempfile.gettempdir()) / f"legorl-doctor-{uuid.uuid4().hex}"
+        marker.write_text("host secret")
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+
+        async def body(sb: Any) -> str:
+            probe = (f"python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(2); "
+                     f"sys.exit(0 if s.connect_ex(('127.0.0.1',{port}))==0 else 1)\"")
+            net = await sb.exec(probe, timeout_s=20)
+            files = await sb.exec(f"test -e {marker}", timeout_s=20)
+            if net.exit_code == 0:
+                raise CheckFailed(f"a sandbox reached the host's 127.0.0.1:{port}", fix="the backend must run with no network")
+            if files.exit_code == 0:
+                raise CheckFailed(f"a sandbox can see the host file {marker}", fix="the backend must not mount host paths")
+            return "no host loopback, no host files"
+
+        try:
+            return _run(with_sandbox(body))
+        finally:
+            listener.close()
+            marker.unlink(missing_ok=True)
+
+    def reaches_proxy() -> str:
+        from legorl.engine.scripted import ScriptedEngine
+        from legorl.models import load_tokenizer
+        from legorl.proxy.render import Renderer
+        from legorl.proxy.server import ProxyServer
+        from legorl.proxy.session_socket import SessionSocket
+
+        async def go() -> str:
+            tok = load_tokenizer(cfg.engine.model)
+            proxy = ProxyServer(cfg.proxy.model_copy(update={"port": 0}), ScriptedEngine(["pong"], tok), Renderer(tok))
+            async with proxy:
+                proxy.open_session("doctor")
+                with tempfile.TemporaryDirectory() as d:
+                    async with SessionSocket(proxy.app, "doctor", Path(d) / "s.sock") as ss:
+                        async def body(sb: Any) -> str:
+                            code = ("import json,os,urllib.request; b=json.dumps({'model':'m','messages':[{'role':'user','content':'ping'}]}).encode(); "
+                                    "r=urllib.request.urlopen(urllib.request.Request(os.environ.get('U','http://127.0.0.1:8000')+'/v1/chat/completions',data=b,headers={'content-type':'application/json'}),timeout=30); "
+                                    "print(json.load(r)['choices'][0]['message']['content'])")
+                            return (await sb.exec(f"python3 -c \"{code}\"", timeout_s=60)).stdout.strip()
+
+                        said = await with_sandbox(body, proxy_socket=ss.path)
+                turns = proxy.close_session("doctor")
+            if said != "pong" or len(turns) != 1:
+                raise CheckFailed(f"the sandbox did not reach its session (got {said!r}, {len(turns)} turns)",
+                                  fix="the forwarder inside the sandbox must reach the session socket; " + SETUP_SANDBOX)
+            return "a sandbox reached its own proxy session through its socket"
+
+        return _run(go())
+
+    return [
+        Check("sandbox starts", starts, fix=SETUP_SANDBOX, timeout=600),
+        Check("sandbox isolation", isolation, needs=("sandbox starts",), timeout=120),
+        Check("sandbox reaches its proxy session", reaches_proxy, needs=("sandbox starts",), timeout=120),
+    ]
+
+
+def harness_check(cfg: RunConfig) -> Check:
+    def fn() -> str:
+        h = cfg.harness
+        if h.name == "command":
+            if h.command_file is None or not Path(h.command_file).is_file():
+                raise CheckFailed(f"command file {h.command_file} does not exist", fix="set harness.command_file")
+            return f"command harness: {h.command_file}"
+        try:
+            from legorl.harness import install
+        except ImportError as e:
+            raise CheckFailed(f"harness support is not installed: {e}", fix="reinstall the package")
+        try:
+            mounts = install.mounts_for(h.name)
+        except install.HarnessNotInstalled as e:
+            raise CheckFailed(str(e), fix="run: bash scripts/setup_harnesses.sh")
+        return f"{h.name}: {len(mounts)} layer(s) built under {install.layers_root()}"
+
+    return Check("harness installed", fn, timeout=60)
+
+
+def grading_check(cfg: RunConfig) -> Check:
+    def fn() -> str:
+        from legorl.loop.train import load_task_split
+        from legorl.tasks.image import TaskImages, close_backend, open_backend
+        from legorl.verify.grade import grade
+
+        try:
+            task = load_task_split(cfg.run.tasks, cfg.run.split)[0]
+        except ValueError as e:  # TaskFileError and an empty split
+            raise CheckFailed(str(e), fix="fix run.tasks / run.split (see the message)")
+
+        async def go() -> tuple[Any, Any]:
+            images = TaskImages(backend=cfg.sandbox.backend)
+            image = await images.for_task(task)
+            backend = open_backend(cfg.sandbox.backend, images.store)
+            try:
+                return await grade(task, task.patch, backend, image), await grade(task, "", backend, image)
+            finally:
+                await close_backend(backend)
+
+        gold, empty = _run(go())
+        if gold.status is not Status.RESOLVED:
+            raise CheckFailed(f"task {task.instance_id}: the gold patch gives {gold.status.value}, not resolved",
+                              fix=f"run: legorl tasks validate {cfg.run.tasks} (the task or its image is broken)")
+        if empty.status is Status.RESOLVED:
+            raise CheckFailed(f"task {task.instance_id}: the empty patch resolves it",
+                              fix="the task's FAIL_TO_PASS tests do not fail before the fix; regenerate it")
+        return f"{task.instance_id}: gold resolved, empty {empty.status.value}"
+
+    return Check("grading self-test", fn, needs=("sandbox starts",), timeout=600)
+
+
+def resources_check(run_dir: Path, min_disk_gb: float = 5.0, min_mem_gb: float = 2.0) -> Check:
+    def fn() -> str:
+        probe = run_dir if run_dir.exists() else Path(os.path.abspath(run_dir)).parent
+        while not probe.exists():
+            probe = probe.parent
+        disk = shutil.disk_usage(probe).free / 2**30
+        mem = 0.0
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    mem = int(line.split()[1]) / 2**20
+        if disk < min_disk_gb:
+            raise CheckFailed(f"{disk:.1f} GiB free under {probe}", fix=f"free disk space (≥ {min_disk_gb} GiB)")
+        if mem < min_mem_gb:
+            raise CheckFailed(f"{mem:.1f} GiB memory available", fix=f"free memory (≥ {min_mem_gb} GiB)")
+        return f"{disk:.0f} GiB disk free, {mem:.1f} GiB memory available"
+
+    return Check("free disk and memory", fn, timeout=10)
+
+
+def preflight_checks(cfg: RunConfig) -> list[Check]:
+    return [
+        engine_check(cfg), template_check(cfg), *sandbox_checks(cfg), harness_check(cfg),
+        grading_check(cfg), store_check(cfg.run.dir), resources_check(cfg.run.dir),
+    ]
