@@ -23,14 +23,21 @@ retries), cli.py (`legorl images ...`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from legorl.sandbox.base import Backend, DiffError, ExecResult, Limits, Sandbox, SandboxError, SandboxSpec
 from legorl.sandbox.images import EnvSpec, ImageNotFound, ImageRef, ImageStore
+
+if TYPE_CHECKING:
+    from legorl.sandbox.docker import DockerBackend
+    from legorl.sandbox.local import LocalBackend
 
 BACKENDS = {"local": "legorl.sandbox.local:LocalBackend", "docker": "legorl.sandbox.docker:DockerBackend"}
 
 
-def make_backend(name: str, store: ImageStore | None = None):  # type: ignore[no-untyped-def]
-    """The backend called `name` ("local" or "docker"); both have `start(spec)`/`aclose()`."""
+def make_backend(name: str, store: ImageStore | None = None) -> LocalBackend | DockerBackend:
+    """The backend called `name` ("local" or "docker"); both have `start(spec)`/`aclose()`
+    and return `ChannelSandbox`es (exec, read_file, write_file, diff, close, proxy_url)."""
     import importlib
 
     if name not in BACKENDS:

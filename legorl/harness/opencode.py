@@ -1,0 +1,122 @@
+"""OpenCode (`opencode run`, the npm package's native binary) as a harness.
+
+Pointing it at the proxy (notes/harnesses.md §3): a custom provider through the bundled
+`@ai-sdk/openai-compatible` adapter, `baseURL` = the session's `/v1`, written to a config
+file named by `OPENCODE_CONFIG`. The model entry's `limit.context` drives OpenCode's
+auto-compaction (set it below the proxy's window to force a compaction in a test) and
+`limit.output` becomes `max_tokens`. `agent.build.steps` is the step limit: on the last
+step OpenCode appends a "maximum steps reached" assistant prefill and expects text.
+Everything is allowed (`permission: *: allow`, `--auto`), since `run` auto-rejects asks.
+`--title` suppresses the title-generation side call. Off: the model catalogue fetch,
+auto-update, sharing, LSP downloads and the per-step git snapshots of the work tree
+(an undo feature that never reaches the prompt).
+
+The prompt goes on stdin (a positional message with spaces arrives wrapped in quotes).
+The model id picks OpenCode's system prompt by substring (`claude`, `gpt`, `gemini`, …);
+anything else gets the default prompt. Keep it fixed per experiment.
+
+Ending (`--format json` events): a normal end → graded, unless it used all its steps →
+`max_turns`; an `error` event with an API error the policy cannot cause (5xx, connection)
+→ `engine_error`, another 4xx → `infra_error`; `ContextOverflowError` it could not compact
+out of → graded; no events at all → the binary did not start → `infra_error`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from legorl.harness.base import mounts, run_native, AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, http_status_is_infra, infra, jsonl
+from legorl.harness.command import AgentRun
+from legorl.harness.install import require
+from legorl.sandbox.base import ExecResult, Sandbox
+from legorl.types import Status, Task
+
+CONFIG = f"{AGENT_DIR}/opencode.json"
+OUT = f"{AGENT_DIR}/opencode.jsonl"
+ERR = f"{AGENT_DIR}/opencode.err"
+PROVIDER = "legorl"
+
+
+@dataclass(frozen=True)
+class OpenCode:
+    """Adapter for OpenCode 1.18.x."""
+
+    model: str = "legorl-policy"  # model id inside the provider (picks OpenCode's prompt: keep it fixed)
+    max_turns: int = 30  # agent.build.steps
+    max_output_tokens: int = 4096  # limit.output -> max_tokens
+    context_window: int = 32768  # limit.context: OpenCode compacts when usage nears it
+    title: str = "legorl task"  # --title: no title-generation side call
+    name: str = "opencode"
+    layers: tuple[str, ...] = ("opencode",)
+
+    def config(self, base_url: str) -> dict:
+        model = {"name": self.model, "tool_call": True,
+                 "limit": {"context": self.context_window, "output": self.max_output_tokens}}
+        return {
+            "$schema": "https://opencode.ai/config.json",
+            "provider": {PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": "LEGO-RL proxy",
+                                    "options": {"baseURL": f"{base_url}/v1", "apiKey": API_KEY},
+                                    "models": {self.model: model}}},
+            "model": f"{PROVIDER}/{self.model}",
+            "small_model": f"{PROVIDER}/{self.model}",
+            "autoupdate": False,
+            "share": "disabled",
+            "snapshot": False,
+            "permission": {"*": "allow"},
+            "agent": {"build": {"steps": self.max_turns}},
+            "compaction": {"auto": True},
+        }
+
+    def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
+        binary = f"{require('opencode')}/bin/opencode"
+        env = {
+            "OPENCODE_CONFIG": CONFIG,
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        }
+        cmd = (
+            f"exec {shlex.quote(binary)} run --format json --auto --title {shlex.quote(self.title)} "
+            f"--model {PROVIDER}/{shlex.quote(self.model)} --dir {shlex.quote(repo_dir)} "
+            f"< {PROBLEM_FILE} > {OUT} 2> {ERR}"
+        )
+        files = {CONFIG: json.dumps(self.config(base_url), indent=1).encode()}
+        return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=binary)
+
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+        events = jsonl(outputs.get("events", ""))
+        err_tail = outputs.get("stderr", "")[-1500:]
+        steps = sum(1 for e in events if e.get("type") == "step_start")
+        errors = [e.get("error") or {} for e in events if e.get("type") == "error"]
+        details = {"steps": str(steps), "errors": str(len(errors))}
+        if not events:
+            return infra(f"opencode exited {res.exit_code} without any event; stderr: {err_tail}")
+        if errors:
+            err = errors[-1]
+            name = str(err.get("name", ""))
+            data = err.get("data") or {}
+            details["error"] = (str(data.get("message") or err.get("message") or name))[:1500]
+            if name == "ContextOverflowError":
+                details["context_exhausted"] = "1"
+                return Verdict(None, details)
+            if name == "APIError" or "statusCode" in data:
+                code = data.get("statusCode")
+                status = Status.ENGINE_ERROR if http_status_is_infra(code if isinstance(code, int) else None) else Status.INFRA_ERROR
+                return Verdict(status, details)
+            return Verdict(Status.INFRA_ERROR, details)
+        if res.exit_code != 0:
+            return infra(f"opencode exited {res.exit_code}; stderr: {err_tail}")
+        if steps >= self.max_turns:
+            return Verdict(Status.MAX_TURNS, details)
+        return Verdict(None, details)
+
+    @property
+    def readonly_mounts(self) -> dict[str, str]:
+        """The harness layers, mounted read-only at their own paths (the rollout's hook)."""
+        return mounts(self)
+
+    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun:
+        return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)

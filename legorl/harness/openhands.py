@@ -1,0 +1,113 @@
+"""The OpenHands Software Agent SDK as a harness (driven by `openhands_driver.py`).
+
+The SDK is a Python library (Python >= 3.12, in its own venv layer), so its "command
+line" is a small driver script this adapter writes into the sandbox and runs with the
+layer's interpreter: the SDK's standard agent (terminal, file editor, task tracker, the
+built-in `finish` and `think`, the default summarising condenser) on a LiteLLM `openai/`
+model whose `base_url` is the session's `/v1` (notes/harnesses.md §4). Calls are
+non-streaming, carry `reasoning_effort` and list-of-parts content; tool arguments come back
+re-serialised by `json.dumps`, and reasoning is dropped from history — the proxy splices
+what was sampled where it can, and a dropped reasoning block starts a new segment.
+
+The terminal tool runs commands in a subprocess-backed shell (`terminal_type=subprocess`):
+the SDK's tmux backend would need a tmux binary inside every task image for no change in
+what the model sees. `condenser_max_size` (events) forces a condensation in tests; 0 keeps
+the SDK's default condenser.
+
+Ending (the driver's result.json): `finished` → graded; `error` with `MaxIterationsReached`
+→ `max_turns`; `stuck` (the SDK's loop detector) → graded; an LLM error the policy cannot
+cause (connection, 5xx, a rejected request) → `engine_error`; a context-window error →
+graded; the driver crashed or wrote nothing → `infra_error`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from legorl.harness.base import mounts, run_native, AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra
+from legorl.harness.command import AgentRun
+from legorl.harness.install import require
+from legorl.sandbox.base import ExecResult, Sandbox
+from legorl.types import Status, Task
+
+DRIVER_SOURCE = Path(__file__).with_name("openhands_driver.py")
+DRIVER = f"{AGENT_DIR}/openhands_driver.py"
+RESULT = f"{AGENT_DIR}/openhands_result.json"
+OUT = f"{AGENT_DIR}/openhands.out"
+ERR = f"{AGENT_DIR}/openhands.err"
+# LiteLLM exception names that mean the model endpoint (our proxy/engine) failed.
+_INFRA_ERRORS = ("APIConnectionError", "InternalServerError", "ServiceUnavailable", "BadGateway", "Timeout",
+                 "AuthenticationError", "NotFoundError", "BadRequestError", "APIError", "RateLimit", "LLMNoResponse",
+                 "LLMBadRequest", "LLMAuthentication", "LLMServiceUnavailable")
+_CONTEXT_ERRORS = ("ContextWindowExceeded", "LLMContextWindowExceed", "context length", "context window")
+
+
+@dataclass(frozen=True)
+class OpenHands:
+    """Adapter for openhands-sdk / openhands-tools 1.58.x."""
+
+    model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
+    max_turns: int = 30  # max_iteration_per_run
+    condenser_max_size: int = 0  # events before the condenser summarises; 0: the SDK default
+    condenser_keep_first: int = 2
+    llm_timeout_s: int = 600
+    num_retries: int = 2
+    name: str = "openhands"
+    layers: tuple[str, ...] = ("python312", "openhands")
+
+    def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
+        python = f"{require('openhands')}/venv/bin/python"
+        args = [
+            python, DRIVER, "--base-url", f"{base_url}/v1", "--model", self.model, "--api-key", API_KEY,
+            "--workspace", repo_dir, "--prompt-file", PROBLEM_FILE, "--out", RESULT,
+            "--max-iterations", str(self.max_turns), "--condenser-max-size", str(self.condenser_max_size),
+            "--condenser-keep-first", str(self.condenser_keep_first), "--timeout-s", str(self.llm_timeout_s),
+            "--num-retries", str(self.num_retries),
+        ]
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1", "PYTHONUNBUFFERED": "1",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        cmd = "exec " + " ".join(shlex.quote(a) for a in args) + f" > {OUT} 2> {ERR}"
+        files = {DRIVER: DRIVER_SOURCE.read_bytes()}
+        return Launch(cmd, env, files, outputs={"result": RESULT, "stdout": OUT, "stderr": ERR}, binary=python)
+
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+        err_tail = outputs.get("stderr", "")[-1500:]
+        try:
+            r = json.loads(outputs.get("result") or "")
+        except json.JSONDecodeError:
+            return infra(f"openhands driver exited {res.exit_code} without a result; stderr: {err_tail}")
+        status = str(r.get("status", ""))
+        code = str(r.get("error_code") or "")
+        error = str(r.get("error") or "")
+        details = {"status": status, "actions": str(r.get("actions", "")), "condensations": str(r.get("condensations", ""))}
+        if code:
+            details["error_code"] = code
+        if error:
+            details["error"] = error[:1500]
+        if status == "crashed":
+            details["error"] = (error + "\n" + str(r.get("traceback", ""))[-1000:])[:2500]
+            return Verdict(Status.INFRA_ERROR, details)
+        if code == "MaxIterationsReached":
+            return Verdict(Status.MAX_TURNS, details)
+        if status in ("finished", "stuck") and not code:
+            return Verdict(None, details)
+        blob = f"{code} {error}"
+        if any(s in blob for s in _CONTEXT_ERRORS):
+            details["context_exhausted"] = "1"
+            return Verdict(None, details)
+        if any(s in blob for s in _INFRA_ERRORS):
+            return Verdict(Status.ENGINE_ERROR, details)
+        if status == "error":
+            return Verdict(Status.INFRA_ERROR, details)
+        return Verdict(None, details)
+
+    @property
+    def readonly_mounts(self) -> dict[str, str]:
+        """The harness layers, mounted read-only at their own paths (the rollout's hook)."""
+        return mounts(self)
+
+    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun:
+        return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)

@@ -1,0 +1,333 @@
+"""The proxy as a raw ASGI application: routing, body limits, streaming, error handling.
+
+Why raw ASGI and not FastAPI: the proxy's budget is a fifth of LiteLLM's CPU per request
+(≈1–6 ms) while it also renders a ~7k-token prompt, and a validating framework spends
+that budget on a 30 KB body alone. So bodies are parsed once with orjson, routes are one
+dict lookup, and SSE chunks are pre-framed bytes written straight to the ASGI `send`.
+
+Routes (each also under `/s/{session_id}`; `/v1` may be left out):
+  POST /v1/chat/completions   OpenAI Chat Completions      (openai_chat.py)
+  POST /v1/messages           Anthropic Messages           (anthropic.py)
+  POST /v1/messages/count_tokens   true prompt token count
+  POST /v1/responses          OpenAI Responses             (responses.py)
+  GET  /v1/models             the served model (both dialects' fields)
+  GET  /health, HEAD|GET /    liveness
+  GET  /legorl/sessions       open sessions
+  DELETE /legorl/sessions/{id}  close a session, write its trajectory
+Query strings (Claude Code's `?beta=true`) are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from types import ModuleType
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from legorl.engine.base import Engine
+from legorl.proxy import anthropic, openai_chat, responses
+from legorl.proxy.config import ProxyConfig
+from legorl.proxy.errors import ProxyError, error_body, stream_error_event
+from legorl.proxy.pipeline import TurnRun, compile_side_regex
+from legorl.proxy.render import Renderer
+from legorl.proxy.sessions import SessionRegistry
+from legorl.types import Dialect, SamplingParams
+
+log = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+DIALECTS: dict[str, ModuleType] = {
+    "/v1/chat/completions": openai_chat, "/chat/completions": openai_chat,
+    "/v1/messages": anthropic, "/messages": anthropic,
+    "/v1/responses": responses, "/responses": responses,
+}
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+
+
+class ProxyContext:
+    """Everything a request needs, built once per server."""
+
+    def __init__(self, cfg: ProxyConfig, engine: Engine, renderer: Renderer, sessions: SessionRegistry) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.renderer = renderer
+        self.sessions = sessions
+        self.eos_ids = frozenset(renderer.eos_ids)
+        tok = renderer.tokenizer
+        self.backend = getattr(tok, "backend_tokenizer", None) or tok  # a tokenizers.Tokenizer
+        engine_max = getattr(engine, "max_context", None)
+        self.max_context = min(cfg.max_context, engine_max) if isinstance(engine_max, int) else cfg.max_context
+        self.side_models = frozenset(cfg.side_call_models)
+        self.side_regex = compile_side_regex(cfg.side_call_patterns)
+        self._params: dict[tuple[int, tuple[str, ...]], tuple[SamplingParams, dict[str, Any]]] = {}
+
+    def sampling(self, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
+        """The trainer's sampling params for this cap and these stop strings (cached)."""
+        hit = self._params.get((max_tokens, stop))
+        if hit is None:
+            c = self.cfg
+            p = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=max_tokens,
+                               stop=stop, seed=c.seed)
+            hit = (p, p.to_dict())
+            if len(self._params) > 4096:
+                self._params.clear()
+            self._params[(max_tokens, stop)] = hit
+        return hit[0]
+
+    def sampling_dict(self, params: SamplingParams | None) -> dict[str, Any]:
+        if params is None:
+            return {}
+        hit = self._params.get((params.max_tokens, params.stop))
+        return dict(hit[1]) if hit is not None and hit[0] is params else params.to_dict()
+
+
+def _dialect_of_path(path: str) -> Dialect | None:
+    return Dialect.ANTHROPIC if "/messages" in path else None
+
+
+async def send_json(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, dialect: Dialect | None, err: ProxyError) -> None:
+    await send_json(send, err.status, error_body(dialect, err))
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was being read."""
+
+
+class ProxyApp:
+    """ASGI callable; see the module docstring for the routes."""
+
+    def __init__(self, ctx: ProxyContext, on_shutdown: Callable[[], None] | None = None) -> None:
+        self.ctx = ctx
+        self.on_shutdown = on_shutdown
+        self.started_at = time.time()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            try:
+                await self._http(scope, receive, send)
+            except ClientGone:
+                return
+            return
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                if self.on_shutdown is not None:
+                    try:
+                        self.on_shutdown()
+                    except Exception:  # noqa: BLE001 - shutdown must finish
+                        log.exception("proxy shutdown hook failed")
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- routing ------------------------------------------------------------------------
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        sid: str | None = None
+        from_url = False
+        if path.startswith("/s/"):
+            sid, _, rest = path[3:].partition("/")
+            path, from_url = "/" + rest, True
+        mod = DIALECTS.get(path)
+        try:
+            if mod is not None:
+                if method != "POST":
+                    raise ProxyError(405, f"{method} {path}: use POST", "invalid_request")
+                if sid is None:
+                    sid = _key(scope["headers"])
+                await self._model_call(scope, receive, send, mod, sid, from_url)
+            elif path in ("/v1/messages/count_tokens", "/messages/count_tokens") and method == "POST":
+                await self._count_tokens(scope, receive, send, sid or _key(scope["headers"]), from_url)
+            elif path in ("/v1/models", "/models") and method == "GET":
+                await send_json(send, 200, self._models())
+            elif path in ("/health", "/") and method in ("GET", "HEAD"):
+                await send_json(send, 200, orjson.dumps({"status": "ok", "sessions": len(self.ctx.sessions.open_sessions)}))
+            elif path.startswith("/legorl/sessions"):
+                await self._admin(method, path, send)
+            else:
+                raise ProxyError(404, f"no route for {method} {scope['path']}", "not_found")
+        except ProxyError as e:
+            await send_error(send, _dialect_of_path(path), e)
+        except ClientGone:
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug answers 500 and the server keeps serving
+            log.exception("internal error on %s %s", method, scope["path"])
+            await send_error(send, _dialect_of_path(path), ProxyError(500, f"internal error: {type(e).__name__}: {e}",
+                                                                      "internal"))
+
+    def _models(self) -> bytes:
+        name = self.ctx.cfg.served_model
+        created = int(self.started_at)
+        entry = {"id": name, "object": "model", "created": created, "owned_by": "legorl", "type": "model",
+                 "display_name": name, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
+        return orjson.dumps({"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name})
+
+    async def _admin(self, method: str, path: str, send: Send) -> None:
+        reg = self.ctx.sessions
+        if path == "/legorl/sessions" and method == "GET":
+            await send_json(send, 200, orjson.dumps({"sessions": [s.summary() for s in reg.open_sessions.values()]}))
+            return
+        sid = path[len("/legorl/sessions/"):]
+        if not sid or not path.startswith("/legorl/sessions/") or method != "DELETE":
+            raise ProxyError(404, f"no route for {method} {path} (DELETE /legorl/sessions/<id> closes one)", "not_found")
+        try:
+            s = reg.close(sid)
+        except KeyError as e:
+            raise ProxyError(404, str(e.args[0]), "not_found") from None
+        await send_json(send, 200, orjson.dumps({**s.summary(), "late_turns": s.late_turns}))
+
+    # -- request bodies -------------------------------------------------------------------
+    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        limit = self.ctx.cfg.max_body_bytes
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                try:
+                    n = int(v)
+                except ValueError:
+                    raise ProxyError(400, f"bad Content-Length header {v!r}") from None
+                if n > limit:
+                    raise ProxyError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes", "too_large")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ClientGone()
+            chunk = msg.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    raise ProxyError(413, f"request body exceeds the limit of {limit} bytes", "too_large")
+                chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if not raw:
+            raise ProxyError(400, "request body is empty: expected a JSON object")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ProxyError(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, f"request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, sid: str | None, from_url: bool) -> None:
+        try:
+            body = await self._read_json(scope, receive)
+            session = self.ctx.sessions.resolve(sid, from_url)
+            n = len(self.ctx.renderer.render(anthropic.to_chat(body), session.state))
+        except ProxyError as e:
+            await send_error(send, Dialect.ANTHROPIC, e)
+            return
+        await send_json(send, 200, anthropic.count_tokens_body(n))
+
+    # -- model calls ----------------------------------------------------------------------
+    async def _model_call(self, scope: Scope, receive: Receive, send: Send, mod: ModuleType, sid: str | None,
+                          from_url: bool) -> None:
+        dialect: Dialect = mod.DIALECT
+        ctx = self.ctx
+        try:
+            body = await self._read_json(scope, receive)
+            session = ctx.sessions.resolve(sid, from_url)
+            parsed = mod.parse(body)
+            run = TurnRun(ctx, session, dialect, body, parsed)
+            run.prepare()
+        except ProxyError as e:
+            await send_error(send, dialect, e)
+            return
+
+        task = asyncio.current_task()
+        state = {"gone": False, "done": False}
+
+        async def watch() -> None:  # a client that goes away aborts the generation
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    if not state["done"]:
+                        state["gone"] = True
+                        task.cancel()
+                    return
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        started = False
+        try:
+            async with asyncio.timeout(ctx.cfg.request_timeout_s):
+                await run.start()
+                if not parsed.stream:
+                    await run.run_to_end()
+                    payload = mod.response(run)
+                    run.record(delivered=True)
+                    state["done"] = True
+                    await send_json(send, 200, payload)
+                    return
+                stream = mod.Stream(run)
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+                started = True
+                await send({"type": "http.response.body", "body": stream.head(), "more_body": True})
+                async for evs in run.events():
+                    chunk = stream.events(evs)
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = stream.tail()
+                run.record(delivered=True)  # before the client sees the end: its next call may splice it
+                state["done"] = True
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()
+            await self._abort(run)
+        except TimeoutError:
+            err = ProxyError(504, f"the engine did not finish within {ctx.cfg.request_timeout_s:g} s", "timeout")
+            await self._fail(run, send, dialect, err, started)
+        except ProxyError as e:
+            await self._fail(run, send, dialect, e, started)
+        finally:
+            state["done"] = True
+            watcher.cancel()
+
+    async def _abort(self, run: TurnRun) -> None:
+        await run.aclose()
+        if run.index >= 0 and not run._recorded:
+            run.record(delivered=False)
+
+    async def _fail(self, run: TurnRun, send: Send, dialect: Dialect, err: ProxyError, started: bool) -> None:
+        log.warning("session %s: %s", run.session.id, err.message)
+        await self._abort(run)
+        if started:
+            await send({"type": "http.response.body", "body": stream_error_event(dialect, err), "more_body": False})
+        else:
+            await send_error(send, dialect, err)
+
+
+def _key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The session id a harness sends as its API key."""
+    bearer = None
+    for k, v in headers:
+        if k == b"x-api-key":
+            return v.decode("latin-1").strip() or None
+        if k == b"authorization":
+            val = v.decode("latin-1").strip()
+            bearer = val[7:].strip() if val[:7].lower() == "bearer " else val
+    return bearer or None

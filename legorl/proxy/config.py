@@ -1,0 +1,95 @@
+"""`[proxy]` config section: what the proxy samples with and what it refuses.
+
+Sampling belongs to the trainer, not to the harness: a harness asking for
+`temperature: 0` must not change the distribution the policy is trained on, so the
+engine always samples with these values and each turn records both what was used and
+what the harness asked for. Two harness requests are honoured because they change the
+*protocol*, not the distribution: stop strings (OpenHands' non-native tool mode stops on
+`</function`) and a smaller `max_tokens` (the harness sized its context around it).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from legorl.config_base import Section
+
+# Requests that answer the harness but are not the policy acting in the episode:
+# OpenCode's title generator and compaction agent, OpenHands' condenser, Claude Code's
+# compaction instruction (appended to the last user message).
+DEFAULT_SIDE_CALL_PATTERNS = [
+    r"You are a title generator",
+    r"You are a context summarization agent",
+    r"You are maintaining a context-aware state summary",
+    r"Do NOT call any tools\. Respond with plain text only",
+]
+
+
+class ProxyConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the standalone server binds (loopback unless you mean otherwise)."""
+
+    port: int = Field(8765, ge=0, le=65535)
+    """TCP port of the standalone server; 0 picks a free one."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    """Sampling temperature used for every policy call (the harness's value is only recorded)."""
+
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass used for every call."""
+
+    top_k: int = -1
+    """Top-k used for every call; -1 disables it."""
+
+    max_tokens: int = Field(4096, ge=1)
+    """Upper bound on completion tokens; a smaller harness `max_tokens` wins."""
+
+    seed: int | None = None
+    """Engine seed (None: the engine's own randomness)."""
+
+    stop: list[str] = Field(default_factory=list)
+    """Stop strings added to every request (the harness's own `stop` is honoured too)."""
+
+    tool_format: Literal["hermes", "qwen3_coder"] = "hermes"
+    """How the policy writes tool calls in its completion text."""
+
+    max_context: int = Field(32768, ge=16)
+    """Context window in tokens: a longer prompt gets the dialect's honest
+    'prompt is too long' 400, which makes Claude Code and OpenCode compact."""
+
+    side_call_models: list[str] = Field(default_factory=list)
+    """Model names whose calls are side calls (answered, recorded, left out of the trajectory)."""
+
+    side_call_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_SIDE_CALL_PATTERNS))
+    """Regexes searched in the first 1000 characters of the system prompt and the last 1000
+    of the last user message; a match makes the call a side call (title generation, compaction)."""
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones get 413 before being read."""
+
+    request_timeout_s: float = Field(600.0, gt=0)
+    """Wall-clock limit of one engine generation; past it the client gets a 504/error event."""
+
+    served_model: str = "legorl-policy"
+    """Name listed by /v1/models (any model name is accepted and routed to the policy)."""
+
+    tune_gc: bool = True
+    """Freeze the objects alive at start and raise the GC threshold (see `server.tune_gc`):
+    ~0.3–0.5 ms less CPU per request; turn off if the host process relies on collecting
+    cyclic garbage created before the proxy started."""
+
+    record_request: bool = True
+    """Keep each raw request body in its turn (and in turns.jsonl)."""
+
+    @field_validator("side_call_patterns")
+    @classmethod
+    def _compiles(cls, v: list[str]) -> list[str]:
+        for p in v:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"side_call_patterns: {p!r} is not a valid regex: {e}") from e
+        return v

@@ -1,0 +1,96 @@
+"""Errors as each dialect's client expects them.
+
+A harness reacts to an error by its shape and wording: Claude Code compacts on an
+Anthropic-shaped 400 `prompt is too long: N tokens > M maximum`, OpenCode compacts on an
+OpenAI-shaped error mentioning "maximum context length", and both give up cleanly on
+other 4xx. So every failure is raised once as a `ProxyError` (status + kind + message)
+and rendered here in the shape of the dialect the request came in.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from legorl.types import Dialect
+
+# kind -> Anthropic error type (https://docs.anthropic.com/en/api/errors)
+_ANTHROPIC_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "not_found": "not_found_error",
+    "too_large": "request_too_large",
+    "timeout": "timeout_error",
+    "engine": "api_error",
+    "internal": "api_error",
+}
+# kind -> OpenAI error type
+_OPENAI_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "not_found": "not_found_error",
+    "too_large": "invalid_request_error",
+    "timeout": "timeout_error",
+    "engine": "server_error",
+    "internal": "server_error",
+}
+
+
+class ProxyError(Exception):
+    """A failure to report to the client: HTTP status, error kind and a message that
+    names what was wrong (and, where useful, the offending field in `param`)."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request", code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+
+
+def bad_request(message: str, param: str | None = None) -> ProxyError:
+    return ProxyError(400, message, "invalid_request", param=param)
+
+
+def context_too_long(dialect: Dialect, n_tokens: int, maximum: int) -> ProxyError:
+    """The honest overflow error each harness recognises as 'compact now'."""
+    if dialect is Dialect.ANTHROPIC:
+        msg = f"prompt is too long: {n_tokens} tokens > {maximum} maximum"
+    else:
+        msg = (
+            f"This model's maximum context length is {maximum} tokens. However, your messages "
+            f"resulted in {n_tokens} tokens. Please reduce the length of the messages."
+        )
+    return ProxyError(400, msg, "invalid_request", code="context_length_exceeded")
+
+
+def error_body(dialect: Dialect | None, err: ProxyError) -> bytes:
+    """The JSON body of `err` in the dialect's shape (OpenAI's when the dialect is unknown)."""
+    if dialect is Dialect.ANTHROPIC:
+        return orjson.dumps(
+            {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.kind, "api_error"), "message": err.message}}
+        )
+    return orjson.dumps(
+        {
+            "error": {
+                "message": err.message,
+                "type": _OPENAI_TYPES.get(err.kind, "server_error"),
+                "param": err.param,
+                "code": err.code,
+            }
+        }
+    )
+
+
+def stream_error_event(dialect: Dialect, err: ProxyError) -> bytes:
+    """An error that happens after a stream has begun (status 200 already sent)."""
+    body = error_body(dialect, err)
+    if dialect is Dialect.ANTHROPIC:
+        return b"event: error\ndata: " + body + b"\n\n"
+    if dialect is Dialect.RESPONSES:
+        inner = orjson.loads(body)["error"]
+        return b"event: error\ndata: " + orjson.dumps({"type": "error", **inner}) + b"\n\n"
+    return b"data: " + body + b"\n\n"

@@ -1,0 +1,291 @@
+"""OpenAI Responses (`POST /v1/responses`): Codex-style clients, stateless use.
+
+Request: `instructions`, `input` as a string or items — messages (input_text /
+output_text parts; images become a placeholder), `reasoning`, `function_call` and
+`function_call_output` items — and flat function `tools`. The proxy keeps no response
+store, so `previous_response_id` is refused with a message saying to send the whole
+conversation (`store: false` clients already do).
+
+Response: a `response` object with reasoning, message and function_call output items, or
+the event stream `response.created`, `response.in_progress`, per item
+`response.output_item.added` … `response.output_item.done` (with `content_part.*`,
+`output_text.delta/done`, `reasoning_text.delta/done`,
+`function_call_arguments.delta/done` inside), then `response.completed` (or
+`response.incomplete` when the token limit was hit).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from legorl.proxy import fields as F
+from legorl.proxy.errors import bad_request
+from legorl.proxy.openai_chat import flatten
+from legorl.proxy.pipeline import Parsed, TurnRun
+from legorl.proxy.render import ChatRequest
+from legorl.proxy.toolcalls import ReasoningDelta, StreamEvent, TextDelta
+from legorl.types import Dialect, FinishReason
+
+DIALECT = Dialect.RESPONSES
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    instructions = F.get(body, "instructions", str, "", None)
+    if instructions:
+        msgs.append({"role": "system", "content": instructions})
+    raw = body.get("input")
+    if isinstance(raw, str):
+        return [*msgs, {"role": "user", "content": raw}]
+    if raw is None:
+        raise bad_request("input: required field is missing", param="input")
+    reasoning: str | None = None
+    for i, item in enumerate(F.as_list(raw, "input")):
+        w = f"input[{i}]"
+        item = F.as_dict(item, w)
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            if role is None:
+                raise bad_request(f"{w}.role: {item.get('role')!r} is not one of system, developer, user, assistant",
+                                  param=f"{w}.role")
+            m: dict[str, Any] = {"role": role, "content": flatten(item.get("content"), f"{w}.content")}
+            if role == "assistant" and reasoning is not None:
+                m["reasoning_content"], reasoning = reasoning, None
+            msgs.append(m)
+        elif kind == "reasoning":
+            parts = [p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
+                     if isinstance(p, dict)]
+            reasoning = "\n".join(p for p in parts if isinstance(p, str))
+        elif kind == "function_call":
+            call = {"id": F.get(item, "call_id", str, f"{w}.", required=True), "type": "function",
+                    "function": {"name": F.get(item, "name", str, f"{w}.", required=True),
+                                 "arguments": F.json_args(item.get("arguments"), f"{w}.arguments")}}
+            last = msgs[-1] if msgs else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                if reasoning is not None:
+                    last["reasoning_content"], reasoning = reasoning, None
+                msgs.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            out = item.get("output")
+            msgs.append({"role": "tool", "tool_call_id": F.get(item, "call_id", str, f"{w}.", ""),
+                         "content": out if isinstance(out, str) else flatten(out, f"{w}.output")})
+        else:
+            raise F.unsupported(f"input item type {kind!r} ({w})", f"{w}.type")
+    if not msgs or all(m["role"] == "system" for m in msgs):
+        raise bad_request("input: must contain at least one message", param="input")
+    return msgs
+
+
+def _tools(raw: Any) -> list[dict[str, Any]]:
+    tools = []
+    for i, t in enumerate(F.as_list(raw, "tools")):
+        t = F.as_dict(t, f"tools[{i}]")
+        if t.get("type") != "function":
+            raise F.unsupported(f"tools[{i}].type {t.get('type')!r} (only 'function' tools)", f"tools[{i}].type")
+        fn: dict[str, Any] = {"name": F.get(t, "name", str, f"tools[{i}].", required=True)}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        fn["parameters"] = F.get(t, "parameters", dict, f"tools[{i}].", {"type": "object", "properties": {}})
+        tools.append({"type": "function", "function": fn})
+    return tools
+
+
+def parse(body: dict[str, Any]) -> Parsed:
+    if body.get("previous_response_id") is not None:
+        raise F.unsupported("previous_response_id (no response store: send the whole conversation in `input`)",
+                            "previous_response_id")
+    msgs = _messages(body)
+    tools = _tools(body["tools"]) if body.get("tools") else []
+    max_tokens = F.positive_int(body, "max_output_tokens")
+    requested = {"temperature": F.number(body, "temperature"), "top_p": F.number(body, "top_p"),
+                 "max_tokens": max_tokens}
+    return Parsed(
+        chat=ChatRequest(msgs, tools, add_generation_prompt=True),
+        model=F.get(body, "model", str, "", ""),
+        stream=F.get(body, "stream", bool, "", False),
+        max_tokens=max_tokens,
+        requested={k: v for k, v in requested.items() if v is not None},
+        options={"instructions": body.get("instructions"), "tools": body.get("tools") or []},
+    )
+
+
+def _usage(run: TurnRun) -> dict[str, Any]:
+    return {"input_tokens": run.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": run.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": run.prompt_tokens + run.completion_tokens}
+
+
+def _envelope(run: TurnRun, rid: str, created: int, output: list[dict[str, Any]], done: bool) -> dict[str, Any]:
+    incomplete = done and run.finish_reason is FinishReason.LENGTH
+    p = run.params
+    return {
+        "id": rid, "object": "response", "created_at": created,
+        "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
+        "error": None, "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": run.parsed.options.get("instructions"), "max_output_tokens": run.parsed.max_tokens,
+        "model": run.parsed.model, "output": output, "parallel_tool_calls": True,
+        "temperature": p.temperature if p else None, "top_p": p.top_p if p else None,
+        "tool_choice": "auto", "tools": run.parsed.options.get("tools", []), "metadata": {},
+        "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
+        "usage": _usage(run) if done else None,
+    }
+
+
+def _reasoning_item(iid: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": iid, "summary": [], "status": status,
+            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+
+
+def _message_item(iid: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    return {"type": "message", "id": iid, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(iid: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": args,
+            "status": status}
+
+
+def response(run: TurnRun) -> bytes:
+    res = run.result
+    assert res is not None
+    out: list[dict[str, Any]] = []
+    if res.reasoning is not None:
+        out.append(_reasoning_item(F.new_id("rs_"), res.reasoning, "completed"))
+    if res.content or not res.tool_calls:
+        out.append(_message_item(F.new_id("msg_"), res.content, "completed"))
+    for c in res.tool_calls:
+        out.append(_call_item(F.new_id("fc_"), c.id, c.name, c.arguments, "completed"))
+    return orjson.dumps(_envelope(run, F.new_id("resp_"), int(time.time()), out, True))
+
+
+class Stream:
+    """Output items opened and closed as the policy switches between reasoning, text and
+    calls; every event carries a running `sequence_number`."""
+
+    def __init__(self, run: TurnRun) -> None:
+        self.run = run
+        self.rid = F.new_id("resp_")
+        self.created = int(time.time())
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []  # finished output items
+        self.open: dict[str, Any] | None = None  # {"kind", "id", "text", ...}
+        self.pending_ws = ""
+
+    def _ev(self, name: str, data: dict[str, Any]) -> bytes:
+        data["type"] = name
+        data["sequence_number"] = self.seq
+        self.seq += 1
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def head(self) -> bytes:
+        env = _envelope(self.run, self.rid, self.created, [], False)
+        return self._ev("response.created", {"response": env}) + self._ev("response.in_progress", {"response": env})
+
+    def _close(self, out: list[bytes]) -> None:
+        o = self.open
+        if o is None:
+            return
+        self.open = None
+        idx = len(self.items)
+        base = {"item_id": o["id"], "output_index": idx}
+        if o["kind"] == "message":
+            part = {"type": "output_text", "text": o["text"], "annotations": [], "logprobs": []}
+            out.append(self._ev("response.output_text.done", {**base, "content_index": 0, "text": o["text"],
+                                                              "logprobs": []}))
+            out.append(self._ev("response.content_part.done", {**base, "content_index": 0, "part": part}))
+            item = _message_item(o["id"], o["text"], "completed")
+        elif o["kind"] == "reasoning":
+            part = {"type": "reasoning_text", "text": o["text"]}
+            out.append(self._ev("response.reasoning_text.done", {**base, "content_index": 0, "text": o["text"]}))
+            out.append(self._ev("response.content_part.done", {**base, "content_index": 0, "part": part}))
+            item = _reasoning_item(o["id"], o["text"], "completed")
+        else:
+            out.append(self._ev("response.function_call_arguments.done",
+                                {**base, "name": o["name"], "arguments": o["text"]}))
+            item = _call_item(o["id"], o["call_id"], o["name"], o["text"], "completed")
+        out.append(self._ev("response.output_item.done", {"output_index": idx, "item": item}))
+        self.items.append(item)
+
+    def _open(self, out: list[bytes], kind: str, **extra: Any) -> dict[str, Any]:
+        self._close(out)
+        prefix = {"message": "msg_", "reasoning": "rs_", "function_call": "fc_"}[kind]
+        o = {"kind": kind, "id": F.new_id(prefix), "text": "", **extra}
+        self.open = o
+        idx = len(self.items)
+        if kind == "message":
+            item = _message_item(o["id"], "", "in_progress")
+            part: dict[str, Any] | None = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        elif kind == "reasoning":
+            item = _reasoning_item(o["id"], "", "in_progress")
+            part = {"type": "reasoning_text", "text": ""}
+        else:
+            item = _call_item(o["id"], extra["call_id"], extra["name"], "", "in_progress")
+            part = None
+        out.append(self._ev("response.output_item.added", {"output_index": idx, "item": item}))
+        if part is not None:
+            out.append(self._ev("response.content_part.added", {"item_id": o["id"], "output_index": idx,
+                                                                "content_index": 0, "part": part}))
+        return o
+
+    def _text(self, out: list[bytes], text: str) -> None:
+        o = self.open
+        if o is None or o["kind"] != "message":
+            o = self._open(out, "message")
+        o["text"] += text
+        out.append(self._ev("response.output_text.delta", {"item_id": o["id"], "output_index": len(self.items),
+                                                           "content_index": 0, "delta": text, "logprobs": []}))
+
+    def events(self, evs: list[StreamEvent]) -> bytes:
+        out: list[bytes] = []
+        for e in evs:
+            if type(e) is TextDelta:
+                text = e.text
+                if self.open is None or self.open["kind"] != "message":
+                    if not text.strip():
+                        self.pending_ws += text
+                        continue
+                    text, self.pending_ws = self.pending_ws + text, ""
+                self._text(out, text)
+            elif type(e) is ReasoningDelta:
+                o = self.open if self.open is not None and self.open["kind"] == "reasoning" else None
+                if o is None:
+                    o = self._open(out, "reasoning")
+                o["text"] += e.text
+                out.append(self._ev("response.reasoning_text.delta", {"item_id": o["id"],
+                                                                      "output_index": len(self.items),
+                                                                      "content_index": 0, "delta": e.text}))
+            elif e.name is not None:
+                self.pending_ws = ""
+                o = self._open(out, "function_call", call_id=e.id, name=e.name)
+                if e.arguments:
+                    o["text"] += e.arguments
+                    out.append(self._ev("response.function_call_arguments.delta",
+                                        {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments}))
+            else:
+                o = self.open
+                assert o is not None
+                o["text"] += e.arguments
+                out.append(self._ev("response.function_call_arguments.delta",
+                                    {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments}))
+        return b"".join(out)
+
+    def tail(self) -> bytes:
+        out: list[bytes] = []
+        res = self.run.result
+        if self.pending_ws and not (res and res.tool_calls):
+            self._text(out, self.pending_ws)
+        if not self.items and self.open is None:
+            self._open(out, "message")
+        self._close(out)
+        env = _envelope(self.run, self.rid, self.created, self.items, True)
+        name = "response.incomplete" if env["status"] == "incomplete" else "response.completed"
+        out.append(self._ev(name, {"response": env}))
+        return b"".join(out)

@@ -1,0 +1,168 @@
+"""Sessions: one per harness run, owning the turns recorded for it.
+
+A session is addressed by a URL prefix (`/s/{id}/v1/...`) or by the API key the harness
+sends (`Authorization: Bearer <id>` / `x-api-key: <id>`), so pointing a harness at the
+proxy needs nothing but a base URL or a key.
+
+Two modes:
+- **managed** (rollouts): the rollout code opens a session before starting the harness and
+  closes it after; a request for any other id is refused (401 by key, 404 by URL), so a
+  stray or late harness can never write into someone else's trajectory.
+- **standalone** (`legorl proxy`): an id is opened on first use; after it was closed, the
+  same id opens a fresh session (a user may reuse one key for many runs).
+
+Aborted calls (client gone, timeout, engine fault mid-answer) are recorded in
+`turns.jsonl` with `finish_reason: abort` but kept out of the trajectory: the harness never
+acted on them, so training on them would credit the policy with actions nobody took.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from legorl.proxy.errors import ProxyError
+from legorl.proxy.render import RenderState
+from legorl.trajectory import assemble
+from legorl.types import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """One harness run's connection to the proxy."""
+
+    def __init__(self, session_id: str, meta: dict[str, Any] | None = None, managed: bool = True) -> None:
+        self.id = session_id
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.managed = managed
+        self.opened_at = time.time()
+        self.turns: list[Turn] = []  # delivered turns, in completion order
+        self.aborted: list[Turn] = []
+        self.state = RenderState()
+        self.closed = False
+        self.late_turns = 0  # turns that finished after the session was closed
+        self._next = 0
+
+    def next_index(self) -> int:
+        i = self._next
+        self._next += 1
+        return i
+
+    def sorted_turns(self) -> list[Turn]:
+        return sorted(self.turns, key=lambda t: t.index)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "session": self.id,
+            "managed": self.managed,
+            "turns": len(self.turns),
+            "aborted": len(self.aborted),
+            "side_calls": sum(1 for t in self.turns if t.side_call),
+            "opened_at": self.opened_at,
+            "closed": self.closed,
+        }
+
+
+class JsonlRecorder:
+    """Appends finished turns and closed sessions' trajectories as JSON lines.
+
+    Each line is one unbuffered write, so a crash loses at most the line being written and
+    a reader (UI, trainer) never sees half a record from this process."""
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = out_dir
+        self._turns = os.open(out_dir / "turns.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._trajs = os.open(out_dir / "trajectories.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def turn(self, turn: Turn) -> None:
+        # orjson serialises the dataclass (and its StrEnums) natively: no asdict() deep copy.
+        line = orjson.dumps(turn, default=str, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
+        os.write(self._turns, b'{"session":' + orjson.dumps(turn.session_id) + b"," + line[1:])
+
+    def trajectory(self, session: Session, traj: Trajectory) -> None:
+        rec = {
+            "session": session.id,
+            "meta": session.meta,
+            "turns": len(session.turns),
+            "aborted_turns": len(session.aborted),
+            "opened_at": session.opened_at,
+            "closed_at": time.time(),
+            "trajectory": traj,
+        }
+        os.write(self._trajs, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE, default=str))
+
+    def close(self) -> None:
+        for fd in (self._turns, self._trajs):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class SessionRegistry:
+    """Open sessions by id, in managed or standalone mode."""
+
+    def __init__(self, standalone: bool = False, recorder: JsonlRecorder | None = None) -> None:
+        self.standalone = standalone
+        self.recorder = recorder
+        self.open_sessions: dict[str, Session] = {}
+        self.closed_ids: set[str] = set()
+
+    def open(self, session_id: str, meta: dict[str, Any] | None = None, managed: bool = True) -> Session:
+        if not session_id or len(session_id) > 256:
+            raise ValueError(f"session id must be 1..256 characters, got {session_id!r}")
+        if session_id in self.open_sessions:
+            raise ValueError(f"session {session_id!r} is already open")
+        s = Session(session_id, meta, managed)
+        self.open_sessions[session_id] = s
+        self.closed_ids.discard(session_id)
+        return s
+
+    def resolve(self, session_id: str | None, from_url: bool) -> Session:
+        """The open session a request belongs to, or the error to answer it with."""
+        if not session_id:
+            raise ProxyError(
+                401,
+                "no session: put the session id in the URL (/s/<id>/v1/...) or send it as the API key "
+                "(Authorization: Bearer <id> or x-api-key: <id>)",
+                "authentication",
+            )
+        s = self.open_sessions.get(session_id)
+        if s is not None:
+            return s
+        if self.standalone:
+            return self.open(session_id, managed=False)
+        status, kind = (404, "not_found") if from_url else (401, "authentication")
+        what = "is closed" if session_id in self.closed_ids else "is not open"
+        raise ProxyError(status, f"session {session_id!r} {what} on this proxy", kind)
+
+    def add_turn(self, session: Session, turn: Turn, delivered: bool) -> None:
+        if self.recorder is not None:
+            self.recorder.turn(turn)
+        if session.closed:
+            session.late_turns += 1
+            log.warning("session %s: turn %d finished after the session was closed", session.id, turn.index)
+            return
+        (session.turns if delivered else session.aborted).append(turn)
+
+    def close(self, session_id: str) -> Session:
+        """Close a session; its trajectory goes to the recorder (when there is one)."""
+        s = self.open_sessions.pop(session_id, None)
+        if s is None:
+            what = "was already closed" if session_id in self.closed_ids else "is not open"
+            raise KeyError(f"session {session_id!r} {what}")
+        s.closed = True
+        self.closed_ids.add(session_id)
+        if self.recorder is not None:
+            self.recorder.trajectory(s, assemble(s.sorted_turns(), s.id))
+        return s
+
+    def close_all(self) -> list[Session]:
+        return [self.close(sid) for sid in list(self.open_sessions)]

@@ -1,0 +1,113 @@
+"""Many quickstart episodes at once, in one process, with the harness's own messages.
+
+Each episode is a `Dialogue` (mini-swe-agent's text-based loop, from the same YAML the
+real harness loads) plus a `Workspace` where its commands run. Every round, the episodes
+that want a model call are rendered to ids by the proxy's `Renderer` (splicing the ids
+the policy sampled earlier, exactly as the proxy does, so an episode stays one segment),
+sampled together in one batch, and recorded as `Turn`s — the same records the proxy makes,
+so SFT, GSPO and the run store treat both paths alike. Replies can instead come from a
+`reply_fn` (the scripted expert), tokenised the way the scripted engine returns them.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from legorl.proxy.render import ChatRequest, Renderer, RenderState
+from legorl.proxy.toolcalls import parse_completion
+from legorl.quickstart.dialogue import Dialogue
+from legorl.quickstart.policy import sample_batch
+from legorl.types import Dialect, FinishReason, Outcome, Turn
+
+
+class Workspace(Protocol):
+    """Where one episode's commands run (a sandbox directory) and how it is graded."""
+
+    def execute(self, command: str) -> dict[str, Any]: ...
+
+    def grade(self) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Episode:
+    task_id: str
+    dialogue: Dialogue
+    workspace: Workspace
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    turns: list[Turn] = field(default_factory=list)
+    render_state: RenderState = field(default_factory=RenderState)
+    outcome: Outcome | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome is not None and self.outcome.reward > 0
+
+
+ReplyFn = Callable[[Episode, str | None], str]  # (episode, last observation) -> reply text
+
+
+def run_episodes(
+    episodes: list[Episode],
+    renderer: Renderer,
+    *,
+    model: torch.nn.Module | None = None,
+    reply_fn: ReplyFn | None = None,
+    temperature: float = 1.0,
+    max_tokens: int = 48,
+    generator: torch.Generator | None = None,
+    policy_version: int = 0,
+) -> list[Episode]:
+    """Play every episode to its end (policy `model`, or `reply_fn`), then grade each."""
+    if (model is None) == (reply_fn is None):
+        raise ValueError("run_episodes needs exactly one of model= and reply_fn=")
+    gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    last_obs: dict[str, str | None] = {e.session_id: None for e in episodes}
+    while True:
+        live = [e for e in episodes if e.dialogue.wants_query()]
+        if not live:
+            break
+        prompts = [renderer.render(ChatRequest(list(e.dialogue.messages)), e.render_state) for e in live]
+        t0 = time.time()
+        if model is not None:
+            outs = sample_batch(
+                model, prompts, temperature=temperature, max_tokens=max_tokens,
+                eos_ids=frozenset(renderer.eos_ids), generator=gen,
+            )  # fmt: skip
+            completions = [(o.completion_ids, o.logprobs, o.finish_reason) for o in outs]
+        else:
+            completions = []
+            for e in live:
+                ids = renderer.encode(reply_fn(e, last_obs[e.session_id])) + [renderer.im_end]
+                completions.append((ids, [0.0] * len(ids), FinishReason.STOP))
+        t1 = time.time()
+        for e, prompt, (ids, lps, finish) in zip(live, prompts, completions):
+            text = renderer.decode(ids[:-1] if ids and ids[-1] in renderer.eos_ids else ids)
+            parsed = parse_completion(text)
+            e.render_state.remember(ids, parsed)
+            e.turns.append(
+                Turn(
+                    session_id=e.session_id, index=len(e.turns), dialect=Dialect.OPENAI_CHAT,
+                    prompt_ids=prompt, completion_ids=ids, logprobs=lps, finish_reason=finish,
+                    sampling_used={"temperature": temperature, "max_tokens": max_tokens},
+                    response_text=text, policy_version=policy_version, t_start=t0, t_end=t1,
+                )  # fmt: skip
+            )
+            command = e.dialogue.on_reply(text, str(finish))
+            if command is not None:
+                output = e.workspace.execute(command)
+                e.dialogue.on_output(output)
+                last_obs[e.session_id] = output.get("output", "")
+    for e in episodes:
+        e.outcome = e.workspace.grade()
+        e.info["exit_status"] = e.dialogue.exit_status
+        e.workspace.close()
+    return episodes

@@ -1,0 +1,185 @@
+"""One rollout end to end: agent stage → extract the diff → grade in a fresh sandbox.
+
+    backend = open_backend("local")
+    image = await TaskImages(backend="local").for_task(task)
+    result = await run_rollout(task, CommandHarness.from_file("fix.sh"), backend, image)
+    print(result.to_json())      # instance_id, status, reward, masked, flags, tests, …
+
+Failure classes (DESIGN.md, "Rules that keep the pillars honest"):
+- agent-caused, trained on with reward 0: the diff fails the tests (`failed`), no diff
+  (`no_patch`), the harness ran out of time (`agent_timeout`) or turns (`max_turns`),
+  malformed model output (`format_error`), a crash the agent caused in its own sandbox
+  (`agent_crash`: its repository yields no diff, or it took its sandbox down while a fresh
+  one from the same image works, or it exhausted memory, pids or disk), and visible tamper
+  attempts (`hack_detected`).
+- infrastructure, retried with a fresh sandbox `retries` times, then `infra_error` with
+  `masked=True` (left out of the loss and of the group's statistics): the sandbox did not
+  start, the sandbox machinery failed, the engine failed (`engine_error` reported by the
+  harness/proxy), the grader failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from legorl.harness.command import AgentRun, Harness
+from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxSpec
+from legorl.types import Outcome, Status, Task
+from legorl.verify.grade import GradeConfig, grade
+
+AGENT_STATUSES_WITHOUT_GRADING = {Status.MAX_TURNS, Status.FORMAT_ERROR, Status.AGENT_TIMEOUT, Status.AGENT_CRASH}
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Limits and retry policy of one rollout."""
+
+    agent_timeout_s: float = 1800.0  # wall-clock budget of the harness run
+    retries: int = 2  # fresh-sandbox retries of an infrastructure fault (per stage)
+    limits: Limits = field(default_factory=Limits)  # of the agent sandbox
+    repo_dir: str = "/repo"
+    grade_empty_diff: bool = False  # an empty diff is `no_patch` without running the tests
+    grade: GradeConfig = field(default_factory=GradeConfig)
+
+
+@dataclass
+class RolloutResult:
+    instance_id: str
+    harness: str
+    outcome: Outcome
+    diff: str = ""
+    agent: AgentRun | None = None
+    attempts: int = 1
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The one-line summary `legorl rollout` prints (plus the evidence)."""
+        o = self.outcome
+        return {
+            "instance_id": self.instance_id,
+            "harness": self.harness,
+            "status": o.status.value,
+            "reward": o.reward,
+            "masked": o.masked,
+            "flags": o.flags,
+            "tests": o.tests,
+            "attempts": self.attempts,
+            "diff_bytes": len(self.diff.encode()),
+            "agent_exit_code": self.agent.exit_code if self.agent else None,
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "evidence": o.evidence,
+        }
+
+
+class _Infra(Exception):
+    """An infrastructure fault of the agent stage; retried."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
+    """Does a fresh sandbox from `image` start and run a command? (Decides who broke one.)"""
+    try:
+        sb = await backend.start(SandboxSpec(image=image, workdir=repo_dir))
+        async with sb:
+            res = await sb.exec("true", timeout_s=30)
+            return res.exit_code == 0
+    except SandboxError:
+        return False
+
+
+async def _agent_stage(
+    task: Task, harness: Harness, backend: Backend, image: str, cfg: RolloutConfig, proxy_socket: str | None
+) -> tuple[AgentRun, str, Outcome | None]:
+    """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
+    # A native harness brings its installation as read-only layers (legorl/harness/install.py).
+    mounts = dict(getattr(harness, "readonly_mounts", None) or {})
+    spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir, proxy_socket=proxy_socket,
+                       readonly_mounts=mounts)
+    try:
+        sb: Sandbox = await backend.start(spec)
+    except SandboxError as exc:
+        raise _Infra(Status.SANDBOX_START_FAILED, str(exc)) from None
+    proxy_url = f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None
+    async with sb:
+        try:
+            run = await harness.run(sb, task, proxy_url, cfg.repo_dir, cfg.agent_timeout_s)
+        except SandboxError as exc:
+            if await _probe(backend, image, cfg.repo_dir):  # the machinery works: the agent broke its sandbox
+                run = AgentRun(exit_code=-1, details={"error": str(exc)})
+                return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
+            raise _Infra(Status.SANDBOX_START_FAILED, f"sandbox lost during the agent stage: {exc}") from None
+        if run.status is not None and run.status.is_infra:
+            raise _Infra(run.status, run.details.get("error", f"harness reported {run.status.value}"))
+        if run.status is None and run.timed_out:
+            run.status = Status.AGENT_TIMEOUT
+        try:
+            diff = await sb.diff(task.base_commit)
+        except DiffError as exc:
+            flags = ["resource_exhausted"] if run.resource_exhausted else []
+            return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=flags + ["no_diff"], evidence={"error": str(exc)})
+        except SandboxError as exc:
+            if await _probe(backend, image, cfg.repo_dir):
+                return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
+            raise _Infra(Status.SANDBOX_START_FAILED, f"sandbox lost extracting the diff: {exc}") from None
+    return run, diff, None
+
+
+async def run_rollout(
+    task: Task,
+    harness: Harness,
+    backend: Backend,
+    image: str,
+    cfg: RolloutConfig | None = None,
+    proxy_socket: str | None = None,
+) -> RolloutResult:
+    """One rollout of `harness` on `task` in sandboxes from `image` (a task image key)."""
+    cfg = cfg or RolloutConfig()
+    timings: dict[str, float] = {}
+    errors: list[str] = []
+    t0 = time.monotonic()
+    run: AgentRun | None = None
+    diff = ""
+    ended: Outcome | None = None
+    for attempt in range(cfg.retries + 1):
+        try:
+            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket)
+            break
+        except _Infra as exc:
+            errors.append(f"{exc.status.value}: {exc}")
+            await asyncio.sleep(min(2.0**attempt, 10.0) * 0.1)
+    else:
+        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": errors[-1].split(":")[0], "errors": errors})
+        return RolloutResult(task.instance_id, harness.name, outcome, attempts=len(errors), timings={"agent_s": time.monotonic() - t0})
+    timings["agent_s"] = time.monotonic() - t0
+    assert run is not None
+    agent_ev = {"agent_exit_code": run.exit_code, "agent_duration_s": round(run.duration_s, 3)}
+    if errors:
+        agent_ev["agent_retried_after"] = errors
+    if ended is not None:
+        ended.evidence.update(agent_ev)
+        return RolloutResult(task.instance_id, harness.name, ended, diff, run, len(errors) + 1, timings)
+    if run.status in AGENT_STATUSES_WITHOUT_GRADING:
+        flags = ["resource_exhausted"] if run.resource_exhausted else []
+        outcome = Outcome(0.0, run.status, flags=flags, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
+        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)
+    if not diff.strip() and not cfg.grade_empty_diff:
+        flags = ["resource_exhausted"] if run.resource_exhausted else []
+        outcome = Outcome(0.0, Status.NO_PATCH, flags=flags, evidence=agent_ev)
+        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)
+    t1 = time.monotonic()
+    gcfg = cfg.grade if cfg.grade.repo_dir == cfg.repo_dir else dataclasses.replace(cfg.grade, repo_dir=cfg.repo_dir)
+    outcome = await grade(task, diff, backend, image, gcfg)
+    timings["grade_s"] = time.monotonic() - t1
+    outcome.evidence.update(agent_ev)
+    if run.resource_exhausted:
+        outcome.flags.append("resource_exhausted")
+    if not diff.strip() and outcome.status is Status.FAILED:
+        outcome.status = Status.NO_PATCH
+    return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)

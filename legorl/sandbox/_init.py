@@ -1,0 +1,398 @@
+"""The process that lives inside every sandbox as pid 1 and runs commands for the host.
+
+Why a resident init rather than one `docker exec`/`nsenter` per command: starting a process
+inside an existing sandbox then costs one fork, not a runtime round-trip, and the init can
+kill a command's *whole* tree on a timeout, which neither `docker exec` nor a plain
+subprocess can. Both backends run this same file: the local backend forks it from the
+zygote (already in the sandbox's namespaces), the docker backend runs it as the container's
+command with the image's own python3 (`python3 -I -S -c <this file>`), talking over the
+attached stdin/stdout. It therefore uses the standard library only and must run on any
+Python >= 3.7.
+
+Wire format, both directions: an 8-byte header `>II` (json length, payload length), a JSON
+object, then the payload bytes. Requests carry an `id` that the reply echoes.
+
+  exec  {cmd, cwd, env, timeout, limit}  -> {exit, timed_out, truncated, duration, out_len,
+                                             disk_free}; payload = stdout + stderr
+  read  {path, limit}                    -> payload = the file's bytes
+  write {path, mode} + payload           -> {}
+  kill  {target}                         -> {} (ends exec `target`'s tree; it reports timed_out)
+  ping  {}                               -> {}
+  close {}                               -> exits; the kernel then kills every process left
+A failed request answers {ok: false, error, errno}. At start the init sends {op: "ready"}.
+
+Each command runs under a *shepherd*: a forked child that is a child-subreaper, so every
+process the command starts (even one that double-forks and calls setsid) stays its
+descendant. On timeout the shepherd SIGKILLs all its descendants until none is left, then
+reports exit code 124. When the command itself exits, its background children live on; the
+exec returns with the output read so far (redirect a daemon's output to a file).
+"""
+
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import time
+
+HDR = struct.Struct(">II")
+MAX_JSON = 1 << 20
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Stop(Exception):
+    """Raised in a shepherd by SIGALRM (timeout) or SIGTERM (the host cancelled the exec)."""
+
+
+def _stop(signum, frame):
+    raise _Stop()
+
+
+try:
+    import ctypes
+
+    _prctl = ctypes.CDLL(None).prctl
+except Exception:  # no ctypes in the image: a double-forked daemon may escape a timeout kill
+    _prctl = None  # type: ignore[assignment]
+
+
+def _prctl_subreaper():
+    if _prctl is not None:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _descendants(root):
+    """Pids of every live descendant of `root`, from /proc (the sandbox's own pid space)."""
+    children = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(name))
+    out, stack = [], [root]
+    while stack:
+        for c in children.get(stack.pop(), ()):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def _kill_tree(me):
+    for _ in range(200):
+        kids = _descendants(me)
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _reap_all()
+
+
+def _reap_all():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _shepherd(req, out_w, err_w, st_w):
+    """Run one command (never returns). Reports {exit, timed_out} on `st_w`."""
+    _prctl_subreaper()
+    signal.signal(signal.SIGALRM, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.write(st_w, json.dumps({"error": "fork failed: " + e.strerror, "errno": e.errno}).encode())
+        os._exit(0)
+    if pid == 0:
+        try:
+            os.setsid()
+            os.dup2(devnull, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 65536)
+            for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM, signal.SIGTERM, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("500")  # the OOM killer should take a command, never pid 1
+                if os.getpriority(os.PRIO_PROCESS, 0) < 0:
+                    os.setpriority(os.PRIO_PROCESS, 0, 0)  # only the machinery runs at a boost
+            except OSError:
+                pass
+            os.chdir(req["cwd"])
+            os.execve("/bin/sh", ["/bin/sh", "-c", req["cmd"]], req["env"])
+        except OSError as e:
+            os.write(2, ("sandbox: cannot run command in %s: %s\n" % (req["cwd"], e.strerror)).encode())
+        os._exit(127)
+    os.close(out_w)
+    os.close(err_w)
+    timed_out = False
+    status = 0
+    signal.setitimer(signal.ITIMER_REAL, max(float(req["timeout"]), 0.001))
+    try:
+        _, status = os.waitpid(pid, 0)
+    except _Stop:
+        timed_out = True
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if timed_out:
+        _kill_tree(os.getpid())
+        code = 124
+    elif os.WIFSIGNALED(status):
+        code = -os.WTERMSIG(status)
+    else:
+        code = os.WEXITSTATUS(status)
+    os.write(st_w, json.dumps({"exit": code, "timed_out": timed_out}).encode())
+    os._exit(0)
+
+
+class _Exec:
+    def __init__(self, rid, req, pid, out_r, err_r, st_r):
+        self.rid, self.pid = rid, pid
+        self.limit = int(req.get("limit", 1 << 20))
+        self.timeout = float(req["timeout"])
+        self.fds = {out_r: bytearray(), err_r: bytearray()}
+        self.out_r, self.err_r, self.st_r = out_r, err_r, st_r
+        self.status = bytearray()
+        self.truncated = False
+        self.t0 = time.monotonic()
+
+
+class Init:
+    def __init__(self, rfd, wfd):
+        self.rfd, self.wfd = rfd, wfd
+        self.inbuf = bytearray()
+        self.execs = {}
+        self.owner = {}  # fd -> _Exec
+        self.poll = select.poll()
+        self.poll.register(rfd, select.POLLIN)
+
+    # -- wire -------------------------------------------------------------------------
+    def send(self, msg, payload=b""):
+        head = json.dumps(msg).encode()
+        data = HDR.pack(len(head), len(payload)) + head + payload
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.wfd, view)
+            except BlockingIOError:
+                select.select([], [self.wfd], [])
+                continue
+            view = view[n:]
+
+    def reply(self, rid, payload=b"", **fields):
+        fields.update(id=rid, ok=True)
+        self.send(fields, payload)
+
+    def fail(self, rid, err):
+        self.send({"id": rid, "ok": False, "error": str(getattr(err, "strerror", None) or err), "errno": getattr(err, "errno", None) or 0})
+
+    # -- requests ---------------------------------------------------------------------
+    def handle(self, req, payload):
+        op, rid = req.get("op"), req.get("id")
+        try:
+            if op == "exec":
+                self.start_exec(rid, req)
+            elif op == "read":
+                with open(req["path"], "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size > int(req["limit"]):
+                        raise OSError(27, "file is %d bytes, over the %d-byte limit" % (size, int(req["limit"])))
+                    self.reply(rid, f.read())
+            elif op == "write":
+                parent = os.path.dirname(req["path"])
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+                fd = os.open(req["path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(req["mode"]))
+                try:
+                    view = memoryview(payload)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fchmod(fd, int(req["mode"]))
+                finally:
+                    os.close(fd)
+                self.reply(rid)
+            elif op == "kill":
+                ex = self.execs.get(req["target"])
+                if ex is not None:
+                    try:
+                        os.kill(ex.pid, signal.SIGTERM)
+                    except OSError:
+                        pass
+                self.reply(rid)
+            elif op == "ping":
+                self.reply(rid, pid=os.getpid())
+            elif op == "close":
+                self.reply(rid)
+                os._exit(0)
+            else:
+                raise ValueError("unknown op %r" % (op,))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.fail(rid, e)
+
+    def start_exec(self, rid, req):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        st_r, st_w = os.pipe()
+        try:
+            pid = os.fork()
+        except OSError:
+            for fd in (out_r, out_w, err_r, err_w, st_r, st_w):
+                os.close(fd)
+            raise
+        if pid == 0:
+            try:
+                for fd in {out_r, err_r, st_r, self.rfd, self.wfd}:
+                    os.close(fd)
+                _shepherd(req, out_w, err_w, st_w)
+            except BaseException as e:
+                os.write(st_w, json.dumps({"error": "shepherd: %r" % (e,), "errno": 0}).encode())
+            finally:
+                os._exit(127)
+        for fd in (out_w, err_w, st_w):
+            os.close(fd)
+        ex = _Exec(rid, req, pid, out_r, err_r, st_r)
+        self.execs[rid] = ex
+        for fd in (out_r, err_r, st_r):
+            os.set_blocking(fd, False)
+            self.owner[fd] = ex
+            self.poll.register(fd, select.POLLIN)
+
+    def on_output(self, fd, ex):
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        if fd == ex.st_r:
+            if chunk:
+                ex.status += chunk
+            else:
+                self.finish(ex)
+            return
+        if not chunk:
+            self.drop(fd)
+            return
+        buf = ex.fds[fd]
+        room = ex.limit - len(buf)
+        if len(chunk) > room:
+            ex.truncated = True
+            chunk = chunk[: max(room, 0)]
+        buf += chunk
+
+    def drop(self, fd):
+        if self.owner.pop(fd, None) is not None:
+            self.poll.unregister(fd)
+            os.close(fd)
+
+    def finish(self, ex):
+        for fd in (ex.out_r, ex.err_r):  # the command has exited: what it wrote is in the pipe
+            while fd in self.owner:
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    break
+                if not chunk:
+                    break
+                room = ex.limit - len(ex.fds[fd])
+                if len(chunk) > room:
+                    ex.truncated = True
+                ex.fds[fd] += chunk[: max(room, 0)]
+        for fd in (ex.out_r, ex.err_r, ex.st_r):
+            self.drop(fd)
+        del self.execs[ex.rid]
+        try:
+            st = json.loads(ex.status.decode() or "{}")
+        except ValueError:
+            st = {}
+        if "error" in st:
+            self.send({"id": ex.rid, "ok": False, "error": st["error"], "errno": st.get("errno", 0)})
+            return
+        if "exit" not in st:  # the shepherd itself was killed (e.g. by the OOM killer)
+            st = {"exit": -9, "timed_out": False}
+        try:
+            vfs = os.statvfs("/")
+            free = vfs.f_bavail * vfs.f_frsize
+        except OSError:
+            free = -1
+        out, err = bytes(ex.fds[ex.out_r]), bytes(ex.fds[ex.err_r])
+        self.reply(
+            ex.rid,
+            out + err,
+            exit=st["exit"],
+            timed_out=st["timed_out"],
+            truncated=ex.truncated,
+            duration=time.monotonic() - ex.t0,
+            out_len=len(out),
+            disk_free=free,
+        )
+
+    # -- loop -------------------------------------------------------------------------
+    def run(self):
+        self.send({"op": "ready", "pid": os.getpid()})
+        while True:
+            try:
+                events = self.poll.poll(500)
+            except InterruptedError:
+                events = []
+            for fd, _ in events:
+                if fd == self.rfd:
+                    self.on_request()
+                elif fd in self.owner:
+                    self.on_output(fd, self.owner[fd])
+            _reap_all()  # pid 1 adopts every orphan of the sandbox
+
+    def on_request(self):
+        chunk = os.read(self.rfd, 1 << 20)
+        if not chunk:
+            os._exit(0)  # the host went away: so does the sandbox
+        self.inbuf += chunk
+        while len(self.inbuf) >= HDR.size:
+            jlen, plen = HDR.unpack_from(self.inbuf)
+            if jlen > MAX_JSON:
+                os._exit(3)
+            if len(self.inbuf) < HDR.size + jlen + plen:
+                return
+            req = json.loads(bytes(self.inbuf[HDR.size : HDR.size + jlen]))
+            payload = bytes(self.inbuf[HDR.size + jlen : HDR.size + jlen + plen])
+            del self.inbuf[: HDR.size + jlen + plen]
+            self.handle(req, payload)
+
+
+def serve(rfd, wfd):
+    """Run the init loop on the given file descriptors; never returns."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    for fd in (0, 1, 2):  # keep 0-2 taken, or pipes would land there and dup2 would clash
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open("/dev/null", os.O_RDWR)
+    try:
+        Init(rfd, wfd).run()
+    finally:
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    # Docker: stdin/stdout are the attached stream; nothing else may write to stdout.
+    rfd, wfd = os.dup(0), os.dup(1)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    sys.stdout = sys.stderr
+    serve(rfd, wfd)

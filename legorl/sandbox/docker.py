@@ -1,0 +1,265 @@
+"""The `docker` backend: the same sandboxes on a real Docker engine.
+
+    backend = DockerBackend(ImageStore())
+    async with await backend.start(SandboxSpec(image=task_ref.key)) as sb:
+        await sb.exec("pytest -x")
+
+Each sandbox is one container, created through the Engine API on the local socket with
+`--network none`, `--memory` (= memory+swap), `--pids-limit`, `--cpus`, `--storage-opt
+size=` (when the storage driver supports it: scripts/setup_sandbox.sh gives Docker a btrfs
+data-root for that), no-new-privileges, and read-only binds for `readonly_mounts`. Its
+command is the same init as the local backend's (`_init.py`, run by the image's python3),
+attached over stdin/stdout, so exec/timeouts/files/diff behave identically and each exec is
+one message, not a `docker exec` round-trip. The proxy forwarder listens inside the
+container's network namespace, opened from the host (forwarder.py). `StdinOnce` +
+`AutoRemove` make the container exit and vanish when this process goes away, crash or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import struct
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from legorl.sandbox.base import SandboxError, SandboxSpec
+from legorl.sandbox.cgroups import counters_for_pid
+from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
+from legorl.sandbox.docker_images import ensure_docker_image
+from legorl.sandbox.images import ImageStore
+
+log = logging.getLogger(__name__)
+
+INIT_SRC = Path(__file__).with_name("_init.py").read_bytes()
+# The container's command only reads the init's source from stdin (10-digit length, then
+# the bytes) and runs it: the source is not repeated in every sandbox's /proc/1/cmdline.
+BOOT = (
+    "import os\nh=b''\nwhile len(h)<10:\n h+=os.read(0,10-len(h))\nn=int(h)\nb=b''\n"
+    "while len(b)<n:\n b+=os.read(0,n-len(b))\nexec(compile(b,'legorl-init','exec'))"
+)
+DEFAULT_SOCKET = "/var/run/docker.sock"
+START_TIMEOUT_S = 60.0
+
+
+class DockerBackend:
+    """Starts sandboxes as Docker containers. Call `aclose()` when done."""
+
+    name = "docker"
+
+    def __init__(self, store: ImageStore | None = None, socket_path: str | None = None) -> None:
+        self.store = store or ImageStore()
+        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET", DEFAULT_SOCKET)
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._api = ""
+        self.disk_quota: bool | None = None  # learnt at the first start
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    async def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop:
+            if not os.path.exists(self.socket_path):
+                raise SandboxError(f"no Docker engine at {self.socket_path} (run scripts/setup_sandbox.sh)")
+            self._client = httpx.AsyncClient(
+                transport=httpx.AsyncHTTPTransport(uds=self.socket_path), base_url="http://docker", timeout=120
+            )
+            self._loop = loop
+            try:
+                version = (await self._client.get("/version")).json()
+            except httpx.HTTPError as e:
+                raise SandboxError(f"Docker engine at {self.socket_path} does not answer: {e}") from e
+            self._api = "/v" + str(version.get("ApiVersion", "1.41"))
+            await self._sweep()
+        return self._client
+
+    async def _call(self, method: str, path: str, ok: tuple[int, ...] = (200, 201, 204), **kw: Any) -> httpx.Response:
+        client = await self._http()
+        try:
+            resp = await client.request(method, self._api + path, **kw)
+        except httpx.HTTPError as e:
+            raise SandboxError(f"docker {method} {path}: {e}") from e
+        if resp.status_code not in ok:
+            try:
+                msg = resp.json().get("message", resp.text)
+            except ValueError:
+                msg = resp.text
+            raise SandboxError(f"docker {method} {path}: {resp.status_code} {msg}")
+        return resp
+
+    async def _sweep(self) -> None:
+        """Remove containers of sandbox owners (processes on this host) that are gone."""
+        host = socket.gethostname()
+        resp = await self._call("GET", "/containers/json", params={"all": "1", "filters": '{"label":["legorl.owner"]}'})
+        for c in resp.json():
+            owner = c.get("Labels", {}).get("legorl.owner", "")
+            name, _, pid = owner.rpartition(":")
+            gone = name == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}")
+            if gone or (name == host and c.get("State") in ("exited", "dead")):
+                with contextlib.suppress(SandboxError):
+                    await self._call("DELETE", f"/containers/{c['Id']}", ok=(204, 404, 409), params={"force": "1"})
+
+    def _create_body(self, spec: SandboxSpec, tag: str, sid: str, quota: bool) -> dict[str, Any]:
+        lim = spec.limits
+        # Docker's size limit (btrfs qgroup on referenced bytes) counts the image's files
+        # too: add the image's size (+6% measured for block rounding, +10% and 16 MiB of
+        # headroom), so the writable space is about `disk_mb`, not `disk_mb` minus the image.
+        image_bytes = sum(int(r.meta.get("size_bytes", 0)) for r in self.store.chain(spec.image))
+        size_mb = lim.disk_mb + int(image_bytes * 1.1) // (1 << 20) + 16
+        host: dict[str, Any] = {
+            "NetworkMode": "none",
+            "Memory": lim.memory_mb << 20,
+            "MemorySwap": lim.memory_mb << 20,
+            "PidsLimit": lim.pids,
+            "NanoCpus": int(lim.cpus * 1e9),
+            "Binds": [f"{h}:{t}:ro" for h, t in sorted(spec.readonly_mounts.items())],
+            "SecurityOpt": ["no-new-privileges"],
+            "IpcMode": "private",
+            "AutoRemove": True,
+            "ShmSize": 64 << 20,
+        }
+        if quota:
+            host["StorageOpt"] = {"size": f"{size_mb}M"}
+        return {
+            "Image": tag,
+            "Cmd": ["/usr/bin/python3", "-I", "-S", "-c", BOOT],
+            "Hostname": "sandbox",
+            "WorkingDir": "/",
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "OpenStdin": True,
+            "StdinOnce": True,
+            "AttachStdin": True,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+            "NetworkDisabled": True,
+            "Labels": {"legorl.sandbox": sid, "legorl.owner": self.owner},
+            "HostConfig": host,
+        }
+
+    async def _create(self, spec: SandboxSpec, tag: str, sid: str) -> str:
+        quota = self.disk_quota is not False
+        try:
+            resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid, quota))
+        except SandboxError as e:
+            if not (quota and "storage-opt" in str(e).lower()):
+                raise
+            log.warning("this Docker storage driver cannot limit disk size: sandboxes get no disk quota (%s)", e)
+            self.disk_quota = False
+            resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid, False))
+        else:
+            self.disk_quota = quota
+        return str(resp.json()["Id"])
+
+    async def start(self, spec: SandboxSpec) -> ChannelSandbox:
+        """Start a sandbox from the image `spec.image` (an ImageStore key)."""
+        for path in spec.readonly_mounts:
+            if not os.path.exists(path):
+                raise SandboxError(f"sandbox mount source {path} does not exist")
+        try:
+            tag = await ensure_docker_image(self.store, spec.image)
+            aliases = self.store.commit_aliases(spec.image)
+        except KeyError as e:
+            raise SandboxError(str(e)) from e
+        sid = uuid.uuid4().hex[:12]
+        cid = await self._create(spec, tag, sid)
+        stream: _AttachStream | None = None
+        channel: InitChannel | None = None
+        started = False
+
+        async def cleanup() -> None:
+            # Kill, and let AutoRemove delete the container: its processes are gone when
+            # this returns, while Docker frees the filesystem (seconds on btrfs) on its own.
+            if channel is not None:
+                await channel.close()
+            if stream is not None:
+                stream.close()
+            with contextlib.suppress(SandboxError):
+                await self._call("POST", f"/containers/{cid}/kill", ok=(204, 404, 409))
+                if not started:
+                    await self._call("DELETE", f"/containers/{cid}", ok=(204, 404, 409), params={"force": "1"})
+
+        try:
+            stream = await _AttachStream.open(self.socket_path, self._api, cid)
+            stream.write(b"%010d" % len(INIT_SRC) + INIT_SRC)
+            await self._call("POST", f"/containers/{cid}/start")
+            started = True
+            pid = int((await self._call("GET", f"/containers/{cid}/json")).json()["State"]["Pid"])
+            channel = InitChannel(stream.stdout, stream.write, max_payload=MAX_FILE + 2 * spec.limits.output_bytes + (64 << 20))
+            try:
+                await channel.ready(START_TIMEOUT_S)
+            except SandboxError as e:
+                raise SandboxError(f"{e}; container said: {stream.stderr_tail()}") from e
+            sandbox = ChannelSandbox(
+                sid, spec, channel, netns_path=f"/proc/{pid}/ns/net", counters=lambda: counters_for_pid(pid),
+                cleanup=cleanup, commit_aliases=aliases,
+            )
+            await sandbox.set_proxy(spec.proxy_socket)
+        except BaseException:
+            await cleanup()
+            raise
+        return sandbox
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.aclose()
+            self._client = None
+
+
+class _AttachStream:
+    """A hijacked `attach` connection: raw stdin out, multiplexed stdout/stderr in."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self.stdout = asyncio.StreamReader(limit=1 << 20)
+        self._stderr = bytearray()
+        self._task = asyncio.create_task(self._demux())
+
+    @classmethod
+    async def open(cls, socket_path: str, api: str, cid: str) -> _AttachStream:
+        reader, writer = await asyncio.open_unix_connection(socket_path, limit=1 << 20)
+        writer.write(
+            f"POST {api}/containers/{cid}/attach?stream=1&stdin=1&stdout=1&stderr=1 HTTP/1.1\r\n"
+            "Host: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
+        )
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 30)
+        if b" 101 " not in status and b" 200 " not in status:
+            writer.close()
+            raise SandboxError(f"docker attach failed: {status.decode(errors='replace').strip()}")
+        while (await reader.readline()) not in (b"\r\n", b""):
+            pass
+        return cls(reader, writer)
+
+    async def _demux(self) -> None:
+        try:
+            while True:
+                head = await self._reader.readexactly(8)
+                kind, size = head[0], struct.unpack(">I", head[4:])[0]
+                data = await self._reader.readexactly(size)
+                if kind == 1:
+                    self.stdout.feed_data(data)
+                else:
+                    self._stderr += data
+                    del self._stderr[:-8192]
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self.stdout.feed_eof()
+
+    def stderr_tail(self) -> str:
+        return self._stderr.decode(errors="replace").strip()[-2000:] or "(nothing)"
+
+    def write(self, data: bytes) -> None:
+        self._writer.write(data)
+
+    def close(self) -> None:
+        self._task.cancel()
+        self._writer.close()

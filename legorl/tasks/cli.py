@@ -1,0 +1,182 @@
+"""`legorl tasks validate|generate|ls` and the `rollout_command` behind `legorl rollout`.
+
+Foreseeable mistakes (a bad task file, an unknown instance, a missing command file, no
+Docker) end with one line on stderr and exit code 2; a task that fails its oracle check
+makes `validate` exit 1 after listing why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from legorl.tasks.loader import TaskFileError, get_task, load_tasks, shipped_tasks_dir
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Validate and generate SWE-bench-format tasks.")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(f"legorl: {message}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code)
+
+
+def _load(path: Path, split: str | None = None) -> list:  # type: ignore[type-arg]
+    try:
+        return load_tasks(path, split=split)
+    except TaskFileError as exc:
+        _fail(str(exc))
+    raise AssertionError  # unreachable: _fail raises
+
+
+def _check_backend(name: str) -> None:
+    if name not in ("local", "docker"):
+        _fail(f"--sandbox must be 'local' or 'docker', got {name!r}")
+    if name == "docker" and shutil.which("docker") is None:
+        _fail("--sandbox docker: the docker CLI is not installed (run scripts/setup_sandbox.sh)")
+
+
+@app.command("ls")
+def ls_cmd(
+    tasks: Path = typer.Argument(None, help="Task file (default: the shipped train + heldout sets)."),
+    split: Optional[str] = typer.Option(None, help="Only this split."),
+) -> None:
+    """List tasks: id, split, repository, number of FAIL_TO_PASS / PASS_TO_PASS tests."""
+    files = [tasks] if tasks else [shipped_tasks_dir() / "train.jsonl", shipped_tasks_dir() / "heldout.jsonl"]
+    for f in files:
+        for t in _load(f, split):
+            typer.echo(f"{t.instance_id}\t{t.split}\t{t.repo}\tf2p={len(t.FAIL_TO_PASS)}\tp2p={len(t.PASS_TO_PASS)}")
+
+
+@app.command()
+def validate(
+    tasks: Path = typer.Argument(..., help="Task file (JSONL, SWE-bench fields + repo_path)."),
+    sandbox: str = typer.Option("local", help="Sandbox backend: local or docker."),
+    instance: list[str] = typer.Option([], help="Only these instance ids (repeatable)."),
+    split: Optional[str] = typer.Option(None, help="Only this split."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
+    concurrency: int = typer.Option(2, help="Tasks checked at once."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per task."),
+) -> None:
+    """Oracle check: the gold patch must resolve each task, the empty patch must not."""
+    _check_backend(sandbox)
+    selected = _load(tasks, split)
+    if instance:
+        try:
+            selected = [get_task(selected, i) for i in instance]
+        except KeyError as exc:
+            _fail(str(exc.args[0]))
+    if limit is not None:
+        selected = selected[:limit]
+    from legorl.sandbox.base import SandboxError
+    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.validate import TaskCheck, check_tasks
+
+    def show(res: TaskCheck) -> None:
+        if as_json:
+            typer.echo(json.dumps(res.to_json()))
+        else:
+            mark = "ok  " if res.ok else "FAIL"
+            typer.echo(f"{mark} {res.instance_id}  ({res.seconds:.1f} s)" + "".join(f"\n     {p}" for p in res.problems))
+
+    async def run() -> list[TaskCheck]:
+        backend = open_backend(sandbox)
+        try:
+            return await check_tasks(selected, backend, TaskImages(sandbox), concurrency=concurrency, on_result=show)
+        finally:
+            await close_backend(backend)
+
+    try:
+        results = asyncio.run(run())
+    except SandboxError as exc:
+        _fail(f"sandbox backend {sandbox!r}: {exc}")
+    bad = [r for r in results if not r.ok]
+    typer.echo(f"{len(results) - len(bad)}/{len(results)} tasks valid on {sandbox}", err=True)
+    if bad:
+        raise typer.Exit(1)
+
+
+@app.command()
+def generate(
+    out: Path = typer.Option(..., help="Output directory (train.jsonl, heldout.jsonl, repos/*.bundle)."),
+    project: list[str] = typer.Option([], help="Projects to use (default: all known)."),
+    count: int = typer.Option(16, help="Tasks per project."),
+    python: str = typer.Option(..., help="Host python with pytest (match the base image: Debian's python3 + pytest)."),
+    work: Path = typer.Option(Path("/tmp/legorl-taskgen"), help="Scratch directory (sdists, unpacked trees)."),
+    seed: int = typer.Option(0, help="Seed for the order mutations are tried in."),
+    max_attempts: int = typer.Option(400, help="Mutants tried per project at most."),
+) -> None:
+    """Generate real tasks by injecting bugs into real projects' source distributions."""
+    from legorl.tasks.generator.build import GenConfig, generate as gen
+    from legorl.tasks.generator.projects import PROJECTS
+
+    names = project or list(PROJECTS)
+    unknown = [n for n in names if n not in PROJECTS]
+    if unknown:
+        _fail(f"unknown project(s) {unknown}; known: {', '.join(PROJECTS)}")
+    if shutil.which(python) is None and not Path(python).is_file():
+        _fail(f"--python {python}: not found")
+    cfg = GenConfig(python=python, count=count, seed=seed, max_attempts=max_attempts)
+    pip = str(Path(sys.executable).with_name("pip"))
+    rows = gen([PROJECTS[n] for n in names], out, work, cfg, pip=pip if Path(pip).exists() else "pip")
+    typer.echo(f"wrote {len(rows)} tasks to {out}")
+
+
+def rollout_command(
+    tasks: Path,
+    instance: str,
+    harness: str = "command",
+    command_file: Path | None = None,
+    sandbox: str = "local",
+    agent_timeout_s: float = 1800.0,
+    retries: int = 2,
+    proxy_socket: str | None = None,
+) -> int:
+    """`legorl rollout --tasks FILE --instance ID --harness command --command-file SCRIPT`.
+
+    Prints one JSON line per trajectory (here one) with at least
+    `instance_id, status, reward, masked, flags, tests`. Returns the process exit code.
+    """
+    if harness != "command":
+        _fail(f"--harness {harness!r}: this entry point runs the 'command' harness only")
+    if command_file is None:
+        _fail("--harness command needs --command-file SCRIPT")
+    assert command_file is not None
+    if not command_file.is_file():
+        _fail(f"--command-file {command_file}: no such file")
+    _check_backend(sandbox)
+    task = None
+    try:
+        task = get_task(_load(tasks), instance)
+    except KeyError as exc:
+        _fail(str(exc.args[0]))
+    from legorl.harness.command import CommandHarness
+    from legorl.rollout import RolloutConfig, run_rollout
+    from legorl.sandbox.base import SandboxError
+    from legorl.tasks.image import TaskImages, close_backend, open_backend
+
+    async def run() -> dict:  # type: ignore[type-arg]
+        backend = open_backend(sandbox)
+        try:
+            image = await TaskImages(sandbox).for_task(task)
+            cfg = RolloutConfig(agent_timeout_s=agent_timeout_s, retries=retries)
+            res = await run_rollout(task, CommandHarness.from_file(command_file), backend, image, cfg, proxy_socket)
+            return res.to_json()
+        finally:
+            await close_backend(backend)
+
+    try:
+        line = asyncio.run(run())
+    except SandboxError as exc:
+        _fail(f"sandbox backend {sandbox!r}: {exc}")
+    typer.echo(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,162 @@
+"""Recompute log-probabilities of the recorded tokens, memory-lean and at the rollout temperature.
+
+Two choices here shrink rollout/trainer mismatch and memory at once:
+
+- The LM head runs in chunks of rows inside one autograd function: logits for `chunk` rows
+  at a time, log-softmax in fp32, only the target's logprob and the entropy kept. The
+  backward recomputes each chunk's softmax, so a (tokens × vocabulary) fp32 matrix never
+  exists (with a 150k vocabulary and 32k tokens that matrix alone would be ~19 GB).
+- `lm_head_fp32` runs the vocabulary projection itself in fp32 (MiniMax-M1 found the bf16 LM
+  head to be the main source of mismatch); bench/mismatch.py measures what it buys.
+
+Logits are divided by the sampling temperature before the softmax, because the engine's
+logprobs are those of the distribution it sampled from.
+
+`PolicyModel` wraps the HF causal LM so that one module owns the whole computation: under
+FSDP2 the root module's parameters (embeddings, LM head) are gathered for exactly its forward
+and backward, which calling the inner decoder directly would bypass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from legorl.train.batch import MicroBatch
+from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
+
+
+def lm_head_logits(h_C_H: torch.Tensor, w_V_H: torch.Tensor, temperature: float, fp32: bool) -> torch.Tensor:
+    """Logits / T in (at least) fp32: projected in fp32 (`fp32`) or in the model dtype then upcast."""
+    wide = torch.promote_types(h_C_H.dtype, torch.float32)
+    if fp32:
+        return (h_C_H.to(wide) @ w_V_H.to(wide).t()) / temperature
+    return (h_C_H @ w_V_H.t()).to(wide) / temperature
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """logprob of `targets_N` and entropy under softmax(h Wᵀ / T), chunked over rows."""
+
+    @staticmethod
+    def forward(ctx, hidden_N_H, weight_V_H, targets_N, temperature, chunk, fp32):  # type: ignore[override]
+        n = hidden_N_H.shape[0]
+        wide = torch.promote_types(hidden_N_H.dtype, torch.float32)
+        logprobs_N = torch.empty(n, dtype=wide, device=hidden_N_H.device)
+        entropy_N = torch.empty(n, dtype=wide, device=hidden_N_H.device)
+        for s in range(0, n, chunk):
+            z_C_V = lm_head_logits(hidden_N_H[s : s + chunk], weight_V_H, temperature, fp32)
+            logp_C_V = torch.log_softmax(z_C_V, dim=-1)
+            logprobs_N[s : s + chunk] = logp_C_V.gather(1, targets_N[s : s + chunk, None]).squeeze(1)
+            entropy_N[s : s + chunk] = -(logp_C_V.exp() * logp_C_V).sum(-1)
+        ctx.save_for_backward(hidden_N_H, weight_V_H, targets_N)
+        ctx.temperature, ctx.chunk, ctx.fp32 = temperature, chunk, fp32
+        ctx.mark_non_differentiable(entropy_N)
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, _grad_entropy_N):  # type: ignore[override]
+        hidden_N_H, weight_V_H, targets_N = ctx.saved_tensors
+        t, chunk, fp32 = ctx.temperature, ctx.chunk, ctx.fp32
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden_N_H) if need_h else None
+        wide = torch.promote_types(hidden_N_H.dtype, torch.float32)
+        grad_w = torch.zeros(weight_V_H.shape, dtype=wide, device=weight_V_H.device) if need_w else None
+        w_mm = weight_V_H.to(wide) if fp32 else weight_V_H
+        for s in range(0, hidden_N_H.shape[0], chunk):
+            h_C_H = hidden_N_H[s : s + chunk]
+            z_C_V = lm_head_logits(h_C_H, weight_V_H, t, fp32)
+            # d logp_target / d z = onehot(target) - softmax(z); chain through z = h Wᵀ / T
+            g_C_V = -torch.softmax(z_C_V, dim=-1)
+            g_C_V.scatter_add_(1, targets_N[s : s + chunk, None], torch.ones_like(g_C_V[:, :1]))
+            g_C_V *= grad_logprobs_N[s : s + chunk, None].to(wide) / t
+            g_mm = g_C_V if fp32 else g_C_V.to(w_mm.dtype)
+            if need_h:
+                grad_h[s : s + chunk] = (g_mm @ w_mm).to(hidden_N_H.dtype)
+            if need_w:
+                grad_w += (g_mm.t() @ (h_C_H.to(wide) if fp32 else h_C_H)).to(wide)
+        return grad_h, None if grad_w is None else grad_w.to(weight_V_H.dtype), None, None, None, None
+
+
+def chunked_logprobs(
+    hidden_N_H: torch.Tensor,
+    weight_V_H: torch.Tensor,
+    targets_N: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk: int = 2048,
+    fp32: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs_N with gradient, entropy_N detached), both float32 (float64 for float64 inputs)."""
+    return _ChunkedLogprobs.apply(hidden_N_H, weight_V_H, targets_N, temperature, chunk, fp32)
+
+
+@dataclass
+class LogprobOptions:
+    temperature: float = 1.0
+    chunk: int = 2048
+    lm_head_fp32: bool = True
+    packing: str = "packed"  # or "per_segment"
+    routing_replay: bool = True
+    router_fp32: bool = False
+
+
+@dataclass
+class LogprobOutput:
+    logprobs_N: torch.Tensor  # float32, differentiable
+    entropy_N: torch.Tensor  # float32, detached
+    used_N_L_K: torch.Tensor | None  # experts the forward used (MoE only)
+    natural_N_L_K: torch.Tensor | None  # experts the trainer's own routers chose (MoE only)
+
+
+class PolicyModel(nn.Module):
+    """An HF causal LM plus the chunked logprob head: forward(micro-batch) → logprobs, entropy.
+
+    MoE routing is captured on every forward and replayed from `mb.replay_N_L_K` when
+    `routing_replay` is on; see routing.py.
+    """
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+        self.is_moe = bool(moe_routers(lm))
+
+    def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor) -> torch.Tensor:
+        out = self.lm.get_decoder()(input_ids=input_ids_B_S, position_ids=position_ids_B_S, use_cache=False)
+        return out.last_hidden_state
+
+    def _hidden_routed(
+        self, mb: MicroBatch, start: int, n: int, opts: LogprobOptions
+    ) -> tuple[torch.Tensor, RoutingRecord | None]:
+        ids, pos = mb.input_ids_N[None, start : start + n], mb.position_ids_N[None, start : start + n]
+        if not self.is_moe:
+            return self.hidden(ids, pos)[0], None
+        replay = None
+        if opts.routing_replay and mb.replay_N_L_K is not None:
+            replay = mb.replay_N_L_K[start : start + n]
+        with moe_routing(self.lm, replay, router_fp32=opts.router_fp32) as record:
+            return self.hidden(ids, pos)[0], record
+
+    def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
+        if opts.packing == "packed":
+            spans = [(0, mb.num_tokens)]
+        elif opts.packing == "per_segment":
+            starts = [0]
+            for n in mb.segment_lengths[:-1]:
+                starts.append(starts[-1] + n)
+            spans = list(zip(starts, mb.segment_lengths, strict=True))
+        else:
+            raise ValueError(f"unknown packing {opts.packing!r}")
+        parts = [self._hidden_routed(mb, s, n, opts) for s, n in spans]
+        hidden_N_H = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
+        used = natural = None
+        if self.is_moe:
+            used = torch.cat([r.first_call("used") for _, r in parts])  # type: ignore[union-attr]
+            natural = torch.cat([r.first_call("natural") for _, r in parts])  # type: ignore[union-attr]
+        weight_V_H = self.lm.get_output_embeddings().weight
+        logprobs_N, entropy_N = chunked_logprobs(
+            hidden_N_H, weight_V_H, mb.targets_N,
+            temperature=opts.temperature, chunk=opts.chunk, fp32=opts.lm_head_fp32,
+        )  # fmt: skip
+        return LogprobOutput(logprobs_N, entropy_N, used, natural)

@@ -1,0 +1,87 @@
+"""Weight sync: after each trainer step, the engines sample from the new weights.
+
+`WeightSync` is what the trainer calls; two implementations cover the engines:
+
+- `InProcessSync(engine)` hands the full state dict to an engine in the same process
+  (`HFEngine.update_weights(state_dict, version)` copies it in place between two generation
+  steps; no disk, no serialisation).
+- `DiskSync(engines, directory)` writes an HF model directory (safetensors + config) and
+  calls `await engine.update_weights_from_disk(path, version)` on each engine: the path for
+  vLLM/SGLang servers, which reload from a directory they can read.
+
+The version passed is the trainer's policy version after the step; the engine stamps it on
+every turn it then serves, so `trainer.version - turn.policy_version` is the staleness the
+trainer reports (`policy/staleness_mean`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Make the engines serve `state_dict` (the full, unsharded weights of `lm`) as `version`."""
+        ...
+
+
+class InProcessEngine(Protocol):
+    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+
+class DiskEngine(Protocol):
+    async def update_weights_from_disk(self, path: str | Path, version: int) -> None: ...
+
+
+class InProcessSync:
+    """Copy weights straight into in-process engines (e.g. legorl.engine.hf.HFEngine)."""
+
+    def __init__(self, *engines: InProcessEngine) -> None:
+        for e in engines:
+            if not callable(getattr(e, "update_weights", None)):
+                raise TypeError(f"{type(e).__name__} has no update_weights(state_dict, version)")
+        self.engines = engines
+
+    async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        await asyncio.gather(*(e.update_weights(state_dict, version) for e in self.engines))
+
+
+class DiskSync:
+    """Save an HF directory per version and point engines at it; keeps the newest `keep`."""
+
+    def __init__(self, engines: Sequence[DiskEngine], directory: str | Path, keep: int = 2) -> None:
+        for e in engines:
+            if not callable(getattr(e, "update_weights_from_disk", None)):
+                raise TypeError(f"{type(e).__name__} has no update_weights_from_disk(path, version)")
+        self.engines = list(engines)
+        self.directory = Path(directory)
+        self.keep = max(keep, 1)
+
+    async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        path = await asyncio.to_thread(self._write, lm, state_dict, version)
+        await asyncio.gather(*(e.update_weights_from_disk(path, version) for e in self.engines))
+        self._prune()
+
+    def _write(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
+        final = self.directory / f"v{version:08d}"
+        tmp = self.directory / f".tmp_v{version:08d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        lm.save_pretrained(tmp, state_dict=dict(state_dict), safe_serialization=True)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return final
+
+    def _prune(self) -> None:
+        versions = sorted(p for p in self.directory.glob("v*") if p.is_dir())
+        for old in versions[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)

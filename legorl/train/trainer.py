@@ -1,0 +1,355 @@
+"""The trainer: one call of `step(trajectories)` is one batch of GSPO (or GRPO) updates.
+
+A step: group-normalised advantages (infra errors left out) → pack recorded token ids into
+micro-batches → recompute logprobs (routing replayed, chunked fp32 LM head, rollout
+temperature) → π_old (own recomputation, or the rollout's) → optional TIS/MIS weights →
+loss (globally normalised, so micro-batches and ranks just add up) → backward → clip →
+AdamW → scheduler. `minibatches > 1` splits the batch into that many optimizer steps (the
+GSPO paper uses 4) with π_old computed once, before the first.
+
+After the step the policy version is +1; `await sync_weights()` pushes the new weights to
+the engines (`sync.py`) and `await train_step(...)` does both. Checkpoints are written every
+`checkpoint_every` steps and restore exactly (`checkpoint.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from legorl.train import checkpoint as ckpt
+from legorl.train.advantages import compute_advantages
+from legorl.train.batch import MicroBatch, count_units, pack, split_balanced
+from legorl.train.config import TrainerConfig
+from legorl.train.fsdp import DistInfo, all_reduce_, full_state_dict, init_distributed, shard
+from legorl.train.logprobs import LogprobOptions, PolicyModel
+from legorl.train.losses import LOSSES, LossMetrics, Normalizer
+from legorl.train.mismatch import MismatchStats, correction_weights
+from legorl.train.routing import moe_routing, routing_mismatch
+from legorl.train.sync import WeightSync
+from legorl.types import Trajectory
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_lm(cfg: TrainerConfig, dtype: torch.dtype | None = None) -> nn.Module:
+    """The HF causal LM named by the config, in train mode on the CPU."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    from legorl.models import resolve_model
+
+    kwargs: dict[str, Any] = {"dtype": dtype or DTYPES[cfg.dtype], "attn_implementation": cfg.attn_implementation}
+    if cfg.experts_implementation:
+        kwargs["experts_implementation"] = cfg.experts_implementation
+    transformers.utils.logging.disable_progress_bar()
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), **kwargs)
+    lm.config.use_cache = False
+    return lm.train()
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        *,
+        lm: nn.Module | None = None,
+        weight_sync: WeightSync | None = None,
+    ) -> None:
+        self.cfg = cfg.resolved()
+        c = self.cfg
+        self.dist: DistInfo = init_distributed(c.device)
+        self.device = torch.device(f"cuda:{self.dist.local_rank}" if c.device == "cuda" else c.device)
+        seed_everything(c.seed)
+        sharded = self.dist.enabled
+        # under FSDP keep fp32 master weights and compute in bf16 (see fsdp.py)
+        self.lm = lm if lm is not None else load_lm(c, torch.float32 if sharded else None)
+        if c.gradient_checkpointing:
+            enable = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5.2x
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.policy = PolicyModel(self.lm).to(self.device)
+        if self.policy.is_moe and c.gradient_checkpointing and c.packing != "packed":
+            raise ValueError("gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)")
+        if sharded:
+            compute = torch.bfloat16 if c.dtype == "bfloat16" else None
+            shard(self.policy, list(self.lm.get_decoder().layers), compute_dtype=compute)
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=c.lr, betas=c.betas, eps=c.adam_eps,
+            weight_decay=c.weight_decay, fused=fused or None, foreach=None if fused else True,
+        )  # fmt: skip
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.opts = LogprobOptions(
+            temperature=c.temperature, chunk=c.logprob_chunk, lm_head_fp32=c.lm_head_fp32,
+            packing=c.packing, routing_replay=c.routing_replay, router_fp32=c.router_fp32,
+        )  # fmt: skip
+        self.weight_sync = weight_sync
+        self.step_count = 0  # batches trained
+        self.version = 0  # policy version of the current weights (+1 per step)
+        self.data_state: dict[str, Any] = {}
+
+    def _lr_factor(self, opt_step: int) -> float:
+        c = self.cfg
+        if c.warmup_steps and opt_step < c.warmup_steps:
+            return (opt_step + 1) / c.warmup_steps
+        if c.schedule == "cosine":
+            span = max(c.total_steps - c.warmup_steps, 1)
+            progress = min((opt_step - c.warmup_steps) / span, 1.0)
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def step(self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None) -> dict[str, float]:
+        """Train on one batch; returns the step's metrics (identical on every rank)."""
+        c = self.cfg
+        t0 = time.perf_counter()
+        adv = compute_advantages(
+            trajectories, scale_by_std=bool(c.scale_advantage_by_std), eps=c.advantage_eps,
+            zero_variance=c.zero_variance_groups,
+        )  # fmt: skip
+        items = [(i, t, a) for i, (t, a) in enumerate(zip(trajectories, adv.values, strict=True)) if a is not None]
+        metrics: dict[str, float] = dict(adv.metrics)
+        chunks = [items[k :: c.minibatches] for k in range(c.minibatches)]
+        plans = [pack(chunk, c.sequence_unit, c.max_tokens_per_microbatch) for chunk in chunks]
+        plans = [p for p in plans if p]
+        acc = _Accumulator()
+        if plans:
+            old_logprobs = self._precompute_old(plans, acc) if c.minibatches > 1 else None
+            for m, mbs in enumerate(plans):
+                self._optimizer_step(mbs, old_logprobs[m] if old_logprobs else None, acc, record=old_logprobs is None)
+            self.version += 1
+        self.step_count += 1
+        if data_state is not None:
+            self.data_state = dict(data_state)
+        metrics.update(acc.finish(self, time.perf_counter() - t0, trained=bool(plans)))
+        if c.checkpoint_dir and self.step_count % c.checkpoint_every == 0:
+            self.save_checkpoint()
+        return metrics
+
+    def _mine(self, mbs: list[MicroBatch]) -> list[MicroBatch | None]:
+        """This rank's micro-batches, padded with None (a zero-loss forward) to the busiest rank."""
+        if self.dist.world == 1:
+            return list(mbs)
+        parts = split_balanced(mbs, self.dist.world)
+        most = max(len(p) for p in parts)
+        return parts[self.dist.rank] + [None] * (most - len(parts[self.dist.rank]))
+
+    @torch.no_grad()
+    def _precompute_old(self, plans: list[list[MicroBatch]], acc: _Accumulator) -> list[dict[int, torch.Tensor]]:
+        """π_old of every micro-batch before any update (keyed by id of the micro-batch)."""
+        olds = []
+        for mbs in plans:
+            found: dict[int, torch.Tensor] = {}
+            for mb in self._mine(mbs):
+                out = self.policy(_dummy(self.device) if mb is None else mb.to(self.device), self.opts)
+                if mb is not None:
+                    found[id(mb)] = out.logprobs_N.detach().cpu()
+                    acc.observe(mb, out)
+            olds.append(found)
+        return olds
+
+    def _optimizer_step(
+        self, mbs: list[MicroBatch], olds: dict[int, torch.Tensor] | None, acc: _Accumulator, *, record: bool
+    ) -> None:
+        c = self.cfg
+        norm = Normalizer(
+            tokens=float(sum(float(mb.mask_N.sum()) for mb in mbs)),
+            units=float(sum(count_units(mb) for mb in mbs)),
+            norm_tokens=float(c.norm_tokens),
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_fn = LOSSES[c.loss]
+        for mb_cpu in self._mine(mbs):
+            mb = _dummy(self.device) if mb_cpu is None else mb_cpu.to(self.device)
+            out = self.policy(mb, self.opts)
+            if mb_cpu is None:
+                self._backward(out.logprobs_N.sum() * 0.0, mb)
+                continue
+            if record:
+                acc.observe(mb_cpu, out)
+            if c.old_logprobs == "rollout":
+                old_N = mb.rollout_logprobs_N
+            elif olds is not None:
+                old_N = olds[id(mb_cpu)].to(self.device)
+            else:  # one optimizer step per batch: this forward *is* π_old
+                old_N = out.logprobs_N.detach()
+            weights_N, wstats = correction_weights(
+                old_N, mb.rollout_logprobs_N, mb.mask_N, mb.unit_ids_N, mb.num_units,
+                mode=c.correction, level=c.correction_level, tis_cap=c.tis_cap,
+                mis_low=c.mis_low, mis_high=c.mis_high,
+            )  # fmt: skip
+            loss, lmetrics = loss_fn(
+                out.logprobs_N, old_N, mb.advantages_N, mb.mask_N, mb.unit_ids_N, mb.num_units,
+                clip_low=c.clip_low, clip_high=c.clip_high, weights_N=weights_N,
+                aggregation=c.aggregation, norm=norm,
+            )  # fmt: skip
+            self._backward(loss, mb)
+            acc.add_loss(float(loss.detach()), lmetrics, wstats)
+        grad_norm = self._clip()
+        self.optimizer.step()
+        self.scheduler.step()
+        acc.grad_norms.append(grad_norm)
+
+    def _backward(self, loss: torch.Tensor, mb: MicroBatch) -> None:
+        ctx = nullcontext()
+        if self.policy.is_moe and self.cfg.gradient_checkpointing:  # recomputed layers must route the same
+            replay = mb.replay_N_L_K if self.cfg.routing_replay else None
+            ctx = moe_routing(self.lm, replay, router_fp32=self.cfg.router_fp32)
+        with ctx:
+            # FSDP averages gradients over ranks; the loss is already globally normalised
+            (loss * self.dist.world if self.dist.enabled else loss).backward()
+
+    def _clip(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # ---- weights out, checkpoints -----------------------------------------------------
+
+    def state_dict_for_engines(self) -> dict[str, torch.Tensor]:
+        """Full weights of the HF model (a collective under FSDP)."""
+        return full_state_dict(self.lm)
+
+    async def sync_weights(self) -> None:
+        """Push the current weights as `self.version` through the configured WeightSync."""
+        if self.weight_sync is None:
+            return
+        state = await asyncio.to_thread(self.state_dict_for_engines)
+        if self.dist.is_main:
+            await self.weight_sync.push(self.lm, state, self.version)
+
+    async def train_step(self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None) -> dict[str, float]:
+        """`step` off the event loop, then `sync_weights`."""
+        metrics = await asyncio.to_thread(self.step, trajectories, data_state=data_state)
+        await self.sync_weights()
+        return metrics
+
+    def save_checkpoint(self, directory: str | Path | None = None) -> Path:
+        directory = directory or self.cfg.checkpoint_dir
+        if not directory:
+            raise ValueError("no checkpoint directory: set trainer.checkpoint_dir or pass one")
+        return ckpt.save_checkpoint(
+            directory, lm=self.lm, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+            step=self.step_count, version=self.version, data_state=self.data_state,
+            config=self.cfg.model_dump(mode="json"), rank=self.dist.rank, keep=self.cfg.keep_checkpoints,
+        )  # fmt: skip
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore from a `step_XXXXXXXX` directory, or the newest one inside `path`."""
+        path = Path(path)
+        if not (path / "trainer.pt").exists():
+            found = ckpt.latest_checkpoint(path)
+            if found is None:
+                raise FileNotFoundError(f"no complete checkpoint in {path}")
+            path = found
+        state = ckpt.load_checkpoint(
+            path, lm=self.lm, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+            rank=self.dist.rank,
+        )  # fmt: skip
+        self.step_count, self.version, self.data_state = state["step"], state["version"], state["data_state"]
+
+
+def _dummy(device: torch.device) -> MicroBatch:
+    """A 2-token micro-batch without loss: keeps FSDP collectives in step across ranks."""
+    z = torch.zeros(2, dtype=torch.long, device=device)
+    f = torch.zeros(2, dtype=torch.float32, device=device)
+    return MicroBatch(z, torch.arange(2, device=device), z, f, f, f, z, z, z - 1, None, [2], 1)
+
+
+class _Accumulator:
+    """Sums the step's statistics over micro-batches, then over ranks."""
+
+    def __init__(self) -> None:
+        self.loss = 0.0
+        self.loss_parts: list[LossMetrics] = []
+        self.mismatch = MismatchStats()
+        self.sums = torch.zeros(9, dtype=torch.float64)  # see finish()
+        self.grad_norms: list[float] = []
+        self._min_ver = 2**62
+
+    def observe(self, mb: MicroBatch, out: Any) -> None:
+        """Statistics of a pre-update forward: mismatch, entropy, routing, staleness."""
+        mask = mb.mask_N > 0
+        self.mismatch.add(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N)
+        ent = out.entropy_N.detach().cpu()[mask]
+        ver = mb.versions_N[mask]
+        known = ver >= 0
+        route = (0, 0, 0, 0)
+        if out.used_N_L_K is not None and mb.replay_N_L_K is not None:
+            rec = mb.replay_N_L_K
+            valid = (rec >= 0).all(-1).all(-1)
+            route = (*routing_mismatch(out.used_N_L_K.cpu(), rec, valid), *routing_mismatch(out.natural_N_L_K.cpu(), rec, valid))
+        self.sums += torch.tensor(
+            [float(ent.sum()), float(mask.sum()), float(ver[known].sum()), float(known.sum()),
+             float(route[0]), float(route[1]), float(route[2]), float(mb.num_tokens), 0.0],
+            dtype=torch.float64,
+        )  # fmt: skip
+        if bool(known.any()):
+            self._min_ver = min(self._min_ver, int(ver[known].min()))
+
+    def add_loss(self, loss: float, lm: LossMetrics, wstats: dict[str, float]) -> None:
+        self.loss += loss
+        self.loss_parts.append(lm)
+        self.sums[8] += wstats.get("truncated", 0.0) + wstats.get("rejected", 0.0)
+
+    def finish(self, trainer: Trainer, seconds: float, *, trained: bool) -> dict[str, float]:
+        lm = LossMetrics.merge(self.loss_parts)
+        red = torch.tensor([self.loss, lm.tokens, lm.clipped_tokens, lm.units, lm.seq_ratio_sum], dtype=torch.float64)
+        all_reduce_(red, "sum")
+        all_reduce_(self.sums, "sum")
+        all_reduce_(self.mismatch.sums, "sum")
+        mx = torch.tensor([lm.seq_ratio_max, self.mismatch.max_abs_dp, self.mismatch.max_abs_dlogp], dtype=torch.float64)
+        mn = torch.tensor([lm.seq_ratio_min, float(self._min_ver)], dtype=torch.float64)
+        all_reduce_(mx, "max")
+        all_reduce_(mn, "min")
+        self.mismatch.max_abs_dp, self.mismatch.max_abs_dlogp = float(mx[1]), float(mx[2])
+        merged = LossMetrics(float(red[1]), float(red[2]), float(red[3]), float(red[4]), float(mn[0]), float(mx[0]))
+        ent, sampled, ver_sum, ver_n, r_used, r_tot, r_nat, tokens, corrected = self.sums.tolist()
+        out: dict[str, float] = {"train/trained": float(trained), "policy/version": float(trainer.version)}
+        if not trained:
+            return out
+        out.update(merged.as_dict())
+        out.update(self.mismatch.metrics())
+        # the last optimizer step's loss over the batch is the comparable number
+        out["train/loss"] = float(red[0]) / max(len(self.grad_norms), 1)
+        out["train/entropy"] = ent / sampled if sampled else 0.0
+        out["train/grad_norm"] = self.grad_norms[-1]
+        out["train/lr"] = trainer.scheduler.get_last_lr()[0]
+        out["train/tokens"] = tokens
+        out["train/sampled_tokens"] = sampled
+        out["train/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+        out["train/step_s"] = seconds
+        out["train/optimizer_steps"] = float(len(self.grad_norms))
+        out["mismatch/corrected_frac"] = corrected / sampled if sampled else 0.0
+        if r_tot:
+            out["mismatch/routing_mismatch"] = r_used / r_tot
+            out["mismatch/router_disagreement"] = r_nat / r_tot
+        version_before = trainer.version - 1
+        if ver_n:
+            out["policy/staleness_mean"] = version_before - ver_sum / ver_n
+            out["policy/staleness_max"] = version_before - float(mn[1])
+        return out

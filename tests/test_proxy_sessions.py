@@ -1,0 +1,168 @@
+"""Sessions: addressing by URL prefix or key, side calls, recording to JSONL, the admin
+route, concurrency, and the standalone `legorl proxy` process end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import orjson
+from proxy_util import SpyEngine, tokenizer
+
+from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.config import ProxyConfig
+from legorl.proxy.render import Renderer
+from legorl.proxy.server import ProxyServer
+from legorl.types import Turn
+
+TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def test_side_calls_are_answered_recorded_and_left_out(tmp_path: Path) -> None:
+    engine = SpyEngine(ScriptedEngine([TOOL_CALL, "A short title", "Summary: did things"], tokenizer()))
+    cfg = ProxyConfig(port=0, side_call_models=["small-fast-model"])
+    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path) as srv:
+        srv.open_session("ep1", {"instance_id": "repo__1"})
+        o = openai.AsyncOpenAI(base_url=srv.session_url("ep1") + "/v1", api_key="x", max_retries=0)
+        main = [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": "fix it"}]
+        r = await o.chat.completions.create(model="policy", messages=main)
+        assert r.choices[0].message.tool_calls
+        title = await o.chat.completions.create(model="policy", messages=[
+            {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+            {"role": "user", "content": "fix it"}])
+        assert title.choices[0].message.content == "A short title"
+        a = anthropic.AsyncAnthropic(base_url=srv.session_url("ep1"), api_key="x", max_retries=0)
+        compact = await a.messages.create(model="policy", max_tokens=100, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "fix it"}, {"type": "text", "text": (
+                "Your task is to create a detailed summary...\nREMINDER: Do NOT call any tools. Respond with plain "
+                "text only — an <analysis> block followed by a <summary> block.")}]}])
+        assert compact.content[0].text.startswith("Summary")
+        by_name = await o.chat.completions.create(model="small-fast-model", messages=main)
+        assert by_name.choices[0].message.tool_calls
+        turns = srv.close_session("ep1")
+    assert [t.side_call for t in turns] == [False, True, True, True]
+    lines = [orjson.loads(x) for x in (tmp_path / "turns.jsonl").read_bytes().splitlines()]
+    assert [x["index"] for x in lines] == [0, 1, 2, 3] and {x["session"] for x in lines} == {"ep1"}
+    assert Turn.from_dict({k: v for k, v in lines[0].items() if k != "session"}).prompt_ids == turns[0].prompt_ids
+    trajs = [orjson.loads(x) for x in (tmp_path / "trajectories.jsonl").read_bytes().splitlines()]
+    assert len(trajs) == 1 and trajs[0]["meta"] == {"instance_id": "repo__1"}
+    t = trajs[0]["trajectory"]
+    assert t["side_turns"] == [1, 2, 3] and len(t["segments"]) == 1 and t["segments"][0]["turn_indices"] == [0]
+
+
+async def test_recorded_turn_fields_and_admin_routes(tmp_path: Path) -> None:
+    engine = SpyEngine(ScriptedEngine(["<think>\nplan\n</think>\n\n" + TOOL_CALL], tokenizer()))
+    cfg = ProxyConfig(port=0, temperature=0.7, top_p=0.9, max_tokens=500)
+    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
+        engine.inner.policy_version = 7
+        body = {"model": "harness-name", "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                "max_tokens": 300, "prompt_cache_key": "c"}
+        async with httpx.AsyncClient(base_url=srv.base_url) as c:
+            t0 = time.time()
+            r = await c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer run-a"})
+            assert r.status_code == 200
+            sessions = (await c.get("/legorl/sessions")).json()["sessions"]
+            assert [(s["session"], s["turns"], s["managed"]) for s in sessions] == [("run-a", 1, False)]
+            d = await c.delete("/legorl/sessions/run-a")
+            assert d.status_code == 200 and d.json()["turns"] == 1
+            assert (await c.delete("/legorl/sessions/run-a")).status_code == 404
+            # standalone: the same key opens a fresh session
+            assert (await c.post("/v1/chat/completions", json=body, headers={"x-api-key": "run-a"})).status_code == 200
+    line = orjson.loads((tmp_path / "turns.jsonl").read_bytes().splitlines()[0])
+    assert line["session"] == line["session_id"] == "run-a" and line["dialect"] == "openai_chat"
+    assert line["sampling_used"]["temperature"] == 0.7 and line["sampling_used"]["max_tokens"] == 300
+    assert line["sampling_requested"] == {"temperature": 0, "max_tokens": 300}
+    assert line["request"] == body and line["model"] == "harness-name" and line["policy_version"] == 7
+    assert line["tool_calls"][0]["name"] == "bash" and json.loads(line["tool_calls"][0]["arguments"]) == {"command": "ls"}
+    assert line["response_text"].startswith("<think>") and line["finish_reason"] == "stop"
+    assert t0 <= line["t_start"] <= line["t_first_token"] <= line["t_end"] <= time.time()
+    call = engine.calls[0]
+    assert line["prompt_ids"] == call.prompt_ids and line["logprobs"] == call.logprobs
+    trajs = (tmp_path / "trajectories.jsonl").read_bytes().splitlines()
+    assert len(trajs) == 2  # one closed by DELETE, one at shutdown
+
+
+async def test_many_concurrent_streaming_sessions() -> None:
+    engine = ScriptedEngine(["Sure, here is a longer answer with several tokens in it."], tokenizer())
+    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), standalone=True) as srv:
+        limits = httpx.Limits(max_connections=1)
+        tls = ssl.create_default_context()  # one for all clients: building one per client is slow
+
+        async def session(i: int) -> bool:
+            async with httpx.AsyncClient(base_url=srv.base_url, limits=limits, timeout=60, verify=tls) as c:
+                ok = True
+                for path, body in (("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
+                                                     "messages": [{"role": "user", "content": f"hi {i}"}]}),
+                                   ("/v1/chat/completions", {"model": "m", "stream": True,
+                                                             "messages": [{"role": "user", "content": f"hi {i}"}]})):
+                    r = await c.post(path, json=body, headers={"x-api-key": f"s{i}"})
+                    ok &= r.status_code == 200 and (r.text.endswith("data: [DONE]\n\n") or "message_stop" in r.text[-60:])
+                return ok
+
+        results = await asyncio.gather(*[session(i) for i in range(128)])
+        assert all(results)
+        assert len(srv.sessions.open_sessions) == 128
+        assert all(len(s.turns) == 2 for s in srv.sessions.open_sessions.values())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    cfg = tmp_path / "legorl.toml"
+    cfg.write_text('[proxy]\nmax_tokens = 64\n\n[engine]\nscripted_mode = "per_session"\n'
+                   f"scripted_completions = [{json.dumps(TOOL_CALL)}, \"all done\"]\n")
+    out, port = tmp_path / "out", _free_port()
+    code = ("import sys; from pathlib import Path; from legorl.proxy.server import run_standalone; "
+            f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(out)!r}), Path({str(cfg)!r}))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        o = openai.OpenAI(base_url=base + "/s/alpha/v1", api_key="x", max_retries=0)
+        msgs = [{"role": "user", "content": "go"}]
+        r = o.chat.completions.create(model="p", messages=msgs)
+        call = r.choices[0].message.tool_calls[0]
+        msgs += [{"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "a.txt"}]
+        assert o.chat.completions.create(model="p", messages=msgs).choices[0].message.content == "all done"
+        a = anthropic.Anthropic(base_url=base, api_key="beta", max_retries=0)
+        assert a.messages.create(model="p", max_tokens=100, messages=[{"role": "user", "content": "go"}]).content[0].type == "tool_use"
+        assert httpx.delete(base + "/legorl/sessions/alpha").json()["turns"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    turns = [orjson.loads(x) for x in (out / "turns.jsonl").read_bytes().splitlines()]
+    assert [(t["session"], t["dialect"]) for t in turns] == [("alpha", "openai_chat"), ("alpha", "openai_chat"),
+                                                            ("beta", "anthropic")]
+    for t in turns:
+        assert len(t["logprobs"]) == len(t["completion_ids"]) > 0 and t["prompt_ids"] and not t["format_error"]
+    trajs = [orjson.loads(x) for x in (out / "trajectories.jsonl").read_bytes().splitlines()]
+    assert [t["session"] for t in trajs] == ["alpha", "beta"]
+    alpha = trajs[0]["trajectory"]
+    assert len(alpha["segments"]) == 1 and alpha["segments"][0]["turn_indices"] == [0, 1]
