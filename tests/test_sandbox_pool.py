@@ -56,10 +56,10 @@ async def test_warm_hand_out_applies_the_rollouts_spec(backend, base: ImageRef, 
             res = await sb.exec("echo $ROLL; pwd; python3 -c \"import urllib.request as u; "
                                 f"print(u.urlopen('{sb.proxy_url}/ping').read().decode())\"")
             assert res.stdout == "r1\n/root\npong\n", res
-        for _ in range(200):  # the pool starts a replacement in the background
+        for _ in range(1200):  # the pool starts a replacement in the background
             if pool.idle(template) == 2:
                 break
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
         assert pool.idle(template) == 2
     finally:
         server.close()

@@ -15,6 +15,14 @@ from legorl.train.trainer import load_lm
 from legorl.types import AlignmentStats, Segment, Trajectory
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def lm():
     return load_lm(TrainerConfig(model="tiny-qwen3-moe"))

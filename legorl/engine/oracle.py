@@ -15,9 +15,10 @@ the progress is the highest `legorl-oracle:step-N` marker in the conversation (e
 action carries one, and so does every summary it writes). The plan a competent agent
 follows, through the harness's shell tool:
 
-  1. inspect the repository        (`git status`, `ls`)
+  1. inspect the repository        (`git status`, `ls`, the files the patch touches)
   2. apply the gold patch          (heredoc into a file, `git apply`, `patch -p1` fallback)
-  3. run the tests                 (the task's `test_cmd`, or pytest; output tail only)
+  3. run the tests, review         (the task's `test_cmd` or pytest, output tail; the diff and
+                                    the changed files again)
   4. finish the harness's way      (`finish` tool if offered — OpenHands; the
                                     `COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` echo if the
                                     system prompt asks for it — mini-swe-agent; otherwise a
@@ -39,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shlex
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +164,16 @@ def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[s
     return args
 
 
+def patched_files(patch: str) -> list[str]:
+    """Paths a unified diff modifies (its `+++ b/...` lines; new files included)."""
+    out = []
+    for line in patch.splitlines():
+        if line.startswith("+++ ") and not line.startswith("+++ /dev/null"):
+            path = line[4:].split("\t")[0].strip()
+            out.append(path[2:] if path.startswith(("a/", "b/")) else path)
+    return list(dict.fromkeys(out))
+
+
 def _norm(s: str) -> str:
     return _WS.sub(" ", s).strip()
 
@@ -178,6 +190,7 @@ class OraclePolicy:
     tasks: dict[str, OracleTask]
     think: bool = True
     run_tests: bool = True
+    read_bytes: int = 20000  # how much of each file the patch touches the inspect step prints
     _needles: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -228,21 +241,25 @@ class OraclePolicy:
         return f"<think>\nTask {task.instance_id}, step {step} of {STEPS}. {say}\n</think>\n\n"
 
     def _command(self, task: OracleTask, step: int) -> tuple[str, str]:
-        tag = f"echo '{MARK}:step-{step}'"
+        tag = f"echo '{MARK}:step-{step} {MARK}:task={task.instance_id}'"
         if step == 1:
-            return (f"{tag} && git status --short && git log --oneline -3 && ls",
-                    "Let me look at the repository first.")
+            files = " ".join(shlex.quote(f) for f in patched_files(task.patch)[:3])
+            show = f" && head -c {self.read_bytes} {files}" if files and self.read_bytes > 0 else ""
+            return (f"{tag} && git status --short && git log --oneline -3 && ls{show}",
+                    "Let me look at the repository and the code involved first.")
         if step == 2:
             patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
             f = "${TMPDIR:-/tmp}/legorl_oracle.patch"
             return (f"{tag} && cat > {f} <<'{PATCH_EOF}'\n{patch}{PATCH_EOF}\n"
                     f"(git apply --whitespace=nowarn {f} || patch -p1 --forward < {f}) && git diff --stat",
                     "I know what causes the problem; I will apply the fix as a patch.")
+        files = " ".join(shlex.quote(f) for f in patched_files(task.patch)[:3])
+        review = f"; git diff; head -c {self.read_bytes} {files}" if files and self.read_bytes > 0 else "; git diff"
         if not self.run_tests:
-            return f"{tag} && git diff --stat", "Let me review the change."
+            return f"{tag}{review}", "Let me review the change."
         tests = task.test_cmd or "python3 -m pytest -q"
-        return (f"{tag} && (timeout 300 {tests} 2>&1 | tail -n 15); git diff --stat",
-                "Now I run the tests to check the fix.")
+        return (f"{tag} && (timeout 300 {tests} 2>&1 | tail -n 15){review}",
+                "Now I run the tests and review the changed code.")
 
     def _finish(self, view: PromptView, task: OracleTask, shell: dict[str, Any]) -> str:
         names = {str(t.get("name")): t for t in view.tools}
@@ -288,11 +305,12 @@ class OracleEngine:
         logprob: float = 0.0,
         think: bool = True,
         run_tests: bool = True,
+        read_bytes: int = 20000,
         max_context: int = 32768,
         latency_s: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
-        self.policy = OraclePolicy(load_oracle_tasks(tasks), think=think, run_tests=run_tests)
+        self.policy = OraclePolicy(load_oracle_tasks(tasks), think=think, run_tests=run_tests, read_bytes=read_bytes)
         self.logprob = float(logprob)
         self.max_context = max_context
         self.latency_s = latency_s
@@ -306,7 +324,7 @@ class OracleEngine:
         source = opts.pop("tasks", None)
         if source is None:
             raise ValueError("engine.options.tasks is required for engine.kind = 'oracle' (a task JSONL file)")
-        known = {"logprob", "think", "run_tests", "latency_s"}
+        known = {"logprob", "think", "run_tests", "read_bytes", "latency_s"}
         bad = set(opts) - known
         if bad:
             raise ValueError(f"engine.options: unknown oracle option(s) {sorted(bad)}; known: tasks, {', '.join(sorted(known))}")

@@ -19,7 +19,9 @@ Compaction: Claude Code compacts reactively when the proxy answers `prompt is to
 (`CLAUDE_CODE_AUTO_COMPACT_WINDOW`, which only lowers the assumed window).
 
 Ending (the final `result` event): `success` → graded; `error_max_turns` → `max_turns`;
-`api_error` with a 5xx/connection failure → `engine_error`; other API errors (a 4xx the
+answers that kept hitting `max_tokens` ("exceeded the … output token maximum", after
+Claude Code's own continuation retries) → `format_error`; `api_error` with a
+5xx/connection failure → `engine_error`; other API errors (a 4xx the
 proxy gave) → `infra_error`; `prompt_too_long` / `blocking_limit` (could not compact) →
 graded; no result event at all → the binary did not start or crashed → `infra_error`.
 """
@@ -114,6 +116,9 @@ class ClaudeCode:
             details["context_exhausted"] = "1"
             return Verdict(None, details)
         details["error"] = str(r.get("result", ""))[:1500] or err_tail
+        if "output token maximum" in details["error"]:  # the policy's answers kept hitting max_tokens
+            details["output_token_limit"] = "1"
+            return Verdict(Status.FORMAT_ERROR, details)
         if reason == "api_error" or "API Error" in details["error"]:
             status = r.get("api_error_status")
             if http_status_is_infra(status if isinstance(status, int) else None):

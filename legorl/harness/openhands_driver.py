@@ -127,6 +127,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
+    # The script's own directory comes first on sys.path; in the source tree it holds the
+    # adapter module `openhands.py`, which would shadow the SDK package of the same name.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
     sys.exit(main())

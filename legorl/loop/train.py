@@ -71,6 +71,16 @@ def record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> Non
         store.add_trajectory(t)
 
 
+def rollout_backend(cfg: RunConfig, engine: Engine) -> Any:
+    """Where rollouts run (an async context manager with `group()`): one in-process worker, or
+    Ray actors (`[ray] enabled`; an in-process engine is then served to them over HTTP)."""
+    if not cfg.ray.enabled:
+        return RolloutWorker(cfg, engine)
+    from legorl.loop.ray_backend import ray_rollout_pool
+
+    return ray_rollout_pool(cfg, engine)
+
+
 def build_trainer(cfg: RunConfig, engine: Engine) -> Trainer:
     tcfg = cfg.trainer.model_copy()
     if not tcfg.checkpoint_dir:
@@ -109,7 +119,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": []}
     try:
-        async with RolloutWorker(cfg, engine) as worker:
+        async with rollout_backend(cfg, engine) as worker:
             for step in range(start, cfg.run.steps):
                 t0 = time.monotonic()
                 store.begin_step(step, policy_version=trainer.version)

@@ -32,8 +32,8 @@ class ProxyConfig(Section):
     host: str = "127.0.0.1"
     """Interface the standalone server binds (loopback unless you mean otherwise)."""
 
-    port: int = Field(8765, ge=0, le=65535)
-    """TCP port of the standalone server; 0 picks a free one."""
+    port: int = Field(0, ge=0, le=65535)
+    """TCP port; 0 picks a free one (in-process rollouts). `legorl proxy --port` sets it."""
 
     temperature: float = Field(1.0, ge=0.0)
     """Sampling temperature used for every policy call (the harness's value is only recorded)."""

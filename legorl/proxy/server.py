@@ -159,8 +159,8 @@ class ProxyServer:
 def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path, config_path: Path | None) -> None:
     """`legorl proxy`: serve all three dialects until SIGINT/SIGTERM, recording to `out`.
 
-    `config_path` is a TOML file whose `[proxy]` table (or top level) holds ProxyConfig
-    fields; `[engine]` holds the engine's. Any session id is accepted and opened on first
+    `config_path` is a TOML file whose `[proxy]` table holds ProxyConfig fields and whose
+    `[engine]` table holds EngineConfig fields (other tables are ignored). Any session id is accepted and opened on first
     use; `DELETE /legorl/sessions/{id}` or shutdown writes its trajectory."""
     from legorl.engine.registry import EngineConfig, make_engine
     from legorl.models import load_tokenizer
@@ -213,7 +213,7 @@ def _load_config(path: Path | None) -> tuple[ProxyConfig, dict[str, Any]]:
     except tomllib.TOMLDecodeError as e:
         raise SystemExit(f"config file {path} is not valid TOML: {e}") from None
     engine_raw = dict(data.get("engine", {}))
-    raw = data.get("proxy", {k: v for k, v in data.items() if not isinstance(v, dict)})
+    raw = data.get("proxy", {})
     from pydantic import ValidationError
 
     try:

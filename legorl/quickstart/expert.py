@@ -26,8 +26,8 @@ from legorl.quickstart.family import POOL, SOURCE_FILE, TEST_CMD, QuickTask, lin
 
 FENCE = "```mswea_bash_command\n{}\n```"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-_FAILING = re.compile(r"FAIL test_(\w+):")
-_FIRST = re.compile(r"(?:PASS|FAIL) test_(\w+)")
+_FAILING = re.compile(r"^FAIL (\w+):", re.M)
+_FIRST = re.compile(r"^(?:PASS|FAIL) (\w+)", re.M)
 
 
 def fix_command(name: str) -> str:

@@ -3,7 +3,7 @@
 Each task is a two-file Python repository: `calc.py` defines `k` functions drawn from a
 pool of eight (`add`, `sub`, ...), one per line, one of them with a wrong operator; and
 `test_calc.py` checks every function, in file order, and prints one line per test
-(`PASS test_add`, `FAIL test_mul: got 9, expected 18`, ...). The problem statement does not say which
+(`PASS add`, `FAIL mul: got 9, expected 18`, ...). The problem statement does not say which
 function is broken: the fix has to be read from the failing test's output. That is the
 skill the RL phase teaches — the scripted expert that produces the SFT data reads the
 test output only part of the time (see expert.py), so the demonstrations show the fix's
@@ -50,10 +50,10 @@ for name, a, b, want in CASES:
     except Exception as e:
         got = type(e).__name__
     if got == want:
-        print(f"PASS test_{{name}}")
+        print(f"PASS {{name}}")
     else:
         failed += 1
-        print(f"FAIL test_{{name}}: got {{got}}, expected {{want}}")
+        print(f"FAIL {{name}}: got {{got}}, expected {{want}}")
 raise SystemExit(1 if failed else 0)
 '''
 

@@ -388,6 +388,67 @@ def serve(rfd, wfd):
         os._exit(1)
 
 
+MS_NOSUID, MS_NODEV, MS_MOVE, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8192, 4096, 16384, 1 << 18
+CAP_SYS_CHROOT, CAP_SYS_ADMIN, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 18, 21, 24, 4
+
+
+def enter_private_root(disk_mb, keep):
+    """Docker: move into an overlay of the image whose writable layer is a tmpfs of
+    `disk_mb` (the disk quota, as in the local backend), keeping /proc, /dev, /sys and the
+    read-only binds `keep`; then give up CAP_SYS_ADMIN for good (bounding set and own sets)
+    and CAP_SYS_CHROOT, and become non-dumpable, so nothing started later can mount, leave
+    the new root or inspect this process."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def call(ret, what):
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, "%s: %s" % (what, os.strerror(err)))
+
+    def mount(src, dst, fstype, flags, data=None):
+        enc = lambda v: v.encode() if v is not None else None  # noqa: E731
+        call(libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), "mount %s" % dst)
+
+    base = "/.legorl-root"
+    lower, rw = base + "/lower", base + "/rw"
+    for d in (lower, rw):
+        os.makedirs(d, exist_ok=True)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("/", lower, None, MS_BIND)  # not recursive: the image's own files only
+    mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=755" % disk_mb)
+    for d in ("upper", "work", "root"):
+        os.mkdir(rw + "/" + d, 0o755)
+    root = rw + "/root"
+    opts = "lowerdir=%s,upperdir=%s/upper,workdir=%s/work,redirect_dir=off,metacopy=off,index=off" % (lower, rw, rw)
+    mount("overlay", root, "overlay", 0, opts)
+    for path in ["/proc", "/dev", "/sys"] + list(keep):
+        if os.path.exists(path):
+            if os.path.isdir(path):
+                os.makedirs(root + path, exist_ok=True)
+            elif not os.path.exists(root + path):
+                os.makedirs(os.path.dirname(root + path), exist_ok=True)
+                open(root + path, "a").close()
+            mount(path, root + path, None, MS_BIND | MS_REC)
+    # Docker's seccomp profile forbids pivot_root: switch roots as an initramfs does (move
+    # the new root over "/", chroot into it). Without CAP_SYS_CHROOT, dropped below, no
+    # process can climb back out to the container's own (quota-free) filesystem.
+    os.chdir(root)
+    mount(root, "/", None, MS_MOVE)
+    os.chroot(".")
+    os.chdir("/")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    call(libc.syscall(125, header, data), "capget")
+    for cap in (CAP_SYS_ADMIN, CAP_SYS_CHROOT):
+        call(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop capability %d from the bounding set" % cap)
+        for i in range(3):  # (effective, permitted, inheritable) of the low 32 capabilities
+            data[i] &= ~(1 << cap)
+    call(libc.syscall(126, header, data), "capset")
+    call(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
+
+
 if __name__ == "__main__":
     # Docker: stdin/stdout are the attached stream; nothing else may write to stdout.
     rfd, wfd = os.dup(0), os.dup(1)
@@ -395,4 +456,12 @@ if __name__ == "__main__":
     os.dup2(devnull, 0)
     os.dup2(devnull, 1)
     sys.stdout = sys.stderr
+    config = json.loads(os.environ.pop("LEGORL_INIT_CONFIG", "{}"))
+    if config.get("disk_mb"):
+        try:
+            enter_private_root(int(config["disk_mb"]), config.get("keep", []))
+        except Exception as e:  # the host must learn why, not just see the stream close
+            head = json.dumps({"op": "error", "error": "%s: %s" % (type(e).__name__, e)}).encode()
+            os.write(wfd, HDR.pack(len(head), 0) + head)
+            os._exit(1)
     serve(rfd, wfd)

@@ -5,9 +5,11 @@
         await sb.exec("pytest -x")
 
 Each sandbox is one container, created through the Engine API on the local socket with
-`--network none`, `--memory` (= memory+swap), `--pids-limit`, `--cpus`, `--storage-opt
-size=` (when the storage driver supports it: scripts/setup_sandbox.sh gives Docker a btrfs
-data-root for that), no-new-privileges, and read-only binds for `readonly_mounts`. Its
+`--network none`, `--memory` (= memory+swap), `--pids-limit`, `--cpus`, no-new-privileges
+and read-only binds for `readonly_mounts`. The disk quota is the local backend's: the init
+first moves into an overlay of the image whose writable layer is a tmpfs of `disk_mb`
+(storage-driver quotas need XFS project quotas or btrfs qgroups; the first is missing from
+some kernels, the second made create/delete take tens of seconds under load). Its
 command is the same init as the local backend's (`_init.py`, run by the image's python3),
 attached over stdin/stdout, so exec/timeouts/files/diff behave identically and each exec is
 one message, not a `docker exec` round-trip. The proxy forwarder listens inside the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -59,7 +62,6 @@ class DockerBackend:
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api = ""
-        self.disk_quota: bool | None = None  # learnt at the first start
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
 
     async def _http(self) -> httpx.AsyncClient:
@@ -105,33 +107,32 @@ class DockerBackend:
                 with contextlib.suppress(SandboxError):
                     await self._call("DELETE", f"/containers/{c['Id']}", ok=(204, 404, 409), params={"force": "1"})
 
-    def _create_body(self, spec: SandboxSpec, tag: str, sid: str, quota: bool) -> dict[str, Any]:
+    def _create_body(self, spec: SandboxSpec, tag: str, sid: str) -> dict[str, Any]:
         lim = spec.limits
-        # Docker's size limit (btrfs qgroup on referenced bytes) counts the image's files
-        # too: add the image's size (+6% measured for block rounding, +10% and 16 MiB of
-        # headroom), so the writable space is about `disk_mb`, not `disk_mb` minus the image.
-        image_bytes = sum(int(r.meta.get("size_bytes", 0)) for r in self.store.chain(spec.image))
-        size_mb = lim.disk_mb + int(image_bytes * 1.1) // (1 << 20) + 16
+        binds = sorted(spec.readonly_mounts.items())
+        # The init mounts a tmpfs of disk_mb as the writable layer (see _init.enter_private_root):
+        # it needs CAP_SYS_ADMIN for that and drops it before any command runs.
+        config = {"disk_mb": lim.disk_mb, "keep": [t for _, t in binds]}
         host: dict[str, Any] = {
             "NetworkMode": "none",
             "Memory": lim.memory_mb << 20,
             "MemorySwap": lim.memory_mb << 20,
             "PidsLimit": lim.pids,
             "NanoCpus": int(lim.cpus * 1e9),
-            "Binds": [f"{h}:{t}:ro" for h, t in sorted(spec.readonly_mounts.items())],
+            "Binds": [f"{h}:{t}:ro" for h, t in binds],
+            "CapAdd": ["SYS_ADMIN"],
             "SecurityOpt": ["no-new-privileges"],
             "IpcMode": "private",
             "AutoRemove": True,
             "ShmSize": 64 << 20,
         }
-        if quota:
-            host["StorageOpt"] = {"size": f"{size_mb}M"}
         return {
             "Image": tag,
             "Cmd": ["/usr/bin/python3", "-I", "-S", "-c", BOOT],
             "Hostname": "sandbox",
             "WorkingDir": "/",
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    "LEGORL_INIT_CONFIG=" + json.dumps(config)],
             "OpenStdin": True,
             "StdinOnce": True,
             "AttachStdin": True,
@@ -144,17 +145,7 @@ class DockerBackend:
         }
 
     async def _create(self, spec: SandboxSpec, tag: str, sid: str) -> str:
-        quota = self.disk_quota is not False
-        try:
-            resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid, quota))
-        except SandboxError as e:
-            if not (quota and "storage-opt" in str(e).lower()):
-                raise
-            log.warning("this Docker storage driver cannot limit disk size: sandboxes get no disk quota (%s)", e)
-            self.disk_quota = False
-            resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid, False))
-        else:
-            self.disk_quota = quota
+        resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid))
         return str(resp.json()["Id"])
 
     async def start(self, spec: SandboxSpec) -> ChannelSandbox:

@@ -110,6 +110,7 @@ def generate(
     work: Path = typer.Option(Path("/tmp/legorl-taskgen"), help="Scratch directory (sdists, unpacked trees)."),
     seed: int = typer.Option(0, help="Seed for the order mutations are tried in."),
     max_attempts: int = typer.Option(400, help="Mutants tried per project at most."),
+    sandbox: str = typer.Option("none", help="Keep only tasks that pass the oracle check on this backend (local, docker) or 'none'."),
 ) -> None:
     """Generate real tasks by injecting bugs into real projects' source distributions."""
     from legorl.tasks.generator.build import GenConfig, generate as gen
@@ -121,10 +122,40 @@ def generate(
         _fail(f"unknown project(s) {unknown}; known: {', '.join(PROJECTS)}")
     if shutil.which(python) is None and not Path(python).is_file():
         _fail(f"--python {python}: not found")
+    if sandbox != "none":
+        _check_backend(sandbox)
     cfg = GenConfig(python=python, count=count, seed=seed, max_attempts=max_attempts)
     pip = str(Path(sys.executable).with_name("pip"))
-    rows = gen([PROJECTS[n] for n in names], out, work, cfg, pip=pip if Path(pip).exists() else "pip")
+    keep = None if sandbox == "none" else (lambda rows: _oracle_filter(rows, out, sandbox))
+    rows = gen([PROJECTS[n] for n in names], out, work, cfg, pip=pip if Path(pip).exists() else "pip", keep=keep)
     typer.echo(f"wrote {len(rows)} tasks to {out}")
+
+
+def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # type: ignore[type-arg]
+    """The rows whose tasks pass the oracle check on `sandbox` (others are reported and dropped)."""
+    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.validate import check_tasks
+
+    tmp = out / ".candidates.jsonl"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    try:
+        tasks = load_tasks(tmp)
+    finally:
+        tmp.unlink()
+
+    async def run() -> list:  # type: ignore[type-arg]
+        backend = open_backend(sandbox)
+        try:
+            return await check_tasks(tasks, backend, TaskImages(sandbox))
+        finally:
+            await close_backend(backend)
+
+    results = asyncio.run(run())
+    ok = {r.instance_id for r in results if r.ok}
+    for r in results:
+        if not r.ok:
+            typer.echo(f"dropped {r.instance_id}: {'; '.join(r.problems)}", err=True)
+    return [row for row in rows if row["instance_id"] in ok]
 
 
 def rollout_command(
@@ -170,9 +201,12 @@ def rollout_command(
         finally:
             await close_backend(backend)
 
+    from legorl.sandbox.images import ImageNotFound
+    from legorl.sandbox.layers import ImageBuildError
+
     try:
         line = asyncio.run(run())
-    except SandboxError as exc:
+    except (SandboxError, ImageNotFound, ImageBuildError) as exc:
         _fail(f"sandbox backend {sandbox!r}: {exc}")
     typer.echo(json.dumps(line))
     return 0

@@ -82,7 +82,17 @@ class TaskImages:
         return self._base
 
     async def for_task(self, task: Task) -> str:
-        """The task image key (built if missing; a Docker image too for the docker backend)."""
+        """The task image key (built if missing; a Docker image too for the docker backend).
+
+        A task that names a prebuilt `image` (a key of the cache) uses it as it is.
+        """
+        if task.image:
+            self.store.get(task.image)  # ImageNotFound names the cache and how to build
+            if self.backend == "docker":
+                from legorl.sandbox.docker_images import ensure_docker_image
+
+                await ensure_docker_image(self.store, task.image)
+            return task.image
         ident = (task.repo_path, task.base_commit, task.env_setup)
         if ident in self._keys:
             return self._keys[ident]

@@ -1,8 +1,9 @@
 """Trajectories → packed micro-batches of recorded token ids (no padding, no re-tokenising).
 
 Every segment is laid end to end in one row; position ids restart at 0 for each segment and
-the model's attention is blocked across segments (transformers derives the block-diagonal
-causal mask from the position-id resets; see logprobs.py), so no token is spent on padding.
+the model's attention is blocked across segments (per-segment attention with `legorl_varlen`
+or flash-attention varlen; a block-diagonal mask derived from the position-id resets with
+sdpa/eager: see varlen.py and logprobs.py), so no token is spent on padding.
 Position n holds token `token_ids[i]` and predicts `token_ids[i+1]`: `targets_N`, `mask_N`
 and `rollout_logprobs_N` are therefore the segment's arrays shifted by one, and the last
 position of a segment never carries loss.

@@ -95,8 +95,10 @@ class TrainerConfig(Section):
     """One forward over concatenated segments (position ids reset per segment, attention
     blocked across segments) or one forward per segment (slower; for kernels that cannot
     take packed sequences)."""
-    attn_implementation: str = "sdpa"
-    """transformers attention kernel: sdpa, eager, flash_attention_2 (GPU)."""
+    attn_implementation: str = "legorl_varlen"
+    """transformers attention kernel of the trained model: legorl_varlen (per-segment sdpa on
+    packed rows, see varlen.py), flash_attention_2 (GPU, native varlen), sdpa (builds an
+    N×N block mask for packed rows), eager."""
     experts_implementation: str | None = None
     """transformers MoE experts kernel (eager, batched_mm, grouped_mm); None: its default."""
     gradient_checkpointing: bool = False

@@ -26,6 +26,7 @@ from torch import nn
 
 from legorl.train.batch import MicroBatch
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
+from legorl.train.varlen import varlen_kwargs
 
 
 def lm_head_logits(h_C_H: torch.Tensor, w_V_H: torch.Tensor, temperature: float, fp32: bool) -> torch.Tensor:
@@ -104,8 +105,8 @@ class LogprobOptions:
 
 @dataclass
 class LogprobOutput:
-    logprobs_N: torch.Tensor  # float32, differentiable
-    entropy_N: torch.Tensor  # float32, detached
+    logprobs_N: torch.Tensor  # float32, differentiable; 0 where mask_N is 0 (not computed)
+    entropy_N: torch.Tensor  # float32, detached; 0 where mask_N is 0
     used_N_L_K: torch.Tensor | None  # experts the forward used (MoE only)
     natural_N_L_K: torch.Tensor | None  # experts the trainer's own routers chose (MoE only)
 
@@ -122,41 +123,52 @@ class PolicyModel(nn.Module):
         self.lm = lm
         self.is_moe = bool(moe_routers(lm))
 
-    def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor) -> torch.Tensor:
-        out = self.lm.get_decoder()(input_ids=input_ids_B_S, position_ids=position_ids_B_S, use_cache=False)
+    def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """Decoder output of one row holding segments of `lengths` (varlen kwargs let
+        legorl_varlen / flash_attention_2 skip cross-segment attention; sdpa and eager
+        derive a block mask from the position-id resets instead)."""
+        out = self.lm.get_decoder()(
+            input_ids=input_ids_B_S, position_ids=position_ids_B_S, use_cache=False,
+            **varlen_kwargs(lengths, input_ids_B_S.device),
+        )  # fmt: skip
         return out.last_hidden_state
 
     def _hidden_routed(
-        self, mb: MicroBatch, start: int, n: int, opts: LogprobOptions
+        self, mb: MicroBatch, start: int, n: int, lengths: list[int], opts: LogprobOptions
     ) -> tuple[torch.Tensor, RoutingRecord | None]:
         ids, pos = mb.input_ids_N[None, start : start + n], mb.position_ids_N[None, start : start + n]
         if not self.is_moe:
-            return self.hidden(ids, pos)[0], None
+            return self.hidden(ids, pos, lengths)[0], None
         replay = None
         if opts.routing_replay and mb.replay_N_L_K is not None:
             replay = mb.replay_N_L_K[start : start + n]
         with moe_routing(self.lm, replay, router_fp32=opts.router_fp32) as record:
-            return self.hidden(ids, pos)[0], record
+            return self.hidden(ids, pos, lengths)[0], record
 
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
         if opts.packing == "packed":
-            spans = [(0, mb.num_tokens)]
+            spans = [(0, mb.num_tokens, mb.segment_lengths)]
         elif opts.packing == "per_segment":
             starts = [0]
             for n in mb.segment_lengths[:-1]:
                 starts.append(starts[-1] + n)
-            spans = list(zip(starts, mb.segment_lengths, strict=True))
+            spans = [(s, n, [n]) for s, n in zip(starts, mb.segment_lengths, strict=True)]
         else:
             raise ValueError(f"unknown packing {opts.packing!r}")
-        parts = [self._hidden_routed(mb, s, n, opts) for s, n in spans]
+        parts = [self._hidden_routed(mb, s, n, lengths, opts) for s, n, lengths in spans]
         hidden_N_H = torch.cat([h for h, _ in parts]) if len(parts) > 1 else parts[0][0]
         used = natural = None
         if self.is_moe:
             used = torch.cat([r.first_call("used") for _, r in parts])  # type: ignore[union-attr]
             natural = torch.cat([r.first_call("natural") for _, r in parts])  # type: ignore[union-attr]
+        # Only positions whose target the policy sampled need the vocabulary projection:
+        # prompt and tool-output tokens (most of an agent trajectory) skip the LM head.
+        idx_M = (mb.mask_N > 0).nonzero().squeeze(1)
         weight_V_H = self.lm.get_output_embeddings().weight
-        logprobs_N, entropy_N = chunked_logprobs(
-            hidden_N_H, weight_V_H, mb.targets_N,
+        logprobs_M, entropy_M = chunked_logprobs(
+            hidden_N_H[idx_M], weight_V_H, mb.targets_N[idx_M],
             temperature=opts.temperature, chunk=opts.chunk, fp32=opts.lm_head_fp32,
         )  # fmt: skip
+        logprobs_N = logprobs_M.new_zeros(mb.num_tokens).index_copy(0, idx_M, logprobs_M)
+        entropy_N = entropy_M.new_zeros(mb.num_tokens).index_copy(0, idx_M, entropy_M)
         return LogprobOutput(logprobs_N, entropy_N, used, natural)

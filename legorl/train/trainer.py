@@ -47,7 +47,9 @@ def load_lm(cfg: TrainerConfig, dtype: torch.dtype | None = None) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     from legorl.models import resolve_model
+    from legorl.train import varlen
 
+    varlen.register()
     kwargs: dict[str, Any] = {"dtype": dtype or DTYPES[cfg.dtype], "attn_implementation": cfg.attn_implementation}
     if cfg.experts_implementation:
         kwargs["experts_implementation"] = cfg.experts_implementation
@@ -274,10 +276,12 @@ class Trainer:
 
 
 def _dummy(device: torch.device) -> MicroBatch:
-    """A 2-token micro-batch without loss: keeps FSDP collectives in step across ranks."""
+    """A 2-token micro-batch whose loss is multiplied by 0: keeps FSDP collectives in step
+    across ranks (one 'sampled' position so that the LM head is part of the graph)."""
     z = torch.zeros(2, dtype=torch.long, device=device)
     f = torch.zeros(2, dtype=torch.float32, device=device)
-    return MicroBatch(z, torch.arange(2, device=device), z, f, f, f, z, z, z - 1, None, [2], 1)
+    mask = torch.tensor([1.0, 0.0], device=device)
+    return MicroBatch(z, torch.arange(2, device=device), z, mask, f, f, z, z, z - 1, None, [2], 1)
 
 
 class _Accumulator:

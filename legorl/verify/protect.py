@@ -33,7 +33,7 @@ class Category(enum.StrEnum):
 
 
 TEST_DIRS = frozenset({"tests", "test"})
-TEST_FILE_GLOBS = ("test_*.py", "*_test.py")
+TEST_FILE_GLOBS = ("test_*.py", "*_test.py", "*_tests.py", "tests.py")
 TEST_CONFIG_FILES = frozenset(
     {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", ".gitattributes", ".gitmodules"}
 )

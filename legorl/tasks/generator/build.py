@@ -23,6 +23,7 @@ import shlex
 import shutil
 import subprocess
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,30 +208,46 @@ def write_project_tasks(spec: ProjectSpec, tree: Path, accepted: list[Accepted],
     return rows
 
 
-def generate(specs: list[ProjectSpec], out_dir: Path, work_dir: Path, cfg: GenConfig, pip: str = "pip") -> list[dict]:
-    """Generate tasks for `specs`; (re)write `train.jsonl`/`heldout.jsonl` in `out_dir`.
-
-    Rows of other projects already in those files are kept, so one project can be
-    regenerated without touching the rest.
-    """
-    rows: list[dict] = []
-    for spec in specs:
-        sdist = download_sdist(spec, work_dir / "sdists", pip=pip)
-        tree = unpack_sdist(spec, sdist, work_dir / "src")
-        accepted = find_bugs(spec, tree, cfg)
-        if len(accepted) < cfg.count:
-            print(f"[{spec.slug}] only {len(accepted)} of {cfg.count} tasks found")
-        rows += write_project_tasks(spec, tree, accepted, out_dir, cfg)
-    regenerated = {r["repo_path"] for r in rows} | {f"repos/{s.slug}.bundle" for s in specs}
+def merge_rows(out_dir: Path, bundle_rel: str, rows: list[dict]) -> None:
+    """Rewrite `train.jsonl`/`heldout.jsonl`, replacing one project's rows with `rows`."""
     kept: list[dict] = []
     for split in ("train", "heldout"):
         f = out_dir / f"{split}.jsonl"
         if f.exists():
-            kept += [r for r in map(json.loads, f.read_text().splitlines()) if r["repo_path"] not in regenerated]
+            kept += [r for r in map(json.loads, f.read_text().splitlines()) if r["repo_path"] != bundle_rel]
     everything = sorted(kept + rows, key=lambda r: (r["repo_path"], r["instance_id"]))
     for split in ("train", "heldout"):
         with open(out_dir / f"{split}.jsonl", "w") as f:
             for row in everything:
                 if row["split"] == split:
                     f.write(json.dumps(row) + "\n")
-    return rows
+
+
+def generate(
+    specs: list[ProjectSpec],
+    out_dir: Path,
+    work_dir: Path,
+    cfg: GenConfig,
+    pip: str = "pip",
+    keep: Callable[[list[dict]], list[dict]] | None = None,
+) -> list[dict]:
+    """Generate tasks for `specs` into `out_dir` (`train.jsonl`, `heldout.jsonl`, `repos/`).
+
+    Each project's rows replace that project's rows in the files as soon as it is done, so
+    projects can be (re)generated one at a time. `keep` filters a project's rows first
+    (the CLI passes the oracle check in real sandboxes).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_rows: list[dict] = []
+    for spec in specs:
+        sdist = download_sdist(spec, work_dir / "sdists", pip=pip)
+        tree = unpack_sdist(spec, sdist, work_dir / "src")
+        accepted = find_bugs(spec, tree, cfg)
+        if len(accepted) < cfg.count:
+            print(f"[{spec.slug}] only {len(accepted)} of {cfg.count} tasks found")
+        rows = write_project_tasks(spec, tree, accepted, out_dir, cfg)
+        if keep is not None:
+            rows = keep(rows)
+        merge_rows(out_dir, f"repos/{spec.slug}.bundle", rows)
+        all_rows += rows
+    return all_rows

@@ -1,0 +1,183 @@
+"""GSPO training throughput of `legorl.train.Trainer` next to the naive HF step.
+
+Two rows per model: `naive` is shared/bench/trainer_probe.py's step (full HF forward, fp32
+cross-entropy over the materialised (B·T × vocab) logits, backward, AdamW); `legorl` is one
+`Trainer.step` on synthetic trajectories of the same token count (groups of 4, a quarter of
+each sequence prompt, the rest sampled; MoE rows replay a recorded routing): packed
+segments without padding, chunked fp32 log-softmax over the vocabulary, GSPO loss, AdamW,
+plus everything a real step does (advantages, mismatch and routing metrics). tokens/s counts
+every token forwarded, as the probe does; MFU uses the probe's 6·active-params·tokens.
+
+    python bench/trainer.py                 # CPU: the probe's small sizes and the bundled tiny models
+    python bench/trainer.py --size gpu      # the probe's H200 sizes, bf16 (run-ready; not measured here)
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from legorl.train.config import TrainerConfig
+from legorl.train.trainer import Trainer, load_lm
+from legorl.types import AlignmentStats, Outcome, Segment, Status, Trajectory
+
+
+def probe_config(kind: str, small: bool):
+    """Exactly trainer_probe.build's configs."""
+    if kind == "dense":
+        return AutoConfig.for_model("qwen3", vocab_size=32000, hidden_size=128 if small else 2048,
+            intermediate_size=256 if small else 6144, num_hidden_layers=2 if small else 16,
+            num_attention_heads=4 if small else 16, num_key_value_heads=2 if small else 8,
+            head_dim=32 if small else 128, max_position_embeddings=8192, tie_word_embeddings=False)  # fmt: skip
+    return AutoConfig.for_model("qwen3_moe", vocab_size=32000, hidden_size=128 if small else 1024,
+        intermediate_size=256 if small else 2048, moe_intermediate_size=64 if small else 512,
+        num_hidden_layers=2 if small else 12, num_attention_heads=4 if small else 16,
+        num_key_value_heads=2 if small else 4, head_dim=32 if small else 64, num_experts=8 if small else 64,
+        num_experts_per_tok=2 if small else 8, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=8192, tie_word_embeddings=False)  # fmt: skip
+
+
+def active_params(m: torch.nn.Module) -> tuple[int, int]:
+    cfg = m.config
+    total = sum(p.numel() for p in m.parameters())
+    if getattr(cfg, "num_experts", 0):
+        per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
+        return total, total - cfg.num_hidden_layers * per_expert * (cfg.num_experts - cfg.num_experts_per_tok)
+    return total, total
+
+
+def synthetic(m: torch.nn.Module, B: int, T: int, seed: int) -> list[Trajectory]:
+    g = torch.Generator().manual_seed(seed)
+    vocab = m.get_input_embeddings().weight.shape[0]
+    cfg = m.config
+    layers, k, experts = cfg.num_hidden_layers, getattr(cfg, "num_experts_per_tok", 0), getattr(cfg, "num_experts", 0)
+    out = []
+    for i in range(B):
+        ids = torch.randint(3, vocab, (T,), generator=g).tolist()
+        prompt = T // 4
+        routing = None
+        if experts:
+            routing = torch.rand(T, layers, experts, generator=g).topk(k, dim=-1).indices.tolist()
+        seg = Segment([0], ids, [0] * prompt + [1] * (T - prompt), [0.0] * prompt + [-2.0] * (T - prompt), [0], routing)
+        out.append(Trajectory(f"s{i}", [seg], AlignmentStats(), instance_id=f"task{i // 4}",
+                              outcome=Outcome(float(i % 4) / 3, Status.FAILED)))  # fmt: skip
+    return out
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def naive_step_time(m: torch.nn.Module, B: int, T: int, device: str, steps: int, warm: int) -> float:
+    """trainer_probe.step_time."""
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-6, fused=device.startswith("cuda") or None)
+    x = torch.randint(0, m.config.vocab_size, (B, T), device=device)
+    times = []
+    for i in range(warm + steps):
+        sync(device)
+        t0 = time.perf_counter()
+        out = m(input_ids=x)
+        loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= warm:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def legorl_step_time(m: torch.nn.Module, B: int, T: int, args: argparse.Namespace) -> tuple[float, dict]:
+    cfg = TrainerConfig(device=args.device, dtype=args.dtype, lr=1e-6, logprob_chunk=args.chunk,
+                        max_tokens_per_microbatch=args.microbatch_tokens, experts_implementation=None,
+                        attn_implementation=m.config._attn_implementation)  # fmt: skip
+    trainer = Trainer(cfg, lm=m)
+    trajs = synthetic(m, B, T, seed=0)
+    times, metrics = [], {}
+    for i in range(args.warm + args.steps):
+        sync(args.device)
+        t0 = time.perf_counter()
+        metrics = trainer.step(trajs)
+        sync(args.device)
+        if i >= args.warm:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2], metrics
+
+
+def row(kind: str, pipeline: str, m: torch.nn.Module, B: int, T: int, t: float, device: str) -> dict:
+    total, active = active_params(m)
+    tok = B * T
+    r = {"kind": kind, "pipeline": pipeline, "params_M": round(total / 1e6, 2), "active_M": round(active / 1e6, 2),
+         "B": B, "T": T, "step_s": round(t, 4), "tokens_per_s": round(tok / t)}  # fmt: skip
+    if device.startswith("cuda"):
+        flops = 6 * active * tok
+        r["mfu_vs_989"] = round(flops / t / 989e12, 4)
+        r["mfu_vs_790"] = round(flops / t / 790e12, 4)
+        r["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
+        torch.cuda.reset_peak_memory_stats()
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="GSPO trainer throughput vs the naive HF step")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", choices=["cpu", "gpu"], default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="default: fp32 on CPU, bf16 on GPU")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warm", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=4096, help="rows per chunk of the LM head")
+    ap.add_argument("--microbatch-tokens", type=int, default=16384)
+    ap.add_argument("--experts", default="", help="experts_implementation for MoE (e.g. grouped_mm)")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    small = (args.size or ("cpu" if args.device == "cpu" else "gpu")) == "cpu"
+    args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    dtype = getattr(torch, args.dtype)
+    B, T = (2, 64) if small else (8, 2048)
+    out = {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
+           "dtype": args.dtype, "size": "cpu" if small else "gpu", "rows": []}  # fmt: skip
+    if args.device.startswith("cuda"):
+        out["gpu"] = torch.cuda.get_device_name()
+    models: list[tuple[str, Callable[[], torch.nn.Module]]] = []
+    for kind in ("dense", "moe"):
+        def make(kind=kind):
+            torch.manual_seed(0)
+            kw = {"experts_implementation": args.experts} if kind == "moe" and args.experts else {}
+            return AutoModelForCausalLM.from_config(probe_config(kind, small), dtype=dtype, **kw).to(args.device).train()
+        models.append((f"probe-{kind}", make))
+    if small:  # the bundled models at a longer sequence as well
+        for name in ("tiny-qwen3", "tiny-qwen3-moe"):
+            models.append((name, lambda name=name: load_lm(TrainerConfig(model=name, dtype=args.dtype)).to(args.device)))
+    for kind, make in models:
+        b, t = (B, T) if kind.startswith("probe") else (8, 256)
+        try:
+            m = make()
+            t_naive = naive_step_time(m, b, t, args.device, args.steps, args.warm)
+            out["rows"].append(row(kind, "naive", m, b, t, t_naive, args.device))
+            del m
+            m = make()
+            t_ours, metrics = legorl_step_time(m, b, t, args)
+            r = row(kind, "legorl_gspo", m, b, t, t_ours, args.device)
+            r["sampled_tokens"] = int(metrics.get("train/sampled_tokens", 0))
+            r["speedup_vs_naive"] = round(t_naive / t_ours, 3)
+            out["rows"].append(r)
+        except Exception as e:  # one failing size must not hide the others' numbers
+            out["rows"].append({"kind": kind, "error": repr(e)[:300]})
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
