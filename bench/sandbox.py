@@ -8,6 +8,7 @@
 - start_to_first_exec_ms: `backend.start(spec)` until the first `exec("true")` returned, p50/p99
   over n sandboxes, image cached and backend warmed up; `<backend>_pooled` is the same with a
   pre-started SandboxPool (the sandbox is handed out warm).
+  `local_cpu` is the CPU time one local start+exec+close costs (load-independent).
 - concurrent: `--concurrency` sandboxes started at once, each running a small Python
   computation and closing: wall time and failures.
 - grading_throughput: measured by the verify part through GRADING_HOOK when it exists.
@@ -109,6 +110,27 @@ async def start_figures(store: ImageStore, name: str, image: str, n: int) -> dic
     return res
 
 
+async def local_cpu_cost(store: ImageStore, image: str, n: int) -> dict[str, Any]:
+    """CPU time (this process + zygote + sandboxes) per local start+exec+close: what the
+    latency would approach on an idle machine, whatever the load here."""
+    import resource
+
+    def cpu() -> float:
+        a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+    backend = make_backend("local", store)
+    spec = SandboxSpec(image=image, workdir="/")
+    async with await backend.start(spec) as sb:  # zygote up
+        await sb.exec("true")
+    c0 = cpu()
+    for _ in range(n):
+        async with await backend.start(spec) as sb:
+            await sb.exec("true")
+    await backend.aclose()  # the zygote is reaped: its and its children's time now count
+    return {"cpu_ms_per_sandbox": round((cpu() - c0) / n * 1000, 2), "n": n}
+
+
 async def concurrency_figures(store: ImageStore, name: str, image: str, n: int) -> dict[str, Any]:
     backend = make_backend(name, store)
     spec = SandboxSpec(image=image, workdir="/")
@@ -159,6 +181,8 @@ async def main() -> None:
     report["concurrent"] = {}
     for name in backends:
         report["start_to_first_exec_ms"].update(await start_figures(store, name, task.key, args.n))
+        if name == "local":
+            report["start_to_first_exec_ms"]["local_cpu"] = await local_cpu_cost(store, task.key, args.n)
         report["concurrent"][name] = await concurrency_figures(store, name, task.key, args.concurrency)
     report["grading_throughput"] = await grading_figures(backends)
     report["targets"] = {"local_p50_ms": 20, "docker_p50_ms": 300, "concurrent_failures": 0}

@@ -25,6 +25,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from legorl.train import varlen
 from legorl.train.config import TrainerConfig
 from legorl.train.trainer import Trainer, load_lm
 from legorl.types import AlignmentStats, Outcome, Segment, Status, Trajectory
@@ -149,24 +150,28 @@ def main() -> None:
            "dtype": args.dtype, "size": "cpu" if small else "gpu", "rows": []}  # fmt: skip
     if args.device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
-    models: list[tuple[str, Callable[[], torch.nn.Module]]] = []
+    models: list[tuple[str, Callable[[str], torch.nn.Module]]] = []
     for kind in ("dense", "moe"):
-        def make(kind=kind):
+        def make(attn: str, kind: str = kind) -> torch.nn.Module:
             torch.manual_seed(0)
             kw = {"experts_implementation": args.experts} if kind == "moe" and args.experts else {}
-            return AutoModelForCausalLM.from_config(probe_config(kind, small), dtype=dtype, **kw).to(args.device).train()
+            cfg = probe_config(kind, small)
+            return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn, **kw).to(args.device).train()
         models.append((f"probe-{kind}", make))
     if small:  # the bundled models at a longer sequence as well
         for name in ("tiny-qwen3", "tiny-qwen3-moe"):
-            models.append((name, lambda name=name: load_lm(TrainerConfig(model=name, dtype=args.dtype)).to(args.device)))
+            def make_bundled(attn: str, name: str = name) -> torch.nn.Module:
+                return load_lm(TrainerConfig(model=name, dtype=args.dtype, attn_implementation=attn)).to(args.device)
+            models.append((name, make_bundled))
+    ours = varlen.register()
     for kind, make in models:
         b, t = (B, T) if kind.startswith("probe") else (8, 256)
         try:
-            m = make()
+            m = make("sdpa")
             t_naive = naive_step_time(m, b, t, args.device, args.steps, args.warm)
             out["rows"].append(row(kind, "naive", m, b, t, t_naive, args.device))
             del m
-            m = make()
+            m = make(ours)
             t_ours, metrics = legorl_step_time(m, b, t, args)
             r = row(kind, "legorl_gspo", m, b, t, t_ours, args.device)
             r["sampled_tokens"] = int(metrics.get("train/sampled_tokens", 0))

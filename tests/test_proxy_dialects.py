@@ -207,3 +207,16 @@ async def test_models_and_count_tokens(proxy: ProxyServer) -> None:
     assert counted.input_tokens == m.usage.input_tokens > 10
     models = await openai.AsyncOpenAI(base_url=proxy.base_url + "/v1", api_key="ct").models.list()
     assert [x.id for x in models.data] == ["legorl-policy"]
+
+
+async def test_trailing_assistant_message_is_continued(proxy: ProxyServer) -> None:
+    """OpenCode's step limit appends an assistant message; the policy continues it."""
+    proxy.open_session("prefill")
+    client = openai.AsyncOpenAI(base_url=proxy.base_url + "/v1", api_key="prefill", max_retries=0)
+    prefill = "CRITICAL - MAXIMUM STEPS REACHED. Respond with text only."
+    r = await client.chat.completions.create(model="p", tools=OPENAI_TOOLS, messages=[
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": prefill}])
+    assert r.choices[0].message.tool_calls  # the script's first entry, generated after the prefill
+    (turn,) = proxy.close_session("prefill")
+    text = tokenizer().decode(turn.prompt_ids)
+    assert text.endswith("<|im_start|>assistant\n" + prefill)

@@ -213,6 +213,7 @@ async def test_engine_failure_is_a_502_not_a_hang(path: str) -> None:
             for stream in (False, True):
                 r = await c.post(path, json={**GOOD[path], "stream": stream})
                 assert r.status_code == 502 and "GPU fell off the bus" in err_of(path, r)["message"]
+        assert srv.sessions.open_sessions["k"].engine_errors == 2  # rollouts turn this into infra_error
 
 
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])

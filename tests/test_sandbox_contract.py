@@ -70,7 +70,7 @@ async def test_timeout_kills_whole_tree(backend, task: ImageRef) -> None:
 async def test_background_process_outlives_its_exec(backend, task: ImageRef) -> None:
     async with await backend.start(SandboxSpec(image=task.key)) as sb:
         res = await sb.exec("nohup sleep 60 >/dev/null 2>&1 & echo started", timeout_s=10)
-        assert res.exit_code == 0 and res.stdout == "started\n" and res.duration_s < 5
+        assert res.exit_code == 0 and res.stdout == "started\n" and res.duration_s < 30  # not the 60 s of sleep
         assert (await sb.exec("pgrep -c sleep")).stdout.strip() == "1"
 
 

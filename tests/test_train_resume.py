@@ -62,8 +62,10 @@ def test_sigkill_mid_step_then_resume_is_bitwise_identical(tmp_path):
         assert got["reward"] == ref["reward"]
 
 
-def test_checkpoint_round_trip_restores_optimizer_scheduler_and_counters(tmp_path):
-    cfg = TrainerConfig(model="tiny-qwen3", lr=1e-2, warmup_steps=3, schedule="cosine", total_steps=10)
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-qwen3-moe"])
+def test_checkpoint_round_trip_restores_optimizer_scheduler_and_counters(tmp_path, model):
+    """MoE included: save_pretrained re-lays-out fused experts; loading must undo it exactly."""
+    cfg = TrainerConfig(model=model, lr=1e-2, warmup_steps=3, schedule="cosine", total_steps=10)
     a = Trainer(cfg)
     for p in a.policy.parameters():  # give AdamW some state
         p.grad = torch.ones_like(p)

@@ -38,6 +38,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from legorl.config import ConfigError
 from legorl.engine.base import Engine
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.loop.config import RayConfig, RunConfig
@@ -98,8 +99,8 @@ def init_ray(rc: RayConfig) -> bool:
     if rc.address is not None:
         try:
             ray.init(address=rc.address, **kwargs)
-        except ConnectionError as e:
-            raise RuntimeError(f"cannot connect to the Ray cluster at {rc.address!r}: {e}") from None
+        except ConnectionError as e:  # reported like a bad config value: it names the field to fix
+            raise ConfigError(f"[ray] address = {rc.address!r}: cannot connect to a Ray cluster there ({e})") from None
         return True
     with _loopback_only():
         ray.init(num_cpus=max(math.ceil(rc.workers * rc.num_cpus_per_worker), 1), **kwargs)

@@ -308,12 +308,15 @@ class ProxyApp:
             watcher.cancel()
 
     async def _abort(self, run: TurnRun) -> None:
+        """Stop the engine; keep what it had sampled as an aborted turn (never trained on)."""
         await run.aclose()
-        if run.index >= 0 and not run._recorded:
+        if run.completion_ids and not run.recorded:
             run.record(delivered=False)
 
     async def _fail(self, run: TurnRun, send: Send, dialect: Dialect, err: ProxyError, started: bool) -> None:
         log.warning("session %s: %s", run.session.id, err.message)
+        if err.kind in ("engine", "timeout"):
+            run.session.engine_errors += 1
         await self._abort(run)
         if started:
             await send({"type": "http.response.body", "body": stream_error_event(dialect, err), "more_body": False})

@@ -124,7 +124,7 @@ class TurnRun:
         self.policy_version = 0
         self._steps: AsyncIterator[TokenStep] | None = None
         self._pending: TokenStep | None = None
-        self._recorded = False
+        self.recorded = False
 
     # -- before generation ------------------------------------------------------------
     def prepare(self) -> None:
@@ -271,9 +271,9 @@ class TurnRun:
     def record(self, delivered: bool) -> Turn:
         """Record this call as a Turn; `delivered` False marks an aborted call (client
         gone, timeout, engine fault mid-stream), which never joins the trajectory."""
-        if self._recorded:
+        if self.recorded:
             raise RuntimeError("turn recorded twice")
-        self._recorded = True
+        self.recorded = True
         res = self.result or ParsedCompletion(self.text)
         # The version when the turn ends: an engine that syncs weights mid-generation
         # (hf) finishes in-flight requests under the new weights.

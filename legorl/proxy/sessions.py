@@ -47,6 +47,7 @@ class Session:
         self.state = RenderState()
         self.closed = False
         self.late_turns = 0  # turns that finished after the session was closed
+        self.engine_errors = 0  # calls that failed in the engine (or timed out): infrastructure faults
         self._next = 0
 
     def next_index(self) -> int:
@@ -63,6 +64,7 @@ class Session:
             "managed": self.managed,
             "turns": len(self.turns),
             "aborted": len(self.aborted),
+            "engine_errors": self.engine_errors,
             "side_calls": sum(1 for t in self.turns if t.side_call),
             "opened_at": self.opened_at,
             "closed": self.closed,

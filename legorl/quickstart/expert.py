@@ -5,9 +5,9 @@ and submit in the same command. Which line it rewrites is where it is imperfect:
 probability `p_read` it reads the output properly and fixes the function whose test says
 FAIL; otherwise it follows a plausible but wrong habit — it fixes the function of the
 first test the output mentions — which is right only when that test is the failing one.
-Every rewrite it makes is a correct body for the function it picked, so the demonstrations
-teach the commands, the names and each name's operator exactly, and the choice of
-function mostly from the wrong cue.
+Every rewrite it makes is a correct body for the function it picked, so the
+demonstrations teach the commands, the names and each name's operator exactly, and the
+choice of function mostly from the wrong cue.
 
 That gap is deliberate (issue 7): with perfect demonstrations there is nothing left that
 RL can teach faster than more SFT. Here SFT converges to the expert's own success rate,
@@ -15,14 +15,23 @@ p_read + (1 - p_read) / k for k functions, and the habit stays the policy's most
 choice (so greedy decoding does not escape it either); only the reward — the grader's
 test run — says which choice was right. GSPO can learn to read the FAIL line; imitation
 of this expert cannot.
+
+`ExpertEngine` puts the expert behind the proxy as an engine: it reads the prompt ids the
+proxy rendered (the harness's conversation), decides from the last observation alone, and
+answers with token ids — so the SFT data is exactly what the proxy recorded from a real
+harness run.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import AsyncIterator
+from typing import Any
 
-from legorl.quickstart.family import POOL, SOURCE_FILE, TEST_CMD, QuickTask, line
+from legorl.engine.base import collect
+from legorl.quickstart.family import POOL, SOURCE_FILE, TEST_CMD, line
+from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
 FENCE = "```mswea_bash_command\n{}\n```"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -37,32 +46,63 @@ def fix_command(name: str) -> str:
 
 def failing_function(observation: str) -> str | None:
     m = _FAILING.search(observation)
-    return m.group(1) if m else None
+    return m.group(1) if m and m.group(1) in POOL else None
 
 
 def first_function(observation: str) -> str | None:
     m = _FIRST.search(observation)
-    return m.group(1) if m else None
+    return m.group(1) if m and m.group(1) in POOL else None
 
 
-class Expert:
-    """Replies of the scripted expert for one episode (stateful: which turn it is on)."""
+def expert_reply(observation: str | None, draw: float, p_read: float) -> str:
+    """The expert's next message given the last observation (None before the first turn)
+    and a uniform draw in [0, 1): run the tests until their output names a failing
+    function, then fix it (draw < p_read) or the first function mentioned."""
+    failing = failing_function(observation or "")
+    if failing is None:
+        return FENCE.format(TEST_CMD)
+    first = first_function(observation or "")
+    name = failing if draw < p_read or first is None else first
+    return FENCE.format(fix_command(name))
 
-    def __init__(self, task: QuickTask, rng: random.Random, p_read: float) -> None:
-        self.task = task
-        self.rng = rng
+
+class ExpertEngine:
+    """The expert as an Engine: prompt ids in, the expert's reply as token ids out.
+
+    The observation it reacts to is the text of the last user message in the prompt
+    (decoded from the ids the proxy rendered); a prompt whose last message is the task
+    statement gets the test command. Logprobs are 0.0: the expert is not a policy whose
+    probabilities anyone trains against."""
+
+    name = "expert"
+
+    def __init__(self, tokenizer: Any, p_read: float, seed: int = 0) -> None:
+        if not 0.0 <= p_read <= 1.0:
+            raise ValueError(f"p_read must be in [0, 1], got {p_read}")
+        self.tokenizer = tokenizer
         self.p_read = p_read
-        self.turn = 0
-        self.read_output = False  # whether this episode's fix came from the test output
+        self.rng = random.Random(seed)
+        self.policy_version = 0
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.calls = 0
 
-    def reply(self, observation: str | None) -> str:
-        """The assistant message for the next turn, given the last observation."""
-        self.turn += 1
-        if self.turn == 1:
-            return FENCE.format(TEST_CMD)
-        failing, first = failing_function(observation or ""), first_function(observation or "")
-        if failing is not None and (first is None or self.rng.random() < self.p_read):
-            self.read_output, name = True, failing
-        else:
-            name = first or self.rng.choice(self.task.names)
-        return FENCE.format(fix_command(name))
+    def reply_for(self, prompt_ids: list[int]) -> str:
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        last_user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+        return expert_reply(last_user, self.rng.random(), self.p_read)
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        self.calls += 1
+        ids = self.tokenizer.encode(self.reply_for(prompt_ids), add_special_tokens=False) + [self.im_end]
+        finish = FinishReason.STOP
+        if len(ids) > params.max_tokens:
+            ids, finish = ids[: params.max_tokens], FinishReason.LENGTH
+        for tok in ids:
+            yield TokenStep(tok, 0.0)
+        yield TokenStep(None, None, finish)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await collect(self.stream(prompt_ids, params), len(prompt_ids))
+
+    async def close(self) -> None:
+        return None

@@ -22,7 +22,7 @@ import random
 from pathlib import Path
 
 from legorl.quickstart.dialogue import Dialogue, format_error_text, load_agent_config
-from legorl.quickstart.expert import Expert
+from legorl.quickstart.expert import expert_reply
 from legorl.quickstart.family import PROBLEM, make_task, run_tests_in_process
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / "quickstart-qwen3"
@@ -44,11 +44,11 @@ def corpus(n_tasks: int = 2000, seed: int = 0) -> list[str]:
     texts = []
     for i in range(n_tasks):
         task = make_task(50_000_000 + i)
-        expert, dialogue = Expert(task, rng, p_read=0.5), Dialogue(cfg, PROBLEM)
+        dialogue = Dialogue(cfg, PROBLEM)
         out, code = run_tests_in_process(task, task.source())
-        dialogue.on_reply(expert.reply(None), "stop")
+        dialogue.on_reply(expert_reply(None, rng.random(), 0.5), "stop")
         dialogue.on_output({"output": out, "returncode": code, "exception_info": ""})
-        dialogue.messages.append({"role": "assistant", "content": expert.reply(out)})
+        dialogue.messages.append({"role": "assistant", "content": expert_reply(out, rng.random(), 0.5)})
         texts.append(_render(dialogue.messages))
     errors = [format_error_text(cfg, [], f"Expected exactly 1 action, found {n}.", "stop") for n in (0, 2)]
     texts.append(_render([{"role": "user", "content": e} for e in errors]))

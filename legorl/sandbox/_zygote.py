@@ -275,10 +275,6 @@ def main():
     devnull = os.open("/dev/null", os.O_RDWR)
     os.dup2(devnull, 0)  # stdin was the pipe this file came through
     os.close(devnull)
-    try:  # the machinery (zygote, each pid 1, each shepherd) is small and latency-bound;
-        os.setpriority(os.PRIO_PROCESS, 0, int(os.environ.get("LEGORL_NICE", "-10")))  # commands go back to 0 before exec (_init)
-    except OSError:
-        pass
     sock = socket.socket(fileno=int(os.environ["LEGORL_ZYGOTE_FD"]))
     Zygote(sock).run()
 

@@ -3,8 +3,9 @@ tell an agent-caused death (OOM kill, pids limit hit) from an infrastructure fau
 
 Both cgroup v2 (unified) and v1 (one hierarchy per controller, as on hosts that still boot
 in hybrid mode) are supported; `detect()` picks what the machine has. Sandbox cgroups are
-created below the calling process's own cgroup on v1 (so whatever limits the host process
-also bounds its sandboxes) and below the hierarchy root on v2 (v2 forbids enabling
+created in the calling process's own cgroup on v1 (so whatever limits the host process
+also bounds its sandboxes, and each sandbox weighs as much CPU as one process) and below a
+`legorl` cgroup at the hierarchy root on v2 (v2 forbids enabling
 controllers under a cgroup that itself holds processes). Names start with `legorl-` so a
 crashed run's leftovers can be swept (`Cgroups.sweep`).
 """
@@ -87,7 +88,7 @@ class CgroupSet:
     def counters(self) -> Counters:
         return _counters(self.version, self.dirs)
 
-    def remove(self, wait_s: float = 5.0) -> None:
+    def remove(self, wait_s: float = 30.0) -> None:
         """Remove the directories; their processes must be dead (retries while they exit)."""
         deadline = time.monotonic() + wait_s
         for d in self.dirs:
@@ -156,11 +157,12 @@ class Cgroups:
                 self.version, self.bases = 2, {"unified": base}
                 return
         if all(c in mounts for c in CONTROLLERS):
+            # Directly in our own cgroup, not in a shared "legorl" parent: CPU weight is
+            # shared per parent group, and one group for all sandboxes would make them
+            # together weigh no more than a single process of the host.
             own = _own_paths()
             for c in CONTROLLERS:
-                base = mounts[c] / own.get(c, "/").lstrip("/") / "legorl"
-                base.mkdir(exist_ok=True)
-                self.bases[c] = base
+                self.bases[c] = mounts[c] / own.get(c, "/").lstrip("/")
             self.version = 1
             return
         self.reason = f"no cgroup hierarchy with {', '.join(CONTROLLERS)} (found {sorted(mounts)})"

@@ -123,6 +123,9 @@ class DockerBackend:
             "CapAdd": ["SYS_ADMIN"],
             "SecurityOpt": ["no-new-privileges"],
             "IpcMode": "private",
+            # Each container a top-level CPU group, as the local backend does: under the
+            # shared "docker" parent, all containers together would weigh one process.
+            "CgroupParent": "/",
             "AutoRemove": True,
             "ShmSize": 64 << 20,
         }

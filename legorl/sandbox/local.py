@@ -59,7 +59,7 @@ class _Zygote:
             pass_fds=[child.fileno()],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
-            env={"LEGORL_ZYGOTE_FD": str(child.fileno()), "LEGORL_SANDBOX_DIR": str(Path(ZYGOTE_PATH).parent), "LEGORL_NICE": os.environ.get("LEGORL_NICE", "-10")},
+            env={"LEGORL_ZYGOTE_FD": str(child.fileno()), "LEGORL_SANDBOX_DIR": str(Path(ZYGOTE_PATH).parent)},
         )
         child.close()
         assert self.proc.stdin is not None

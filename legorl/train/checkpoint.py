@@ -135,7 +135,6 @@ def load_checkpoint(
     rank: int = 0,
 ) -> dict[str, Any]:
     """Restore everything in place; returns {step, version, data_state, config}."""
-    from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -145,16 +144,13 @@ def load_checkpoint(
     path = Path(path)
     if not (path / "trainer.pt").exists():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer.pt)")
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted((path / "model").glob("*.safetensors")):
-        weights.update(load_file(f))
+    weights = _read_hf_weights(path / "model", next(lm.parameters()).dtype)
     state = torch.load(path / "trainer.pt", weights_only=False)
-    opts = StateDictOptions(full_state_dict=True, strict=False)
+    opts = StateDictOptions(full_state_dict=True, strict=True)
     if is_sharded(lm):
         set_model_state_dict(lm, weights, options=opts)
     else:
         missing, unexpected = lm.load_state_dict(weights, strict=False)
-        missing = [k for k in missing if not _is_tied(lm, k)]
         if missing or unexpected:
             raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     set_optimizer_state_dict(policy, optimizer, state["optimizer"], options=opts)
@@ -165,10 +161,20 @@ def load_checkpoint(
     return {k: state[k] for k in ("step", "version", "data_state", "config")}
 
 
-def _is_tied(lm: nn.Module, key: str) -> bool:
-    """save_pretrained drops tied copies (lm_head.weight when tied to the embeddings)."""
-    tied = getattr(lm, "_tied_weights_keys", None) or {}
-    return bool(getattr(lm.config, "tie_word_embeddings", False)) and key in tied
+def _read_hf_weights(model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The model's own state dict from an HF directory.
+
+    `save_pretrained` rewrites some weights into the hub layout (e.g. transformers 5 stores
+    Qwen3-MoE experts fused as 3-D tensors in memory but saves them per expert), so the files
+    cannot be loaded key by key: `from_pretrained` applies the reverse conversion (exact
+    copies, no arithmetic), as the engines do on a weight sync from disk.
+    """
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.utils.logging.disable_progress_bar()
+    fresh = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="eager")
+    return {k: v.detach() for k, v in fresh.state_dict().items()}
 
 
 def _barrier() -> None:

@@ -46,8 +46,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         wide = torch.promote_types(hidden_N_H.dtype, torch.float32)
         logprobs_N = torch.empty(n, dtype=wide, device=hidden_N_H.device)
         entropy_N = torch.empty(n, dtype=wide, device=hidden_N_H.device)
+        w_mm = weight_V_H.to(wide) if fp32 else weight_V_H  # cast once, not per chunk
         for s in range(0, n, chunk):
-            z_C_V = lm_head_logits(hidden_N_H[s : s + chunk], weight_V_H, temperature, fp32)
+            z_C_V = lm_head_logits(hidden_N_H[s : s + chunk], w_mm, temperature, fp32)
             logp_C_V = torch.log_softmax(z_C_V, dim=-1)
             logprobs_N[s : s + chunk] = logp_C_V.gather(1, targets_N[s : s + chunk, None]).squeeze(1)
             entropy_N[s : s + chunk] = -(logp_C_V.exp() * logp_C_V).sum(-1)
@@ -67,7 +68,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         w_mm = weight_V_H.to(wide) if fp32 else weight_V_H
         for s in range(0, hidden_N_H.shape[0], chunk):
             h_C_H = hidden_N_H[s : s + chunk]
-            z_C_V = lm_head_logits(h_C_H, weight_V_H, t, fp32)
+            z_C_V = lm_head_logits(h_C_H, w_mm, t, fp32)
             # d logp_target / d z = onehot(target) - softmax(z); chain through z = h Wᵀ / T
             g_C_V = -torch.softmax(z_C_V, dim=-1)
             g_C_V.scatter_add_(1, targets_N[s : s + chunk, None], torch.ones_like(g_C_V[:, :1]))

@@ -52,6 +52,8 @@ def sample(
     ids_B_P = torch.tensor(prompts, dtype=torch.long, device=device)
     b, p = ids_B_P.shape
     decoder, weight_V_H = lm.get_decoder(), lm.get_output_embeddings().weight
+    if lm_head_fp32:  # cast once, not per decoding step
+        weight_V_H = weight_V_H.to(torch.promote_types(weight_V_H.dtype, torch.float32))
     cache = DynamicCache(config=lm.config)
     is_moe = bool(moe_routers(lm))
     out_ids = torch.zeros(b, max_new_tokens, dtype=torch.long, device=device)
