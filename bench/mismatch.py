@@ -9,7 +9,8 @@ its H200 baseline. Rows:
 - `pipeline = "probe"`  the probe's own method: HF `generate` as the engine, one full HF
   forward as the trainer (an anchor measured on this machine);
 - `pipeline = "legorl"` the reference KV-cache sampler as the engine, the trainer's packed
-  recompute (chunked fp32-capable LM head) as the trainer, for each precision choice
+  recompute (legorl_varlen attention, chunked fp32-capable LM head) as the trainer, for each
+  precision choice
   (`lm_head_fp32`, `router_fp32`, applied to both sides as a deployment would) and, for
   MoE, routing replay off and on.
 
@@ -29,6 +30,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from legorl.train import varlen
 from legorl.train.batch import pack
 from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.routing import routing_mismatch
@@ -88,7 +90,10 @@ def probe_row(m: torch.nn.Module, kind: str, B: int, P: int, T: int, device: str
     """mismatch_probe.run, condensed: HF generate vs one full forward."""
     gates = [layer.mlp.gate for layer in m.model.layers] if kind == "moe" else []
     calls: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(gates))}
-    hooks = [gt.register_forward_hook(lambda mod, a, o, i=i: calls[i].append(o[2].detach().cpu())) for i, gt in enumerate(gates)]
+    hooks = [
+        gt.register_forward_hook(lambda mod, a, o, i=i: calls[i].append(o[2].detach().cpu()))
+        for i, gt in enumerate(gates)
+    ]
     g = torch.Generator(device="cpu").manual_seed(1)
     prompt = torch.randint(0, 32000, (B, P), generator=g).to(device)
     torch.manual_seed(2)
@@ -110,7 +115,9 @@ def probe_row(m: torch.nn.Module, kind: str, B: int, P: int, T: int, device: str
         for i in calls:
             k = calls[i][0].shape[-1]
             full = calls[i][0].view(B, -1, k)
-            roll = torch.cat([roll_route[i][0].view(B, P, k), torch.stack([x.view(B, k) for x in roll_route[i][1:]], 1)], 1)
+            roll = torch.cat(
+                [roll_route[i][0].view(B, P, k), torch.stack([x.view(B, k) for x in roll_route[i][1:]], 1)], 1
+            )
             a, b = full[:, : roll.shape[1]].sort(-1).values, roll.sort(-1).values
             diff += int((a != b).any(-1).sum())
             tot += a.shape[0] * a.shape[1]
@@ -132,12 +139,18 @@ def legorl_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: in
         t0 = time.perf_counter()
         samples = sample(m, prompts, max_new_tokens=T, temperature=1.0, lm_head_fp32=head_fp32, router_fp32=router_fp32)
         gen_s = time.perf_counter() - t0
-        trajs = [Trajectory(f"r{i}", [Segment([0], prompts[i] + s.completion_ids, [0] * P + [1] * len(s.completion_ids),
-                                              [0.0] * P + s.logprobs, [0], s.routed_experts)], AlignmentStats(), instance_id="t")
-                 for i, s in enumerate(samples)]  # fmt: skip
+        trajs = []
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            seg = Segment(
+                [0], prompts[i] + s.completion_ids, [0] * P + [1] * n, [0.0] * P + s.logprobs, [0], s.routed_experts
+            )
+            trajs.append(Trajectory(f"r{i}", [seg], AlignmentStats(), instance_id="t"))
         (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 30)
-        for replay in ([False, True] if kind == "moe" else [False]):
-            opts = LogprobOptions(temperature=1.0, lm_head_fp32=head_fp32, router_fp32=router_fp32, routing_replay=replay)
+        for replay in [False, True] if kind == "moe" else [False]:
+            opts = LogprobOptions(
+                temperature=1.0, lm_head_fp32=head_fp32, router_fp32=router_fp32, routing_replay=replay
+            )
             t0 = time.perf_counter()
             with torch.no_grad():
                 out = PolicyModel(m)(mb.to(device), opts)
@@ -145,7 +158,11 @@ def legorl_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: in
             sel = mb.mask_N > 0
             row = {"lm_head_fp32": head_fp32, "router_fp32": router_fp32 if kind == "moe" else None,
                    "replay": replay if kind == "moe" else None}  # fmt: skip
-            row.update(summarise(mb.rollout_logprobs_N[sel], out.logprobs_N.cpu()[sel], [len(s.completion_ids) for s in samples]))
+            row.update(
+                summarise(
+                    mb.rollout_logprobs_N[sel], out.logprobs_N.cpu()[sel], [len(s.completion_ids) for s in samples]
+                )
+            )
             row["route_mismatch"] = None
             if out.used_N_L_K is not None:
                 valid = (mb.replay_N_L_K >= 0).all(-1).all(-1)
@@ -185,6 +202,7 @@ def main() -> None:
             base = {"kind": kind, "dtype": str(dtype).split(".")[-1], "params_M": round(nparams / 1e6, 1)}
             if not args.skip_probe:
                 out["rows"].append({**base, "pipeline": "probe", **probe_row(m, kind, B, P, T, args.device)})
+            m.set_attn_implementation(varlen.register())  # the trainer's default kernel
             for row in legorl_rows(m, kind, dtype, B, P, T, args.device):
                 out["rows"].append({**base, "pipeline": "legorl", **row})
             del m

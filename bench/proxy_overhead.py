@@ -75,7 +75,7 @@ def conversation(seed: int = 3) -> tuple[str, list[dict[str, Any]]]:
     outputs = ["/repo/src/parser.py:13:def parse_block_12(tokens)", src,
                "FAILED tests/test_parser.py::test_nested - AssertionError\n1 failed, 13 passed", "updated", "14 passed"]
     turns: list[dict[str, Any]] = [{"role": "user", "text": "test_nested fails after my parser change; fix it."}]
-    for k, ((name, args), out) in enumerate(zip(calls, outputs)):
+    for k, ((name, args), out) in enumerate(zip(calls, outputs, strict=True)):
         turns.append({"role": "assistant", "text": "Let me check." if k % 2 == 0 else "",
                       "call": (f"toolu_{k:02d}", name, args)})
         turns.append({"role": "tool", "id": f"toolu_{k:02d}", "text": out})
@@ -293,7 +293,7 @@ async def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
                             print(f"{dialect:11s} stream={int(stream)} c={c:<3d} direct p50={a['p50_ms']:.2f} "
                                   f"proxy p50={b['p50_ms']:.2f} p99={b['p99_ms']:.2f} rps={b['rps']:.0f} "
                                   f"cpu/req={b['proxy_cpu_ms_per_req']:.2f} err={b['errors']}", file=sys.stderr)
-                        med = lambda f: round(statistics.median(f(a, b) for a, b in reps), 3)  # noqa: E731
+                        med = lambda f, reps=reps: round(statistics.median(f(a, b) for a, b in reps), 3)  # noqa: E731
                         cells.append({
                             "dialect": dialect, "stream": stream, "concurrency": c, "n": n, "reps": args.reps,
                             "prompt_tokens": len(prompt_ids), "body_bytes": len(body),

@@ -169,9 +169,21 @@ out, parts = sys.argv[1], sys.argv[2:]
 anchor = {("openai", False): "6.2-7.5", ("openai", True): "15-20", ("anthropic", False): "10.5-15", ("anthropic", True): "24-30"}
 rows, res = [], {"bench": "proxy_vs_litellm", "out": out, "cells": []}
 for part in parts:
-    L = json.load(open(f"{out}/litellm-{part}.json"))
+    try:
+        L = json.load(open(f"{out}/litellm-{part}.json"))
+    except (OSError, ValueError):
+        L = {"cells": [], "meta": {}}
     O = json.load(open(f"{out}/legorl-{part}.json"))
-    for cl, co in zip(L["cells"], O["cells"]):
+    res.setdefault("litellm_deaths", []).extend(L["meta"].get("proxy_deaths", []))
+    lcells = {c["concurrency"]: c for c in L["cells"]}
+    for co in O["cells"]:
+        cl = lcells.get(co["concurrency"])
+        if cl is None:  # LiteLLM died more often than bench.py may restart it in this cell
+            res["cells"].append({"dialect": co["dialect"], "stream": co["stream"], "concurrency": co["concurrency"],
+                                 "litellm_cpu_ms": None, "legorl_cpu_ms": co["proxy"]["agg"]["cpu_ms_per_req_median"].get("proxy"),
+                                 "ratio": None, "note": "no LiteLLM measurement (it crashed)",
+                                 "errors": {"legorl": co["proxy"]["agg"]["errors_total"]}})
+            continue
         lc = cl["proxy"]["agg"]["cpu_ms_per_req_median"].get("proxy")
         oc = co["proxy"]["agg"]["cpu_ms_per_req_median"].get("proxy")
         cell = {"dialect": cl["dialect"], "stream": cl["stream"], "concurrency": cl["concurrency"],
@@ -189,16 +201,23 @@ for c in res["cells"]:
     by.setdefault((c["dialect"], c["stream"]), []).append(c)
 res["per_dialect"] = []
 for (d, s), cs in by.items():
-    lc = statistics.median(c["litellm_cpu_ms"] for c in cs)
-    oc = statistics.median(c["legorl_cpu_ms"] for c in cs)
+    both = [c for c in cs if c["litellm_cpu_ms"] and c["legorl_cpu_ms"]]
+    if not both:
+        continue
+    lc = statistics.median(c["litellm_cpu_ms"] for c in both)
+    oc = statistics.median(c["legorl_cpu_ms"] for c in both)
     res["per_dialect"].append({"dialect": d, "stream": s, "litellm_cpu_ms_per_req": round(lc, 3),
                                "legorl_cpu_ms_per_req": round(oc, 3), "ratio": round(oc / lc, 3),
                                "meets_one_fifth": oc <= lc / 5, "anchor_litellm_cpu_ms": anchor[(d, s)]})
     rows.append(f"| {d} | {'yes' if s else 'no'} | {lc:.2f} | {oc:.2f} | {oc / lc:.3f} | {'yes' if oc <= lc / 5 else 'NO'} |")
 md = ["| dialect | stream | LiteLLM CPU ms/req | LEGO-RL CPU ms/req | ratio | <= 1/5 |", "|---|---|---|---|---|---|", *rows]
-md += ["", "| dialect | stream | C | LiteLLM overhead p50/p99 ms | LEGO-RL overhead p50/p99 ms | LiteLLM rps | LEGO-RL rps | errors L/O |",
+md += ["", f"LiteLLM deaths (segfaults; bench.py restarted it and redid the repetition): {len(res['litellm_deaths'])}",
+       "", "| dialect | stream | C | LiteLLM overhead p50/p99 ms | LEGO-RL overhead p50/p99 ms | LiteLLM rps | LEGO-RL rps | errors L/O |",
        "|---|---|---|---|---|---|---|---|"]
 for c in res["cells"]:
+    if c["litellm_cpu_ms"] is None:
+        md.append(f"| {c['dialect']} | {'yes' if c['stream'] else 'no'} | {c['concurrency']} | LiteLLM crashed | - | - | - | - |")
+        continue
     md.append(f"| {c['dialect']} | {'yes' if c['stream'] else 'no'} | {c['concurrency']} | {c['litellm_overhead_p50_ms']}/"
               f"{c['litellm_overhead_p99_ms']} | {c['legorl_overhead_p50_ms']}/{c['legorl_overhead_p99_ms']} | "
               f"{c['litellm_rps']} | {c['legorl_rps']} | {c['errors']['litellm']}/{c['errors']['legorl']} |")

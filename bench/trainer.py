@@ -152,16 +152,24 @@ def main() -> None:
         out["gpu"] = torch.cuda.get_device_name()
     models: list[tuple[str, Callable[[str], torch.nn.Module]]] = []
     for kind in ("dense", "moe"):
+
         def make(attn: str, kind: str = kind) -> torch.nn.Module:
             torch.manual_seed(0)
             kw = {"experts_implementation": args.experts} if kind == "moe" and args.experts else {}
             cfg = probe_config(kind, small)
-            return AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn, **kw).to(args.device).train()
+            return (
+                AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation=attn, **kw)
+                .to(args.device)
+                .train()
+            )
+
         models.append((f"probe-{kind}", make))
     if small:  # the bundled models at a longer sequence as well
         for name in ("tiny-qwen3", "tiny-qwen3-moe"):
+
             def make_bundled(attn: str, name: str = name) -> torch.nn.Module:
                 return load_lm(TrainerConfig(model=name, dtype=args.dtype, attn_implementation=attn)).to(args.device)
+
             models.append((name, make_bundled))
     ours = varlen.register()
     for kind, make in models:

@@ -41,11 +41,26 @@ def resolve_model(name_or_path: str) -> Path:
     )
 
 
+def _tokenizer_dir(name: str) -> Path:
+    """A bundled model's own tokenizer when its directory has one (the quickstart model's
+    512-token BPE), else the shared bundled tokenizer."""
+    own = BUNDLED[name]
+    return own if (own / "tokenizer.json").exists() else TOKENIZER_DIR
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.exists() and a.read_bytes() == b.read_bytes()
+
+
 def _materialise(name: str) -> Path:
     out = cache_root() / "models" / name
     marker = out / "model.safetensors"
     src = BUNDLED[name]
-    if marker.exists() and (out / "config.json").read_text() == (src / "config.json").read_text():
+    if (
+        marker.exists()
+        and (out / "config.json").read_text() == (src / "config.json").read_text()
+        and _same_file(out / "tokenizer.json", _tokenizer_dir(name) / "tokenizer.json")
+    ):
         return out
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -54,8 +69,9 @@ def _materialise(name: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     shutil.copy(src / "config.json", tmp / "config.json")
-    for f in TOKENIZER_DIR.iterdir():
-        shutil.copy(f, tmp / f.name)
+    for f in _tokenizer_dir(name).iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, tmp / f.name)
     config = AutoConfig.from_pretrained(tmp)
     torch.manual_seed(INIT_SEED)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -71,5 +87,5 @@ def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerFas
     from transformers import AutoTokenizer
 
     if name_or_path in BUNDLED:
-        return AutoTokenizer.from_pretrained(TOKENIZER_DIR)
+        return AutoTokenizer.from_pretrained(_tokenizer_dir(name_or_path))
     return AutoTokenizer.from_pretrained(resolve_model(name_or_path))

@@ -14,7 +14,6 @@ log() { printf '== setup_harnesses: %s\n' "$*" >&2; }
 
 need=()
 command -v patchelf >/dev/null || need+=(patchelf)
-command -v tmux >/dev/null || need+=(tmux)
 command -v npm >/dev/null || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
     log "apt packages: ${need[*]}"
@@ -24,5 +23,6 @@ fi
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "setup_harnesses: run scripts/setup.sh first (no .venv)" >&2; exit 1; }
 log "building harness layers (first time: ~5 min, ~2.5 GB)"
-"$PY" -m legorl.harness.install "$@"
+# (pip's warnings about this machine's unused local package indexes are filtered out)
+"$PY" -m legorl.harness.install "$@" 2> >(grep -v "^WARNING: Location .* is ignored" >&2)
 "$PY" -m legorl.harness.install --list >&2

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from legorl.engine.registry import EngineConfig, make_engine
@@ -67,12 +66,13 @@ def run_config(s: Setup) -> RunConfig:
     })
 
 
-async def rollouts(s: Setup, tasks: list[Task]) -> list[RolloutRecord]:
+async def rollouts(s: Setup, tasks: list[Task], engine: Any = None) -> list[RolloutRecord]:
     """Run `tasks` concurrently with one worker (one proxy, one engine)."""
     import asyncio
 
     cfg = run_config(s)
-    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+    if engine is None:
+        engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
     try:
         async with RolloutWorker(cfg, engine) as w:
             return list(await asyncio.gather(*(w.rollout(t) for t in tasks)))
@@ -118,5 +118,27 @@ def check_recorded(rec: RolloutRecord) -> None:
     assert sorted(traj.side_turns) == sorted(t.index for t in rec.turns if t.side_call)
 
 
-def tasks_path() -> Path:
-    return TASKS_FILE
+class BrokenEngine:
+    """An engine whose every call fails (a dead inference server)."""
+
+    name = "broken"
+    policy_version = 0
+
+    def __init__(self) -> None:
+        self.tokenizer = load_tokenizer("tiny-qwen3")
+        self.calls = 0
+
+    async def stream(self, prompt_ids: list[int], params: Any):  # noqa: ANN201
+        from legorl.engine.base import EngineError
+
+        self.calls += 1
+        raise EngineError("inference server unreachable")
+        yield  # pragma: no cover - makes this an async generator
+
+    async def generate(self, prompt_ids: list[int], params: Any) -> Any:
+        from legorl.engine.base import collect
+
+        return await collect(self.stream(prompt_ids, params), len(prompt_ids))
+
+    async def close(self) -> None:
+        return None

@@ -10,7 +10,8 @@ path (`RolloutWorker`: session → session socket → sandbox → diff → gradi
   the rollout still resolves, and the trajectory has >= 2 segments with no sampled token
   lost (mini-swe-agent never compacts);
 - the tiny random `hf` model ends as an agent failure, never an infra error or a hang;
-- once per harness on the docker backend.
+- once per harness on the docker backend;
+- a dead engine (every call a 502) ends as a masked `infra_error`, not as a reward of 0.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import asyncio
 import pytest
 
 from harness_util import (
-    Setup, check_recorded, docker_missing, harness_missing, prompt_window_between, rollouts, shipped, summary,
+    BrokenEngine, Setup, check_recorded, docker_missing, harness_missing, prompt_window_between, rollouts, shipped,
+    summary,
 )
 from legorl.types import Status
 
@@ -96,3 +98,14 @@ def test_oracle_on_docker(harness: str) -> None:
         pytest.fail(why)
     rec = asyncio.run(rollouts(Setup(harness, backend="docker"), shipped(1)))[0]
     _assert_resolved(rec)
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "mini-swe-agent"])
+def test_dead_engine_is_an_infra_error(harness: str) -> None:
+    """The proxy answers 502s: the harness gives up, and the rollout is masked, not scored."""
+    _need(harness)
+    engine = BrokenEngine()
+    rec = asyncio.run(rollouts(Setup(harness, timeout_s=300), shipped(1), engine=engine))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.INFRA_ERROR and o.masked, summary(rec)
+    assert engine.calls >= 1 and rec.trajectory.segments == []

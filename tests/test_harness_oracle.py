@@ -228,3 +228,14 @@ async def test_oracle_through_the_proxy_with_official_clients(tok) -> None:
         assert f"{MARK}:step-1" in msg.content[-1].input["command"]
         turns = srv.close_session("oa") + srv.close_session("an")
     assert all(len(t.logprobs) == len(t.completion_ids) > 0 for t in turns)
+
+
+def test_tasks_sharing_a_long_prefix_are_told_apart(renderer) -> None:
+    head = "There seems to be a regression. " * 12  # > 300 characters shared
+    a = OracleTask("p__a", head + "pluralize() is wrong.", PATCH)
+    b = OracleTask("p__b", head + "singularize() is wrong.", PATCH)
+    policy = OraclePolicy({a.instance_id: a, b.instance_id: b})
+    for t in (a, b):
+        msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "Task:\n" + t.problem_statement}]
+        view = parse_prompt(renderer.decode(renderer.render(ChatRequest(msgs, MINI[1]))))
+        assert policy.identify(view) is t

@@ -54,7 +54,7 @@ async def proxy():
 def _finish(srv: ProxyServer, sid: str, views: list[tuple]) -> None:
     turns = srv.close_session(sid)
     assert len(turns) == len(views) == 3
-    for turn, (view, usage) in zip(turns, views):
+    for turn, (view, usage) in zip(turns, views, strict=True):
         check_turn(turn, srv.spy, view, usage)
         assert not turn.format_error and not turn.side_call
     assert [[(n, a) for n, a in v[0][2]] for v in views] == EXPECTED_CALLS

@@ -50,7 +50,7 @@ async def proxy(hf: HFEngine):
 def _check_session(srv: ProxyServer, sid: str, views: list[tuple]) -> None:
     turns = srv.close_session(sid)
     assert len(turns) == len(views)
-    for turn, (view, usage) in zip(turns, views):
+    for turn, (view, usage) in zip(turns, views, strict=True):
         check_turn(turn, srv.spy, view, usage)
     traj = assemble(turns)
     assert len(traj.segments) == 1, traj.stats

@@ -11,7 +11,9 @@ from legorl.train.advantages import compute_advantages, group_advantages
 from legorl.types import AlignmentStats, Outcome, Segment, Status, Trajectory
 
 
-def traj(task: str, reward: float, status: Status = Status.RESOLVED, masked: bool = False, name: str = "") -> Trajectory:
+def traj(
+    task: str, reward: float, status: Status = Status.RESOLVED, masked: bool = False, name: str = ""
+) -> Trajectory:
     seg = Segment([0], [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [0])
     return Trajectory(name or f"{task}-{reward}-{status}", [seg], AlignmentStats(), instance_id=task,
                       outcome=Outcome(reward, status, masked=masked))  # fmt: skip
@@ -39,7 +41,8 @@ def test_infra_errors_are_left_out_of_mean_and_std_and_get_no_advantage():
 def test_zero_variance_groups_are_counted_and_skipped_or_kept():
     batch = [traj("a", 1.0, name="a1"), traj("a", 1.0, name="a2"),  # zero variance
              traj("b", 1.0, name="b1"), traj("b", 0.0, name="b2"),
-             traj("c", 0.0, name="c1"), traj("c", 0.0, Status.ENGINE_ERROR, name="c2")]  # one valid: no signal  # fmt: skip
+             traj("c", 0.0, name="c1"), traj("c", 0.0, Status.ENGINE_ERROR, name="c2")]  # fmt: skip
+    # group c has one valid member: no signal
     skip = compute_advantages(batch, zero_variance="skip")
     assert skip.values[0] is None and skip.values[1] is None and skip.values[4] is None
     assert skip.values[2] > 0 > skip.values[3]
@@ -56,7 +59,9 @@ def test_dr_grpo_mode_does_not_divide_by_std():
 
 
 def test_group_with_only_infra_errors_is_not_a_group():
-    res = compute_advantages([traj("a", 0.0, Status.GRADER_ERROR, name="x"), traj("b", 1.0, name="y"), traj("b", 0.0, name="z")])
+    res = compute_advantages(
+        [traj("a", 0.0, Status.GRADER_ERROR, name="x"), traj("b", 1.0, name="y"), traj("b", 0.0, name="z")]
+    )
     assert res.values[0] is None
     assert res.metrics["groups/count"] == 1
 
@@ -73,6 +78,8 @@ def test_clear_errors_for_ungraded_or_ungrouped_trajectories():
 
 
 def test_group_advantages_tensor_form():
-    adv, zero = group_advantages(torch.tensor([2.0, 4.0, 100.0]), torch.tensor([True, True, False]), scale_by_std=True, eps=0.0)
+    adv, zero = group_advantages(
+        torch.tensor([2.0, 4.0, 100.0]), torch.tensor([True, True, False]), scale_by_std=True, eps=0.0
+    )
     assert not zero
     assert adv.tolist() == pytest.approx([-1 / 2**0.5, 1 / 2**0.5, 0.0])

@@ -57,7 +57,7 @@ def test_trajectories_are_never_split_and_first_fit_decreasing_packs_them():
 
 
 def test_routing_rows_one_short_are_padded_with_no_expert():
-    routing = [[[l, l + 1] for l in range(3)] for _ in range(3)]  # 3 rows for 4 tokens, 3 layers, k=2
+    routing = [[[layer, layer + 1] for layer in range(3)] for _ in range(3)]  # 3 rows for 4 tokens, 3 layers, k=2
     (mb,) = pack([(0, traj("x", seg([1, 2, 3, 4], [0, 0, 1, 1], routing=routing)), 1.0)], "trajectory", 100)
     assert mb.replay_N_L_K.shape == (4, 3, 2)
     assert mb.replay_N_L_K[3].tolist() == [[-1, -1]] * 3

@@ -31,7 +31,11 @@ def batch(model: str):
             lps = [(-3.0 * float(torch.rand(1, generator=g))) if m else 0.0 for m in mask]
             routing = None
             if model.endswith("moe"):
-                routing = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(length * 4)]).view(length, 4, 2).tolist()
+                routing = (
+                    torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(length * 4)])
+                    .view(length, 4, 2)
+                    .tolist()
+                )
             segs.append(Segment([s], ids, mask, lps, [0], routing))
         reward = float(torch.rand(1, generator=g))
         trajs.append(Trajectory(f"t{i}", segs, AlignmentStats(), instance_id=f"task{i % 3}",

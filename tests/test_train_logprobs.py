@@ -10,10 +10,10 @@ import torch
 
 from legorl.engine.hf import HFEngine
 from legorl.train.batch import pack
+from legorl.train.config import TrainerConfig
 from legorl.train.logprobs import LogprobOptions, PolicyModel, chunked_logprobs
 from legorl.train.routing import routing_mismatch
 from legorl.train.sampler import sample
-from legorl.train.config import TrainerConfig
 from legorl.train.trainer import load_lm
 from legorl.trajectory import assemble
 from legorl.types import AlignmentStats, Dialect, SamplingParams, Segment, Trajectory, Turn
@@ -101,7 +101,11 @@ def test_recompute_matches_own_kv_cache_sampler(lms, name):
 def test_packed_segments_do_not_attend_to_each_other(lms, attn):
     """Changing one segment's tokens leaves the other segment's logprobs unchanged, with the
     per-segment varlen attention and with sdpa's block-diagonal mask alike."""
-    lm = lms["tiny-qwen3"] if attn == "legorl_varlen" else load_lm(TrainerConfig(model="tiny-qwen3", attn_implementation=attn))
+    lm = (
+        lms["tiny-qwen3"]
+        if attn == "legorl_varlen"
+        else load_lm(TrainerConfig(model="tiny-qwen3", attn_implementation=attn))
+    )
     assert lm.config._attn_implementation == attn
     a = Segment([0], list(range(5, 25)), [0] * 10 + [1] * 10, [0.0] * 20, [0])
     b = Segment([0], list(range(100, 130)), [0] * 10 + [1] * 20, [0.0] * 30, [0])
@@ -109,9 +113,15 @@ def test_packed_segments_do_not_attend_to_each_other(lms, attn):
     opts = LogprobOptions(packing="packed")
     policy = PolicyModel(lm)
     with torch.no_grad():
-        out1 = policy(pack([(0, Trajectory("x", [b, a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts)
-        out2 = policy(pack([(0, Trajectory("x", [b2, a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts)
-        alone = policy(pack([(0, Trajectory("x", [a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts)
+        out1 = policy(
+            pack([(0, Trajectory("x", [b, a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts
+        )
+        out2 = policy(
+            pack([(0, Trajectory("x", [b2, a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts
+        )
+        alone = policy(
+            pack([(0, Trajectory("x", [a], AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)[0], opts
+        )
     torch.testing.assert_close(out1.logprobs_N[30:], out2.logprobs_N[30:], rtol=0, atol=1e-6)
     torch.testing.assert_close(out1.logprobs_N[30:], alone.logprobs_N, rtol=0, atol=1e-5)
 

@@ -176,7 +176,9 @@ def test_masked_tokens_carry_no_loss_or_gradient():
     assert torch.all(x.grad[mask == 0] == 0)
     old2 = old.clone()
     old2[mask == 0] = 123.0  # garbage where masked changes nothing
-    loss2, _ = LOSSES["grpo"](new, old2, adv, mask, unit_ids, 6, aggregation="token_mean", norm=normalizer(mask, unit_ids))
+    loss2, _ = LOSSES["grpo"](
+        new, old2, adv, mask, unit_ids, 6, aggregation="token_mean", norm=normalizer(mask, unit_ids)
+    )
     assert float(loss2) == float(loss.detach())
 
 

@@ -61,7 +61,7 @@ def weights_case():
 
 def test_token_tis_and_mis_by_hand():
     old, rollout, mask, units = weights_case()
-    rho = [math.exp(o - r) for o, r in zip(old.tolist(), rollout.tolist())]
+    rho = [math.exp(o - r) for o, r in zip(old.tolist(), rollout.tolist(), strict=True)]
     w, stats = correction_weights(old, rollout, mask, units, 2, mode="tis", level="token", tis_cap=2.0)
     assert w.tolist()[:5] == pytest.approx([min(x, 2.0) for x in rho[:5]])
     assert w[5] == 0.0 and stats["truncated"] == 0  # ρ = e^0.5 < 2 and e^-1, e^-2 are not truncated

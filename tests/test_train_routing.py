@@ -32,8 +32,10 @@ def experts_spy(lm):
     """Independent record of what each experts module actually received."""
     seen, handles = [], []
     for layer in lm.model.layers:
+
         def pre(_m, args, _seen=seen):
             _seen.append((args[1].detach().clone(), args[2].detach().clone()))
+
         handles.append(layer.mlp.experts.register_forward_pre_hook(pre))
     return seen, handles
 

@@ -13,7 +13,7 @@ from legorl.engine.hf import HFEngine
 from legorl.train import minimal
 from legorl.train.config import TrainerConfig
 from legorl.train.sync import DiskSync, InProcessSync, WeightSync
-from legorl.train.trainer import Trainer
+from legorl.train.trainer import Trainer, load_lm
 from legorl.types import Outcome, Status
 
 REQUIRED = [
@@ -42,7 +42,7 @@ def toy_args(**kw):
 def eval_reward(trainer: Trainer, positions: range, args) -> float:
     state = torch.get_rng_state()
     torch.manual_seed(12345)
-    rewards = [minimal.rollouts(trainer, p, args)[1] for p in positions]
+    rewards = [minimal.rollouts(trainer.lm, p, args)[1] for p in positions]
     torch.set_rng_state(state)
     return sum(rewards) / len(rewards)
 
@@ -55,7 +55,7 @@ def test_gspo_improves_the_toy_reward(one_thread):
     held_out = range(10_000, 10_004)
     before = eval_reward(trainer, held_out, args)
     for step in range(10):
-        trajs, _ = minimal.rollouts(trainer, 2 * step, args)
+        trajs, _ = minimal.rollouts(trainer.lm, 2 * step, args)
         metrics = trainer.step(trajs)
         if step == 0:
             assert set(REQUIRED) <= set(metrics), set(REQUIRED) - set(metrics)
@@ -68,7 +68,7 @@ def test_gspo_improves_the_toy_reward(one_thread):
 def test_infra_errors_do_not_change_the_update(one_thread):
     base = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-3))
     other = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-3))
-    trajs, _ = minimal.rollouts(base, 0, toy_args(prompts_per_step=1, group_size=4))
+    trajs, _ = minimal.rollouts(base.lm, 0, toy_args(prompts_per_step=1, group_size=4))
     broken = copy.deepcopy(trajs[:2])
     for t, status in zip(broken, [Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR], strict=True):
         t.session_id += "-infra"
@@ -83,7 +83,7 @@ def test_infra_errors_do_not_change_the_update(one_thread):
 def test_staleness_minibatches_and_correction_metrics(one_thread):
     trainer = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-2, minibatches=2, correction="tis",
                                     loss="gspo", sequence_unit="turn"))  # fmt: skip
-    trajs, _ = minimal.rollouts(trainer, 0, toy_args(prompts_per_step=2, group_size=4))
+    trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=2, group_size=4))
     trainer.version = 3
     for t in trajs:
         t.segments[0].policy_versions = [1]
@@ -100,7 +100,7 @@ def test_gradient_checkpointing_replays_routing_in_backward(one_thread):
     results = []
     for gc in (False, True):
         trainer = Trainer(TrainerConfig(model="tiny-qwen3-moe", lr=1e-2, gradient_checkpointing=gc, seed=1))
-        trajs, _ = minimal.rollouts(trainer, 0, toy_args(prompts_per_step=1, group_size=4))
+        trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=1, group_size=4))
         for t in trajs:  # a replay that differs from the router's own choice
             routing = torch.tensor(t.segments[0].routed_experts)
             t.segments[0].routed_experts = ((routing + 1) % 8).tolist()
@@ -117,7 +117,7 @@ async def test_weight_sync_into_a_real_hf_engine(tmp_path, one_thread):
         for sync in (InProcessSync(engine), DiskSync([engine], tmp_path / "weights", keep=1)):
             assert isinstance(sync, WeightSync)
             trainer = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-2), weight_sync=sync)
-            trajs, _ = minimal.rollouts(trainer, 0, toy_args(prompts_per_step=1, group_size=4))
+            trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=1, group_size=4))
             for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True):
                 t.outcome = Outcome(r, Status.RESOLVED)
             await trainer.train_step(trajs)
@@ -130,3 +130,26 @@ async def test_weight_sync_into_a_real_hf_engine(tmp_path, one_thread):
         await engine.close()
     with pytest.raises(TypeError, match="update_weights"):
         InProcessSync(object())
+
+
+def test_bf16_keeps_fp32_master_weights(one_thread):
+    """dtype bfloat16 computes in bf16 but updates fp32 parameters (FSDP2 mixed precision on a
+    one-rank group), so small updates are not rounded away."""
+    import torch.distributed as dist
+
+    trainer = Trainer(TrainerConfig(model="tiny-qwen3", dtype="bfloat16", lr=1e-6))
+    try:
+        sampler = load_lm(TrainerConfig(model="tiny-qwen3"))  # the engine's fp32 copy
+        trajs, _ = minimal.rollouts(sampler, 0, toy_args(prompts_per_step=1, group_size=4))
+        for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True):
+            t.outcome = Outcome(r, Status.RESOLVED)
+        before = {k: v.clone() for k, v in trainer.state_dict_for_engines().items()}
+        m = trainer.step(trajs)
+        after = trainer.state_dict_for_engines()
+        assert all(v.dtype == torch.float32 for v in after.values())
+        moved = sum(int((after[k] != before[k]).sum()) for k in after)
+        assert moved > 0.5 * sum(v.numel() for v in after.values())  # lr 1e-6 steps survive in fp32
+        assert m["mismatch/pearson"] > 0.99  # sampled in fp32, recomputed in bf16
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -195,17 +195,20 @@ class OraclePolicy:
 
     def __post_init__(self) -> None:
         for t in self.tasks.values():
-            self._needles[t.instance_id] = _norm(t.problem_statement)[:300]
+            self._needles[t.instance_id] = _norm(t.problem_statement)
 
     def identify(self, view: PromptView) -> OracleTask | None:
+        """The task of this prompt: a marker first, then the whole problem statement, then
+        its first 300 characters (the longest match wins); None when ambiguous or absent."""
         marks = _TASK_RE.findall(view.text)
         for m in reversed(marks):
             if m in self.tasks:
                 return self.tasks[m]
         text = _norm(view.text)
-        hits = [tid for tid, needle in self._needles.items() if needle and needle in text]
-        if hits:
-            return self.tasks[max(hits, key=lambda h: len(self._needles[h]))]
+        for cut in (None, 300):
+            hits = [tid for tid, n in self._needles.items() if n and n[:cut] in text]
+            if hits:
+                return self.tasks[max(hits, key=lambda h: len(self._needles[h][:cut]))]
         return next(iter(self.tasks.values())) if len(self.tasks) == 1 else None
 
     @staticmethod

@@ -30,13 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from legorl.harness.command import AGENT_DIR, AgentRun
-from legorl.harness.install import HarnessNotInstalled, mounts_for, require
+from legorl.harness.install import HarnessNotInstalled, require
 from legorl.sandbox.base import ExecResult, Sandbox
 from legorl.types import Status, Task
 
 HOME = f"{AGENT_DIR}/home"
 PROBLEM_FILE = f"{AGENT_DIR}/problem.md"
-OUTPUT_TAIL = 256 * 1024  # bytes of each harness output file read back after the run
 API_KEY = "legorl"  # clients insist on a key; the session socket pins the session anyway
 
 # Environment every harness gets: a fresh HOME (config, transcripts, caches live there and
@@ -151,8 +150,10 @@ async def run_native(
     res = await sb.exec(launch.command, timeout_s=timeout_s, cwd=repo_dir, env=env)
     outputs: dict[str, str] = {}
     for name, path in launch.outputs.items():
-        r = await sb.exec(f"tail -c {OUTPUT_TAIL} {shlex.quote(path)} 2>/dev/null", timeout_s=60, cwd="/")
-        outputs[name] = r.stdout if r.exit_code == 0 else ""
+        try:
+            outputs[name] = (await sb.read_file(path)).decode("utf-8", errors="replace")
+        except OSError:  # the harness never wrote it: its interpret() says what that means
+            outputs[name] = ""
     if res.timed_out:
         verdict = Verdict(Status.AGENT_TIMEOUT, {"error": f"{adapter.name} ran past {timeout_s:g} s and was killed"})
     elif res.oom_killed:
@@ -166,7 +167,7 @@ async def run_native(
         timed_out=res.timed_out,
         resource_exhausted=res.resource_exhausted,
         duration_s=res.duration_s,
-        stdout_tail=(res.stdout or outputs.get("stdout", ""))[-4000:],
+        stdout_tail=(res.stdout or outputs.get("stdout", "") or outputs.get("events", ""))[-4000:],
         stderr_tail=(res.stderr or outputs.get("stderr", ""))[-4000:],
         status=verdict.status,
         details=details,
@@ -179,5 +180,5 @@ def _run_of(verdict: Verdict) -> AgentRun:
 
 __all__ = [
     "API_KEY", "AGENT_DIR", "Adapter", "COMMON_ENV", "HOME", "Launch", "PROBLEM_FILE", "Verdict",
-    "http_status_is_infra", "infra", "jsonl", "mounts", "mounts_for", "run_native",
+    "http_status_is_infra", "infra", "jsonl", "mounts", "run_native",
 ]

@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import secrets
+import socket
 import sys
 import time
 import uuid
@@ -97,6 +98,7 @@ def init_ray(rc: RayConfig) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no call home from a training run
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     if rc.address is not None:
+        _check_reachable(rc.address)
         try:
             ray.init(address=rc.address, **kwargs)
         except ConnectionError as e:  # reported like a bad config value: it names the field to fix
@@ -105,6 +107,19 @@ def init_ray(rc: RayConfig) -> bool:
     with _loopback_only():
         ray.init(num_cpus=max(math.ceil(rc.workers * rc.num_cpus_per_worker), 1), **kwargs)
     return True
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds on an address nothing listens at: Ray itself retries for minutes."""
+    if address == "auto":
+        return  # Ray finds the local cluster itself, or says at once that there is none
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ValueError:
+        raise ConfigError(f"[ray] address = {address!r}: expected 'auto', 'host:port' or 'ray://host:port'") from None
+    except OSError as e:
+        raise ConfigError(f"[ray] address = {address!r}: nothing answers there ({e}); is the cluster up?") from None
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from legorl.proxy.render import ChatRequest, Renderer, RenderState
 from legorl.proxy.toolcalls import parse_completion
 from legorl.quickstart.dialogue import Dialogue
 from legorl.quickstart.policy import sample_batch
+from legorl.quickstart.workspace import outcome_of
 from legorl.types import Dialect, FinishReason, Outcome, Turn
 
 
@@ -107,7 +108,7 @@ def run_episodes(
                 e.dialogue.on_output(output)
                 last_obs[e.session_id] = output.get("output", "")
     for e in episodes:
-        e.outcome = e.workspace.grade()
+        e.outcome = outcome_of(e.dialogue.exit_status, e.workspace)
         e.info["exit_status"] = e.dialogue.exit_status
         e.workspace.close()
     return episodes

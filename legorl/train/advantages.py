@@ -26,9 +26,7 @@ ZERO_VARIANCE_TOL = 1e-12
 def is_valid(traj: Trajectory) -> bool:
     """True when the trajectory's outcome may be trained on (graded, not an infra fault)."""
     if traj.outcome is None:
-        raise ValueError(
-            f"trajectory {traj.session_id!r} has no outcome: grade it before training on it"
-        )
+        raise ValueError(f"trajectory {traj.session_id!r} has no outcome: grade it before training on it")
     return not (traj.outcome.masked or traj.outcome.status.is_infra)
 
 

@@ -66,8 +66,7 @@ def _check_segment(seg: Segment, where: str) -> None:
         raise ValueError(f"{where}: loss_mask[0] is 1, but the first token has no context to predict it")
     if seg.routed_experts is not None and len(seg.routed_experts) not in (n, n - 1):
         raise ValueError(
-            f"{where}: routed_experts has {len(seg.routed_experts)} rows for {n} tokens "
-            f"(expected {n} or {n - 1})"
+            f"{where}: routed_experts has {len(seg.routed_experts)} rows for {n} tokens (expected {n} or {n - 1})"
         )
 
 
@@ -180,7 +179,9 @@ def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit) -> Mi
                 if replay_shape is None:
                     replay_shape = (rows.shape[1], rows.shape[2])
                 elif (rows.shape[1], rows.shape[2]) != replay_shape:
-                    raise ValueError(f"{where}: routed_experts (layers, top_k) {tuple(rows.shape[1:])} != {replay_shape}")
+                    raise ValueError(
+                        f"{where}: routed_experts (layers, top_k) {tuple(rows.shape[1:])} != {replay_shape}"
+                    )
                 cols["replay"].append(rows)
             lengths.append(n)
     return MicroBatch(

@@ -57,9 +57,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _optim_state(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(
-        module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _fsync_tree(root: Path) -> None:
@@ -152,7 +150,9 @@ def load_checkpoint(
     else:
         missing, unexpected = lm.load_state_dict(weights, strict=False)
         if missing or unexpected:
-            raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise ValueError(
+                f"checkpoint {path} does not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
     set_optimizer_state_dict(policy, optimizer, state["optimizer"], options=opts)
     scheduler.load_state_dict(state["scheduler"])
     rng_file = path / f"rng_rank{rank}.pt"

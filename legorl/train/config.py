@@ -33,7 +33,11 @@ class TrainerConfig(Section):
     model: str = "tiny-qwen3"
     """Bundled model name or local HF model directory (see legorl.models.resolve_model)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of the trained model (AdamW states follow it)."""
+    """Compute dtype of the trained model."""
+    master_weights_fp32: bool = True
+    """With dtype bfloat16: keep fp32 parameters and AdamW states and compute in bf16 (FSDP2
+    mixed precision; a single process joins a one-rank group). False trains the bf16
+    parameters directly, where updates of lr ~1e-6 mostly round away."""
     device: str = "cpu"
     """torch device; under torchrun on GPUs each rank uses cuda:<LOCAL_RANK>."""
     seed: int = 0
@@ -147,6 +151,8 @@ class TrainerConfig(Section):
             raise ValueError("minibatches, logprob_chunk must be >= 1, max_tokens_per_microbatch >= 2")
         if self.norm_tokens < 1:
             raise ValueError("norm_tokens must be >= 1")
+        if self.correction != "none" and self.old_logprobs == "rollout":
+            raise ValueError("correction reweights by π_old/π_rollout: it needs old_logprobs = 'recompute'")
         return self
 
     def resolved(self) -> TrainerConfig:

@@ -41,17 +41,28 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: str = "cpu") -> DistInfo:
-    """Join the torchrun process group (gloo on CPU, nccl on CUDA); no-op outside torchrun."""
+def init_distributed(device: str = "cpu", *, single: bool = False) -> DistInfo:
+    """Join the torchrun process group (gloo on CPU, nccl on CUDA). Outside torchrun: nothing,
+    or with `single` a one-rank group on loopback (FSDP2 mixed precision on one device)."""
+    backend = "nccl" if device.startswith("cuda") else "gloo"
     if "WORLD_SIZE" not in os.environ and not dist.is_initialized():
-        return DistInfo()
+        if not single:
+            return DistInfo()
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if not dist.is_initialized():
-        backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(backend)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def shard(policy: nn.Module, layers: list[nn.Module], *, compute_dtype: torch.dtype | None) -> None:

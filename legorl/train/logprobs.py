@@ -10,7 +10,10 @@ Two choices here shrink rollout/trainer mismatch and memory at once:
   head to be the main source of mismatch); bench/mismatch.py measures what it buys.
 
 Logits are divided by the sampling temperature before the softmax, because the engine's
-logprobs are those of the distribution it sampled from.
+logprobs are those of the distribution it sampled from. Rollouts for training must therefore
+use top_p = 1 and top_k = -1: with nucleus/top-k sampling the engine reports logprobs
+renormalised over the kept tokens (engine/sampling.py), which a full-vocabulary softmax does
+not reproduce.
 
 `PolicyModel` wraps the HF causal LM so that one module owns the whole computation: under
 FSDP2 the root module's parameters (embeddings, LM head) are gathered for exactly its forward

@@ -194,9 +194,7 @@ def gspo_token_loss(
     advantage and weight are constant per unit; differs when they vary per token (e.g.
     turn-level credit or token-level IS correction).
     """
-    seq_log_ratio_U, count_U = _seq_log_ratio_U(
-        logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units
-    )
+    seq_log_ratio_U, count_U = _seq_log_ratio_U(logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units)
     log_ratio_N = logprobs_N - logprobs_N.detach() + seq_log_ratio_U[unit_ids_N]
     ratio_N = log_ratio_N.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     loss_N, active_N = _clipped_objective(ratio_N, advantages_N, clip_low, clip_high)
@@ -225,9 +223,7 @@ def grpo_loss(
     The default clip pair is DAPO's "clip-higher" (0.2, 0.28). The sequence ratio in the
     metrics is the same geometric mean GSPO uses, for comparable dashboards.
     """
-    seq_log_ratio_U, count_U = _seq_log_ratio_U(
-        logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units
-    )
+    seq_log_ratio_U, count_U = _seq_log_ratio_U(logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units)
     ratio_N = (logprobs_N - old_logprobs_N).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
     loss_N, active_N = _clipped_objective(ratio_N, advantages_N, clip_low, clip_high)
     if weights_N is not None:

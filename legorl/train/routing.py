@@ -88,8 +88,7 @@ def _routing_forward(
         rows_N_K = replay_N_L_K[:, layer]
         if rows_N_K.shape[0] != h_N_H.shape[0]:
             raise RuntimeError(
-                f"routing replay has {rows_N_K.shape[0]} token rows but MoE layer {layer} "
-                f"sees {h_N_H.shape[0]} tokens"
+                f"routing replay has {rows_N_K.shape[0]} token rows but MoE layer {layer} sees {h_N_H.shape[0]} tokens"
             )
         known_N_1 = (rows_N_K >= 0).all(dim=-1, keepdim=True)
         idx_N_K = torch.where(known_N_1, rows_N_K, natural_N_K)
@@ -116,8 +115,7 @@ def moe_routing(
             raise ValueError("routing replay given for a model without supported MoE routers")
         if replay_N_L_K.ndim != 3 or replay_N_L_K.shape[1] != len(routers):
             raise ValueError(
-                f"routing replay must be (tokens, {len(routers)} MoE layers, top_k), "
-                f"got {tuple(replay_N_L_K.shape)}"
+                f"routing replay must be (tokens, {len(routers)} MoE layers, top_k), got {tuple(replay_N_L_K.shape)}"
             )
         top_k, experts = routers[0].top_k, routers[0].weight.shape[0]
         if replay_N_L_K.shape[2] != top_k:
@@ -125,6 +123,7 @@ def moe_routing(
         if int(replay_N_L_K.max()) >= experts:
             raise ValueError(f"routing replay names expert {int(replay_N_L_K.max())}; the model has {experts}")
     for layer, router in enumerate(routers):
+
         def fwd(self: nn.Module, hidden_states: torch.Tensor, _layer: int = layer):
             return _routing_forward(
                 self, hidden_states, layer=_layer, replay_N_L_K=replay_N_L_K,

@@ -85,8 +85,7 @@ def sample(
     if is_moe:
         # per layer: prefill call (B*P, K) then one (B, K) call per fed sampled token
         per_layer = [
-            torch.cat([calls[0].view(b, p, -1)] + [c.view(b, 1, -1) for c in calls[1:]], dim=1)
-            for calls in record.used
+            torch.cat([calls[0].view(b, p, -1)] + [c.view(b, 1, -1) for c in calls[1:]], dim=1) for calls in record.used
         ]
         routing = torch.stack(per_layer, dim=2).cpu()  # (B, P + fed, L, K)
     samples = []
@@ -95,4 +94,3 @@ def sample(
         rows = routing[r, : p + n - 1].tolist() if routing is not None else None
         samples.append(Sample(out_ids[r, :n].tolist(), out_lp[r, :n].tolist(), rows))
     return samples
-

@@ -77,12 +77,15 @@ class Trainer:
     ) -> None:
         self.cfg = cfg.resolved()
         c = self.cfg
-        self.dist: DistInfo = init_distributed(c.device)
+        mixed = c.dtype == "bfloat16" and c.master_weights_fp32
+        self.dist: DistInfo = init_distributed(c.device, single=mixed)
         self.device = torch.device(f"cuda:{self.dist.local_rank}" if c.device == "cuda" else c.device)
         seed_everything(c.seed)
         sharded = self.dist.enabled
         # under FSDP keep fp32 master weights and compute in bf16 (see fsdp.py)
         self.lm = lm if lm is not None else load_lm(c, torch.float32 if sharded else None)
+        if mixed and lm is not None:
+            self.lm = self.lm.float()
         if c.gradient_checkpointing:
             enable = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5.2x
             if enable is not None:
@@ -91,7 +94,9 @@ class Trainer:
                 self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.policy = PolicyModel(self.lm).to(self.device)
         if self.policy.is_moe and c.gradient_checkpointing and c.packing != "packed":
-            raise ValueError("gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)")
+            raise ValueError(
+                "gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)"
+            )
         if sharded:
             compute = torch.bfloat16 if c.dtype == "bfloat16" else None
             shard(self.policy, list(self.lm.get_decoder().layers), compute_dtype=compute)
@@ -244,7 +249,9 @@ class Trainer:
         if self.dist.is_main:
             await self.weight_sync.push(self.lm, state, self.version)
 
-    async def train_step(self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None) -> dict[str, float]:
+    async def train_step(
+        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None
+    ) -> dict[str, float]:
         """`step` off the event loop, then `sync_weights`."""
         metrics = await asyncio.to_thread(self.step, trajectories, data_state=data_state)
         await self.sync_weights()
@@ -306,7 +313,10 @@ class _Accumulator:
         if out.used_N_L_K is not None and mb.replay_N_L_K is not None:
             rec = mb.replay_N_L_K
             valid = (rec >= 0).all(-1).all(-1)
-            route = (*routing_mismatch(out.used_N_L_K.cpu(), rec, valid), *routing_mismatch(out.natural_N_L_K.cpu(), rec, valid))
+            route = (
+                *routing_mismatch(out.used_N_L_K.cpu(), rec, valid),
+                *routing_mismatch(out.natural_N_L_K.cpu(), rec, valid),
+            )
         self.sums += torch.tensor(
             [float(ent.sum()), float(mask.sum()), float(ver[known].sum()), float(known.sum()),
              float(route[0]), float(route[1]), float(route[2]), float(mb.num_tokens), 0.0],
@@ -326,7 +336,9 @@ class _Accumulator:
         all_reduce_(red, "sum")
         all_reduce_(self.sums, "sum")
         all_reduce_(self.mismatch.sums, "sum")
-        mx = torch.tensor([lm.seq_ratio_max, self.mismatch.max_abs_dp, self.mismatch.max_abs_dlogp], dtype=torch.float64)
+        mx = torch.tensor(
+            [lm.seq_ratio_max, self.mismatch.max_abs_dp, self.mismatch.max_abs_dlogp], dtype=torch.float64
+        )
         mn = torch.tensor([lm.seq_ratio_min, float(self._min_ver)], dtype=torch.float64)
         all_reduce_(mx, "max")
         all_reduce_(mn, "min")
