@@ -76,6 +76,27 @@ def proxy(
     run_standalone(engine, model, host, port, out, config)
 
 
+@app.command("engine-serve")
+@friendly
+def engine_serve(
+    config: Path | None = typer.Option(None, help="TOML with an [engine] section."),
+    engine: str = typer.Option("hf", help="Engine kind to serve (when no --config)."),
+    model: str = typer.Option("tiny-qwen3", help="Model (when no --config)."),
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    api_key: str | None = typer.Option(None, envvar="LEGORL_ENGINE_API_KEY", help="Require this bearer token."),
+) -> None:
+    """Serve an engine over vLLM's token-id completions API (for remote rollout workers)."""
+    from legorl.engine.serve import serve_engine
+
+    cfg = _run_config(config).engine if config is not None else None
+    if cfg is None:
+        from legorl.engine.registry import EngineConfig
+
+        cfg = EngineConfig(kind=engine, model=model)
+    serve_engine(cfg, host, port, api_key=api_key)
+
+
 @app.command()
 @friendly
 def ui(

@@ -70,6 +70,7 @@ name = "command"
 command_file = "agent.sh"
 [trainer]
 lr = 1e-4
+zero_variance_groups = "keep"  # train every step even if a group's rewards happen to be equal
 """)
     proc = subprocess.run([*LEGORL, "train", str(tmp_path / "run.toml")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=900)

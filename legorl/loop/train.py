@@ -135,9 +135,10 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                                          eps=trainer.cfg.advantage_eps, zero_variance=trainer.cfg.zero_variance_groups)
                 store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values) if a is not None})
                 t2 = time.monotonic()
+                sampled_by = trainer.version  # the weights these rollouts were sampled with
                 metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1})
                 t3 = time.monotonic()
-                metrics.update(rollout_metrics(records, trainer.version - 1))
+                metrics.update(rollout_metrics(records, sampled_by))
                 metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "time/train_sync_s": t3 - t2,
                                 "time/step_s": t3 - t0, "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})
                 store.log_metrics(step, metrics)

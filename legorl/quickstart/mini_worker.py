@@ -25,6 +25,11 @@ import sys
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 
+# The protocol owns the real stdout; anything LiteLLM or mini-swe-agent prints goes to stderr.
+PROTOCOL = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("MSWEA_CONFIGURED", "true")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
@@ -53,7 +58,7 @@ def run_one(cfg: dict, model_name: str, ep: dict) -> dict:
 
 
 def main() -> None:
-    lock_out = sys.stdout
+    lock_out = PROTOCOL
     for line in sys.stdin:
         if not line.strip():
             continue
