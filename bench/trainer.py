@@ -10,6 +10,7 @@ every token forwarded, as the probe does; MFU uses the probe's 6Â·active-paramsÂ
 
     python bench/trainer.py                 # CPU: the probe's small sizes and the bundled tiny models
     python bench/trainer.py --size gpu      # the probe's H200 sizes, bf16 (run-ready; not measured here)
+    python bench/trainer.py --size gpu --master-fp32 --experts grouped_mm
 
 Prints one JSON object.
 """
@@ -99,6 +100,7 @@ def naive_step_time(m: torch.nn.Module, B: int, T: int, device: str, steps: int,
 
 def legorl_step_time(m: torch.nn.Module, B: int, T: int, args: argparse.Namespace) -> tuple[float, dict]:
     cfg = TrainerConfig(device=args.device, dtype=args.dtype, lr=1e-6, logprob_chunk=args.chunk,
+                        master_weights_fp32=args.master_fp32,
                         max_tokens_per_microbatch=args.microbatch_tokens, experts_implementation=None,
                         attn_implementation=m.config._attn_implementation)  # fmt: skip
     trainer = Trainer(cfg, lm=m)
@@ -139,6 +141,9 @@ def main() -> None:
     ap.add_argument("--microbatch-tokens", type=int, default=16384)
     ap.add_argument("--experts", default="", help="experts_implementation for MoE (e.g. grouped_mm)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--master-fp32", action="store_true",
+                    help="bf16 with fp32 master weights (FSDP2 mixed precision, what a real run uses); "
+                         "default: train the bf16 parameters directly, as the naive probe does")  # fmt: skip
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,7 +152,8 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     B, T = (2, 64) if small else (8, 2048)
     out = {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
-           "dtype": args.dtype, "size": "cpu" if small else "gpu", "rows": []}  # fmt: skip
+           "dtype": args.dtype, "master_weights_fp32": bool(args.master_fp32 and args.dtype == "bfloat16"),
+           "size": "cpu" if small else "gpu", "rows": []}  # fmt: skip
     if args.device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
     models: list[tuple[str, Callable[[str], torch.nn.Module]]] = []
