@@ -48,7 +48,8 @@ def test_claude_code_launch(layers) -> None:
         assert flag in launch.command
     env = launch.env
     assert env["ANTHROPIC_BASE_URL"] == BASE and env["IS_SANDBOX"] == "1"
-    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "my-policy"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "my-policy"
     assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "512" and env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "90000"
     assert COMMON_ENV["HOME"].startswith("/tmp/.legorl-agent")
     assert a.readonly_mounts == {str(install.layer_path("claude-code")): str(install.layer_path("claude-code"))}

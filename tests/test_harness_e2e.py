@@ -19,11 +19,18 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from harness_util import (
-    BrokenEngine, Setup, check_recorded, docker_missing, harness_missing, prompt_window_between, rollouts, shipped,
+    BrokenEngine,
+    Setup,
+    check_recorded,
+    docker_missing,
+    harness_missing,
+    prompt_window_between,
+    rollouts,
+    shipped,
     summary,
 )
+
 from legorl.types import Status
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]

@@ -9,7 +9,14 @@ import pytest
 
 from legorl.engine.base import ContextLengthExceeded
 from legorl.engine.oracle import (
-    MARK, PATCH_EOF, OracleEngine, OraclePolicy, OracleTask, find_shell, parse_prompt, patched_files,
+    MARK,
+    PATCH_EOF,
+    OracleEngine,
+    OraclePolicy,
+    OracleTask,
+    find_shell,
+    parse_prompt,
+    patched_files,
 )
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.models import load_tokenizer
@@ -27,8 +34,8 @@ OTHER = OracleTask("calc__mul-2", "mul() returns the sum of its arguments instea
 
 
 def _fn(name: str, props: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {"name": name, "description": name,
-                                             "parameters": {"type": "object", "properties": props, "required": required}}}
+    params = {"type": "object", "properties": props, "required": required}
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": params}}
 
 
 STR = {"type": "string"}
@@ -126,7 +133,8 @@ def test_summary_title_and_prefill(renderer) -> None:
           done[0], {"role": "tool", "tool_call_id": "x", "content": "ok"},
           {"role": "user", "content": "Summarise. REMINDER: Do NOT call any tools. Respond with plain text only."}]
     assert "<tool_call>" not in policy.complete(renderer.decode(renderer.render(ChatRequest(cc, CLAUDE[1]))))
-    title = [{"role": "system", "content": "You are a title generator."}, {"role": "user", "content": TASK.problem_statement}]
+    title = [{"role": "system", "content": "You are a title generator."},
+             {"role": "user", "content": TASK.problem_statement}]
     assert policy.complete(renderer.decode(renderer.render(ChatRequest(title, [])))).startswith("Fix: add()")
     # OpenCode's max-steps prefill: a trailing open assistant message gets text only.
     pre = [{"role": "system", "content": OPENCODE[0]}, {"role": "user", "content": TASK.problem_statement},
@@ -158,7 +166,8 @@ def test_unknown_task_and_no_shell(renderer) -> None:
 
 
 def test_patched_files() -> None:
-    patch = PATCH + "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x\n"
+    new = "diff --git a/new.py b/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x\n"
+    patch = PATCH + new
     assert patched_files(patch) == ["calc/core.py", "new.py"]
 
 
@@ -187,7 +196,8 @@ def test_engine_from_registry(tmp_path) -> None:
         make_engine(EngineConfig(kind="oracle", options={"tasks": [TASK], "bogus": 1}))
     f = tmp_path / "tasks.jsonl"
     row = {"instance_id": "x__1", "repo": "x/x", "base_commit": "a" * 40, "problem_statement": "p", "patch": PATCH,
-           "test_patch": PATCH, "FAIL_TO_PASS": ["tests/test_core.py::test_add"], "PASS_TO_PASS": [], "repo_path": "repo.bundle"}
+           "test_patch": PATCH, "FAIL_TO_PASS": ["tests/test_core.py::test_add"], "PASS_TO_PASS": [],
+           "repo_path": "repo.bundle"}
     f.write_text(json.dumps(row) + "\n")
     eng = make_engine(EngineConfig(kind="oracle", options={"tasks": str(f), "think": False}))
     assert eng.name == "oracle" and list(eng.policy.tasks) == ["x__1"] and not eng.policy.think

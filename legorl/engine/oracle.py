@@ -330,7 +330,9 @@ class OracleEngine:
         known = {"logprob", "think", "run_tests", "read_bytes", "latency_s"}
         bad = set(opts) - known
         if bad:
-            raise ValueError(f"engine.options: unknown oracle option(s) {sorted(bad)}; known: tasks, {', '.join(sorted(known))}")
+            raise ValueError(
+                f"engine.options: unknown oracle option(s) {sorted(bad)}; known: tasks, {', '.join(sorted(known))}"
+            )
         return cls(tokenizer, source, max_context=cfg.max_context or 32768, **opts)
 
     def completion_ids(self, prompt_ids: list[int]) -> list[int]:
@@ -395,7 +397,9 @@ def load_oracle_tasks(source: Mapping[str, OracleTask] | list[Any] | str | Path)
         if isinstance(t, OracleTask):
             out[t.instance_id] = t
         elif isinstance(t, dict):
-            out[t["instance_id"]] = OracleTask(t["instance_id"], t["problem_statement"], t["patch"], t.get("test_cmd", ""))
+            out[t["instance_id"]] = OracleTask(
+                t["instance_id"], t["problem_statement"], t["patch"], t.get("test_cmd", "")
+            )
         else:  # legorl.types.Task
             out[t.instance_id] = OracleTask(t.instance_id, t.problem_statement, t.patch, getattr(t, "test_cmd", ""))
     if not out:

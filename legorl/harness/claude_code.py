@@ -32,8 +32,17 @@ import shlex
 from dataclasses import dataclass
 
 from legorl.harness.base import (
-    mounts, run_native,
-    AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, http_status_is_infra, infra, jsonl,
+    AGENT_DIR,
+    API_KEY,
+    HOME,
+    PROBLEM_FILE,
+    Launch,
+    Verdict,
+    http_status_is_infra,
+    infra,
+    jsonl,
+    mounts,
+    run_native,
 )
 from legorl.harness.command import AgentRun
 from legorl.harness.install import require
@@ -106,7 +115,7 @@ class ClaudeCode:
             "subtype": subtype,
             "terminal_reason": reason,
             "session_id": str(r.get("session_id", "")),
-            "compactions": str(sum(1 for e in events if e.get("type") == "system" and e.get("subtype") == "compact_boundary")),
+            "compactions": str(sum(1 for e in events if e.get("subtype") == "compact_boundary")),
         }
         if subtype == "success" and not r.get("is_error"):
             return Verdict(None, details)

@@ -21,7 +21,7 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from legorl.harness.base import mounts, run_native, AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, infra
+from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
 from legorl.harness.command import AgentRun
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult, Sandbox

@@ -27,7 +27,18 @@ import json
 import shlex
 from dataclasses import dataclass
 
-from legorl.harness.base import mounts, run_native, AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, http_status_is_infra, infra, jsonl
+from legorl.harness.base import (
+    AGENT_DIR,
+    API_KEY,
+    PROBLEM_FILE,
+    Launch,
+    Verdict,
+    http_status_is_infra,
+    infra,
+    jsonl,
+    mounts,
+    run_native,
+)
 from legorl.harness.command import AgentRun
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult, Sandbox
@@ -104,8 +115,8 @@ class OpenCode:
                 return Verdict(None, details)
             if name == "APIError" or "statusCode" in data:
                 code = data.get("statusCode")
-                status = Status.ENGINE_ERROR if http_status_is_infra(code if isinstance(code, int) else None) else Status.INFRA_ERROR
-                return Verdict(status, details)
+                infra_fault = http_status_is_infra(code if isinstance(code, int) else None)
+                return Verdict(Status.ENGINE_ERROR if infra_fault else Status.INFRA_ERROR, details)
             return Verdict(Status.INFRA_ERROR, details)
         if res.exit_code != 0:
             return infra(f"opencode exited {res.exit_code}; stderr: {err_tail}")

@@ -27,7 +27,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from legorl.harness.base import mounts, run_native, AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra
+from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
 from legorl.harness.command import AgentRun
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult, Sandbox
@@ -82,7 +82,8 @@ class OpenHands:
         status = str(r.get("status", ""))
         code = str(r.get("error_code") or "")
         error = str(r.get("error") or "")
-        details = {"status": status, "actions": str(r.get("actions", "")), "condensations": str(r.get("condensations", ""))}
+        details = {"status": status, "actions": str(r.get("actions", "")),
+                   "condensations": str(r.get("condensations", ""))}
         if code:
             details["error_code"] = code
         if error:

@@ -127,6 +127,19 @@ class RunConfig(Section):
     ray: RayConfig = Field(default_factory=RayConfig)
     eval: EvalSection = Field(default_factory=EvalSection)
 
+    @model_validator(mode="after")
+    def _sampling_matches_recompute(self) -> RunConfig:
+        """The trainer recomputes logprobs as a full softmax at the sampling temperature, so
+        the proxy must sample from exactly that distribution (else every ratio is biased)."""
+        p, t = self.proxy, self.trainer
+        if p.temperature != t.temperature:
+            raise ValueError(f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
+                             f"({p.temperature}): logprobs are recomputed at the sampling temperature")
+        if p.top_p != 1.0 or p.top_k != -1:
+            raise ValueError("proxy.top_p must be 1 and proxy.top_k -1 when training: the trainer's "
+                             "recomputation has no nucleus/top-k truncation")
+        return self
+
 
 def _resolve(base: Path, p: Path | None) -> Path | None:
     return None if p is None or p.is_absolute() else (base / p).resolve()

@@ -56,7 +56,8 @@ def make_weight_sync(engine: Engine, run_dir: Path) -> Any:
     if callable(getattr(engine, "update_weights", None)):
         return InProcessSync(engine)
     if callable(getattr(engine, "update_weights_from_disk", None)):
-        return DiskSync([engine], run_dir / "weights")
+        served = getattr(engine, "served_model_dir", None)  # vLLM reloads only the dir it serves
+        return DiskSync([engine], served, in_place=True) if served else DiskSync([engine], run_dir / "weights")
     return None  # scripted / oracle: nothing to update
 
 

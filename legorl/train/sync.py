@@ -58,13 +58,18 @@ class InProcessSync:
 class DiskSync:
     """Save an HF directory per version and point engines at it; keeps the newest `keep`."""
 
-    def __init__(self, engines: Sequence[DiskEngine], directory: str | Path, keep: int = 2) -> None:
+    def __init__(
+        self, engines: Sequence[DiskEngine], directory: str | Path, keep: int = 2, *, in_place: bool = False
+    ) -> None:
+        """`in_place=True` overwrites the files of `directory` itself (vLLM can only reload the
+        directory it was launched on); otherwise each version gets its own `v<N>` directory."""
         for e in engines:
             if not callable(getattr(e, "update_weights_from_disk", None)):
                 raise TypeError(f"{type(e).__name__} has no update_weights_from_disk(path, version)")
         self.engines = list(engines)
         self.directory = Path(directory)
         self.keep = max(keep, 1)
+        self.in_place = in_place
 
     async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         path = await asyncio.to_thread(self._write, lm, state_dict, version)
@@ -73,15 +78,23 @@ class DiskSync:
 
     def _write(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> Path:
         final = self.directory / f"v{version:08d}"
-        tmp = self.directory / f".tmp_v{version:08d}"
+        tmp = (self.directory.parent if self.in_place else self.directory) / f".tmp_v{version:08d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         lm.save_pretrained(tmp, state_dict=dict(state_dict), safe_serialization=True)
+        if self.in_place:  # file by file: the tokenizer and other files of the served dir stay
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for f in tmp.iterdir():
+                os.replace(f, self.directory / f.name)
+            tmp.rmdir()
+            return self.directory
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         return final
 
     def _prune(self) -> None:
+        if self.in_place:
+            return
         versions = sorted(p for p in self.directory.glob("v*") if p.is_dir())
         for old in versions[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
