@@ -137,7 +137,8 @@ def train(
     from legorl.loop.train import train as run_train
 
     summary = asyncio.run(run_train(_run_config(config), resume=resume))
-    typer.echo(json.dumps({"run_dir": summary["run_dir"], "steps": len(summary["steps"])}))
+    if "run_dir" in summary:  # rank 0 (followers under torchrun return their own summary)
+        typer.echo(json.dumps({"run_dir": summary["run_dir"], "steps": len(summary["steps"])}))
 
 
 @app.command("eval")

@@ -16,6 +16,7 @@ the store holds every committed record.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from pathlib import Path
@@ -82,16 +83,60 @@ def rollout_backend(cfg: RunConfig, engine: Engine) -> Any:
     return ray_rollout_pool(cfg, engine)
 
 
-def build_trainer(cfg: RunConfig, engine: Engine) -> Trainer:
+class _FollowerSync:
+    """A non-main rank's weight sync: it joins the collective gather of the full weights
+    (`Trainer.sync_weights`) but pushes nothing; the main rank owns the engine."""
+
+    async def push(self, lm: Any, state_dict: Any, version: int) -> None:
+        return None
+
+
+def build_trainer(cfg: RunConfig, engine: Engine | None) -> Trainer:
     tcfg = cfg.trainer.model_copy()
     if not tcfg.checkpoint_dir:
         tcfg.checkpoint_dir = str(cfg.run.dir / "checkpoints")
     tcfg.total_steps = cfg.run.steps
-    return Trainer(tcfg, weight_sync=make_weight_sync(engine, cfg.run.dir))
+    sync = make_weight_sync(engine, cfg.run.dir) if engine is not None else _FollowerSync()
+    return Trainer(tcfg, weight_sync=sync)
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's object on every rank (trajectories of a step, or None: stop)."""
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+async def _resume(trainer: Trainer) -> int:
+    from legorl.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(trainer.cfg.checkpoint_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}")
+    trainer.load_checkpoint(ckpt)
+    await trainer.sync_weights()  # the engine must sample from the restored weights
+    return int(trainer.data_state.get("next_step", trainer.step_count))
+
+
+async def follow(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
+    """A non-main rank under torchrun: train on the trajectories rank 0 broadcasts."""
+    trainer = build_trainer(cfg, None)
+    if resume:
+        await _resume(trainer)
+    steps = 0
+    while (item := _broadcast(None)) is not None:
+        trajs, next_step = item
+        await trainer.train_step(trajs, data_state={"next_step": next_step})
+        steps += 1
+    return {"rank": trainer.dist.rank, "steps": steps}
 
 
 async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
     console = console or Console(stderr=True)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 rolls out
+        return await follow(cfg, resume=resume)
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
     store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
@@ -99,17 +144,11 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
+    ranks = trainer.dist.world
     start = 0
     if resume:
-        from legorl.train.checkpoint import latest_checkpoint
-
-        ckpt = latest_checkpoint(trainer.cfg.checkpoint_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}")
-        trainer.load_checkpoint(ckpt)
-        start = int(trainer.data_state.get("next_step", trainer.step_count))
-        await trainer.sync_weights()  # the engine must sample from the restored weights
-        console.print(f"resumed from {ckpt} at step {start}")
+        start = await _resume(trainer)
+        console.print(f"resumed at step {start}")
     ui = None
     if cfg.run.ui:
         from legorl.monitor.ui.server import UIServerThread
@@ -137,6 +176,8 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values) if a is not None})
                 t2 = time.monotonic()
                 sampled_by = trainer.version  # the weights these rollouts were sampled with
+                if ranks > 1:
+                    _broadcast((trajs, step + 1))
                 metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1})
                 t3 = time.monotonic()
                 metrics.update(rollout_metrics(records, sampled_by))
@@ -156,6 +197,8 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                     summary["stopped"] = verdict.stop_reasons
                     break
     finally:
+        if ranks > 1:
+            _broadcast(None)  # followers leave their loop
         if ui is not None:
             ui.stop()
         await engine.close()

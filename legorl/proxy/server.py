@@ -177,7 +177,10 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         srv = ProxyServer(proxy_cfg, engine, Renderer(tokenizer), out_dir=out, standalone=True)
-        await srv.start()
+        try:
+            await srv.start()
+        except OSError as e:  # port in use, address not available: a message, not a traceback
+            raise SystemExit(f"legorl proxy: {e}") from None
         print(f"legorl proxy: serving {engine_kind}:{model} at {srv.base_url} "
               f"(OpenAI {srv.base_url}/v1, Anthropic {srv.base_url}); recording to {out}", flush=True)
         try:
