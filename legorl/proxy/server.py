@@ -160,16 +160,21 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
     """`legorl proxy`: serve all three dialects until SIGINT/SIGTERM, recording to `out`.
 
     `config_path` is a TOML file whose `[proxy]` table holds ProxyConfig fields and whose
-    `[engine]` table holds EngineConfig fields (other tables are ignored). Any session id is accepted and opened on first
-    use; `DELETE /legorl/sessions/{id}` or shutdown writes its trajectory."""
+    `[engine]` table holds EngineConfig fields (other tables are ignored). Any session id
+    is accepted and opened on first use; `DELETE /legorl/sessions/{id}` or shutdown writes
+    its trajectory."""
     from legorl.engine.registry import EngineConfig, make_engine
     from legorl.models import load_tokenizer
 
+    from pydantic import ValidationError
+
     proxy_cfg, engine_raw = _load_config(config_path)
     proxy_cfg.host, proxy_cfg.port = host, port
-    tokenizer = load_tokenizer(model)
-    engine_cfg = EngineConfig(**{**engine_raw, "kind": engine_kind, "model": model})
-    engine = make_engine(engine_cfg, tokenizer)
+    try:
+        tokenizer = load_tokenizer(model)
+        engine = make_engine(EngineConfig(**{**engine_raw, "kind": engine_kind, "model": model}), tokenizer)
+    except (ValidationError, ValueError) as e:  # bad [engine] table, unknown model or engine kind
+        raise SystemExit(f"legorl proxy: cannot start the {engine_kind!r} engine for {model!r}: {e}") from None
 
     async def main() -> None:
         stop = asyncio.Event()
