@@ -43,7 +43,7 @@ async def backend_and_images(name: str) -> AsyncIterator[tuple[object, TaskImage
         await close_backend(backend)
 
 
-def pick_task(repo: str = "jpvanhal/inflection", split: str = "train") -> Task:
+def pick_task(repo: str = "pytoolz/toolz", split: str = "train") -> Task:
     """A deterministic shipped task of `repo` whose gold patch touches one source file."""
     tasks = sorted((t for t in load_shipped(split) if t.repo == repo), key=lambda t: t.instance_id)
     assert tasks, f"no shipped {split} task of {repo}"

@@ -22,6 +22,7 @@ import random
 import shlex
 import shutil
 import subprocess
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,7 +98,10 @@ def _interleave(muts: list[Mutation], seed: int) -> list[Mutation]:
 def find_bugs(spec: ProjectSpec, tree: Path, cfg: GenConfig) -> list[Accepted]:
     """Try mutations on `tree` (restored after each) until `cfg.count` are accepted."""
     args = [*spec.pytest_options, *spec.tests]
+    t0 = time.monotonic()
     runs = [run_tests(tree, args, cfg.python) for _ in range(2)]
+    # A mutant that makes the suite hang (an endless loop) is a poor task: cut it off early.
+    timeout_s = max(30.0, 5.0 * (time.monotonic() - t0) / 2)
     stable = {t for t, s in runs[0].results.items() if s.ok and runs[1].results.get(t) == s} - set(spec.deselect)
     if not stable:
         raise RuntimeError(f"{spec.slug}: no test passes before mutation; output:\n{runs[0].output[-3000:]}")
@@ -118,7 +122,7 @@ def find_bugs(spec: ProjectSpec, tree: Path, cfg: GenConfig) -> list[Accepted]:
                 continue
             tried.add(m.key)
             attempts += 1
-            found = _try_mutant(spec, tree, m, args, stable, cfg)
+            found = _try_mutant(spec, tree, m, args, stable, cfg, timeout_s)
             if cfg.log:
                 f2p = len(found.fail_to_pass) if found else 0
                 print(f"[{spec.slug}] {attempts:3d} {m.kind:11s} {m.function:32s} {'KEEP f2p=' + str(f2p) if found else ''}")
@@ -128,15 +132,19 @@ def find_bugs(spec: ProjectSpec, tree: Path, cfg: GenConfig) -> list[Accepted]:
     return accepted
 
 
-def _try_mutant(spec: ProjectSpec, tree: Path, m: Mutation, args: list[str], stable: set[str], cfg: GenConfig) -> Accepted | None:
+def _try_mutant(
+    spec: ProjectSpec, tree: Path, m: Mutation, args: list[str], stable: set[str], cfg: GenConfig, timeout_s: float
+) -> Accepted | None:
     """Run the suite with mutant `m` in place (restored after); the task it makes, if any."""
     path = tree / m.path
     clean = path.read_bytes()
     path.write_bytes(m.apply(clean))
     try:
-        run = run_tests(tree, args, cfg.python)
+        run = run_tests(tree, args, cfg.python, timeout_s=timeout_s)
     finally:
         path.write_bytes(clean)
+    if run.exit_code == 124:
+        return None
     broken = sorted(t for t in stable if not (run.results.get(t) and run.results[t].ok))
     files = {t.split("::", 1)[0] for t in broken}
     still = sorted(t for t in stable if t.split("::", 1)[0] in files and t not in broken)

@@ -7,7 +7,9 @@ real sandboxes by the oracle validation (`legorl tasks validate`), which is the 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -35,13 +37,17 @@ def run_tests(repo: Path, args: list[str], python: str, timeout_s: float = 300.0
         for path, text in plan.files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text)
+        proc = subprocess.Popen(
+            plan.command, shell=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
-            proc = subprocess.run(
-                plan.command, shell=True, capture_output=True, text=True, timeout=timeout_s, start_new_session=True
-            )
+            stdout, stderr = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, not just the shell
+            proc.communicate()
             return TestRun(exit_code=124, results={}, failures={}, output="timeout")
-        output = proc.stdout[-20000:] + proc.stderr[-5000:]
+        output = stdout[-20000:] + stderr[-5000:]
         try:
             data = Path(plan.junit_path).read_bytes()
             results = parse_junit(data)
