@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,7 +54,9 @@ class Episode:
         return self.outcome is not None and self.outcome.reward > 0
 
 
-ReplyFn = Callable[[Episode, str | None], str]  # (episode, last observation) -> reply text
+# (episode, last observation) -> the reply as text (tokenised as the scripted engine does)
+# or as token ids (replaying what an engine returned)
+ReplyFn = Callable[[Episode, str | None], "str | list[int]"]
 
 
 def run_episodes(
@@ -66,11 +69,21 @@ def run_episodes(
     max_tokens: int = 48,
     generator: torch.Generator | None = None,
     policy_version: int = 0,
+    workers: int = 8,
 ) -> list[Episode]:
-    """Play every episode to its end (policy `model`, or `reply_fn`), then grade each."""
+    """Play every episode to its end (policy `model`, or `reply_fn`), then grade each;
+    `workers` commands (and gradings) run at a time."""
     if (model is None) == (reply_fn is None):
         raise ValueError("run_episodes needs exactly one of model= and reply_fn=")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return _play(episodes, renderer, model, reply_fn, temperature, max_tokens, gen, policy_version, pool)
+
+
+def _play(
+    episodes: list[Episode], renderer: Renderer, model: torch.nn.Module | None, reply_fn: ReplyFn | None,
+    temperature: float, max_tokens: int, gen: torch.Generator, policy_version: int, pool: ThreadPoolExecutor,
+) -> list[Episode]:
     last_obs: dict[str, str | None] = {e.session_id: None for e in episodes}
     while True:
         live = [e for e in episodes if e.dialogue.wants_query()]
@@ -87,9 +100,11 @@ def run_episodes(
         else:
             completions = []
             for e in live:
-                ids = renderer.encode(reply_fn(e, last_obs[e.session_id])) + [renderer.im_end]
+                reply = reply_fn(e, last_obs[e.session_id])
+                ids = renderer.encode(reply) + [renderer.im_end] if isinstance(reply, str) else list(reply)
                 completions.append((ids, [0.0] * len(ids), FinishReason.STOP))
         t1 = time.time()
+        commands: list[tuple[Episode, str]] = []
         for e, prompt, (ids, lps, finish) in zip(live, prompts, completions):
             text = renderer.decode(ids[:-1] if ids and ids[-1] in renderer.eos_ids else ids)
             parsed = parse_completion(text)
@@ -104,11 +119,14 @@ def run_episodes(
             )
             command = e.dialogue.on_reply(text, str(finish))
             if command is not None:
-                output = e.workspace.execute(command)
-                e.dialogue.on_output(output)
-                last_obs[e.session_id] = output.get("output", "")
-    for e in episodes:
-        e.outcome = outcome_of(e.dialogue.exit_status, e.workspace)
+                commands.append((e, command))
+        # commands run concurrently: each is a subprocess, and waiting for it frees the GIL
+        for (e, _), output in zip(commands, pool.map(lambda ec: ec[0].workspace.execute(ec[1]), commands)):
+            e.dialogue.on_output(output)
+            last_obs[e.session_id] = output.get("output", "")
+    outcomes = pool.map(lambda e: outcome_of(e.dialogue.exit_status, e.workspace), episodes)
+    for e, outcome in zip(episodes, outcomes):
+        e.outcome = outcome
         e.info["exit_status"] = e.dialogue.exit_status
         e.workspace.close()
     return episodes
