@@ -58,6 +58,7 @@ def test_stream_equals_whole(fmt: str, text: str, seed: int) -> None:
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [(c.name, c.arguments) for c in whole.tool_calls]
     streamed = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert streamed.strip() == whole.content.strip()
+    assert not streamed.startswith("\n")  # newlines after </think> are stripped in any chunking
     assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == (whole.reasoning or "")
     for k, c in enumerate(parsed.tool_calls):
         deltas = [e for e in events if isinstance(e, ToolCallDelta) and e.index == k]

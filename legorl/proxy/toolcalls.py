@@ -150,6 +150,7 @@ class StreamParser:
         self.reasoning_parts: list[str] = []
         self.calls: list[ToolCall] = []
         self.bad = False
+        self._after_think = False  # newlines right after </think> are not content
 
     def feed(self, delta: str) -> list[StreamEvent]:
         self.buf += delta
@@ -200,6 +201,7 @@ class StreamParser:
             i = b.find(THINK_CLOSE)
             if i >= 0:
                 self.buf, self.mode = b[i + len(THINK_CLOSE) :].lstrip("\n"), "text"
+                self._after_think = True
                 return [self._reason(b[:i].rstrip("\n"))] if b[:i].rstrip("\n") else []
             keep = _partial_suffix(b, THINK_CLOSE) if not final else 0
             out = b[: len(b) - keep]
@@ -208,6 +210,11 @@ class StreamParser:
             self.buf = b[len(out) :]
             return [self._reason(out)] if out else []
         if self.mode == "text":
+            if self._after_think:
+                b = self.buf = b.lstrip("\n")
+                if not b:
+                    return []
+                self._after_think = False
             i = b.find(OPEN)
             if i >= 0:
                 self.buf, self.mode = b[i + len(OPEN) :], "call"
