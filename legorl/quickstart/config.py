@@ -7,7 +7,6 @@ from typing import Literal
 
 from pydantic import Field
 
-from legorl.config import load
 from legorl.config_base import Section
 
 
@@ -23,7 +22,7 @@ class QuickstartConfig(Section):
     """How often the expert reads the FAIL line; otherwise it fixes the first function the
     test output mentions. The demonstrations' success rate is p_read + (1 - p_read) / k."""
 
-    expert_episodes: int = Field(600, ge=1)
+    expert_episodes: int = Field(500, ge=1)
     """SFT demonstrations, each one real mini-swe-agent episode against the expert engine."""
     heldout_episodes: int = Field(300, ge=1)
     """Held-out episodes per evaluation (three evaluations: start, after SFT, after GSPO)."""
@@ -47,7 +46,7 @@ class QuickstartConfig(Section):
     sft_lr: float = Field(3e-3, gt=0.0)
     """SFT peak learning rate (warm-up 20 steps, cosine to 10%)."""
 
-    rl_steps: int = Field(40, ge=0)
+    rl_steps: int = Field(20, ge=0)
     """GSPO steps."""
     rl_tasks_per_step: int = Field(16, ge=1)
     """Training tasks per GSPO step (each one group)."""
@@ -69,5 +68,3 @@ def load_quickstart(path: Path) -> QuickstartConfig:
         raise ConfigError(f"{path}: no [quickstart] table")
     return validate(QuickstartConfig, data["quickstart"], f"{path} [quickstart]")
 
-
-__all__ = ["QuickstartConfig", "load", "load_quickstart"]
