@@ -80,8 +80,9 @@ class RolloutWorker:
         self.images = TaskImages(backend=cfg.sandbox.backend)
         self.harness = make_harness(cfg.harness, cfg.proxy.served_model)
         s = cfg.sandbox
+        self.retries = s.retries  # done here, one proxy session per attempt (run_rollout: 0)
         self.rollout_cfg = RolloutConfig(
-            agent_timeout_s=s.agent_timeout_s, retries=s.retries,
+            agent_timeout_s=s.agent_timeout_s, retries=0,
             limits=Limits(memory_mb=s.memory_mb, pids=s.pids, cpus=s.cpus, disk_mb=s.disk_mb),
         )  # fmt: skip
 
@@ -108,9 +109,26 @@ class RolloutWorker:
             self._tmp.cleanup()
 
     async def rollout(self, task: Task, *, step: int = 0, session_id: str | None = None) -> RolloutRecord:
+        """One rollout; an infrastructure fault is retried in a fresh sandbox *and* a fresh
+        proxy session, so a failed attempt's turns never join the retried one's trajectory."""
         assert self.backend is not None, "use the worker as `async with RolloutWorker(...)`"
         sid = session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}"
         image = await self.images.for_task(task)
+        failed: list[str] = []
+        for attempt in range(self.retries + 1):
+            attempt_sid = sid if attempt == 0 else f"{sid}-retry{attempt}"
+            rec = await self._attempt(task, image, step, attempt_sid)
+            outcome = rec.trajectory.outcome
+            assert outcome is not None
+            if not outcome.status.is_infra or attempt == self.retries:
+                if failed:
+                    outcome.evidence["retried_after"] = failed
+                return rec
+            failed.append(f"{attempt_sid}: {outcome.evidence.get('cause', outcome.status.value)}")
+            await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+        raise AssertionError("unreachable")
+
+    async def _attempt(self, task: Task, image: str, step: int, sid: str) -> RolloutRecord:
         app = self.relay
         session = None
         if self.proxy is not None:

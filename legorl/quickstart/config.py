@@ -11,6 +11,8 @@ from legorl.config_base import Section
 
 
 class QuickstartConfig(Section):
+    run_dir: Path = Path("runs/quickstart")
+    """Run directory (run.sqlite, quickstart_results.json); relative to the config file."""
     seed: int = 0
     """Seeds the model's sampling, the expert's draws and the order of training tasks."""
     model: str = "quickstart-qwen3"
@@ -66,5 +68,8 @@ def load_quickstart(path: Path) -> QuickstartConfig:
     data = read_toml(path)
     if "quickstart" not in data:
         raise ConfigError(f"{path}: no [quickstart] table")
-    return validate(QuickstartConfig, data["quickstart"], f"{path} [quickstart]")
+    cfg = validate(QuickstartConfig, data["quickstart"], f"{path} [quickstart]")
+    if not cfg.run_dir.is_absolute():
+        cfg.run_dir = (Path(path).resolve().parent / cfg.run_dir).resolve()
+    return cfg
 

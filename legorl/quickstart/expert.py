@@ -40,8 +40,9 @@ _FIRST = re.compile(r"^(?:PASS|FAIL) (\w+)", re.M)
 
 
 def fix_command(name: str) -> str:
-    """Rewrite the line defining `name` with its correct body, and submit."""
-    return f"sed -i 's/^def {name}.*/{line(name, POOL[name])}/' {SOURCE_FILE} && {SUBMIT}"
+    """Rewrite the line defining `name` with its correct body, and submit. The `|`
+    delimiter keeps `a // b` (div) from ending the `s` command early."""
+    return f"sed -i 's|^def {name}.*|{line(name, POOL[name])}|' {SOURCE_FILE} && {SUBMIT}"
 
 
 def failing_function(observation: str) -> str | None:

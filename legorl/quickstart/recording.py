@@ -26,7 +26,7 @@ from legorl.quickstart.family import QuickTask
 from legorl.trajectory import assemble
 from legorl.types import Trajectory, Turn
 
-_FIX = re.compile(r"sed -i 's/\^def (\w+)")
+_FIX = re.compile(r"sed -i 's\|\^def (\w+)")
 RESULTS_FILE = "quickstart_results.json"
 
 
@@ -79,7 +79,11 @@ class Recorder:
         return traj
 
     # -- phases ------------------------------------------------------------------------------
-    def demos(self, trajs: Sequence[Trajectory], path: str) -> None:
+    def demos(self, trajs: Sequence[Trajectory], path: str, turns: Sequence[Sequence[Turn]] | None = None) -> None:
+        """Report the expert data; `turns` stores in-process demonstrations (harness ones
+        were stored as they were graded)."""
+        for traj, ts in zip(trajs, turns or []):
+            self._store_episode(traj, ts)
         ok = sum(1 for t in trajs if t.outcome is not None and t.outcome.reward > 0)
         self.say(f"expert data: {len(trajs)} episodes via {path}, expert resolved {ok / max(len(trajs), 1):.1%}")
         if self.store is not None:
@@ -136,6 +140,7 @@ class Recorder:
             "table": rows,
             "gspo_gain_over_sft": gain,
             "wall_s": round(total_s, 1),
+            "run_dir": str(self.out_dir),
             "within_budget": total_s <= cfg.time_budget_s,
             "phases_s": phases,
             "config": cfg.model_dump(mode="json"),

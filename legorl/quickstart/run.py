@@ -45,10 +45,11 @@ from legorl.quickstart.workspace import DirWorkspace, command_env, fast_python_d
 from legorl.train.logprobs import PolicyModel
 
 
-def run_quickstart(config_path: Path, out_dir: Path) -> dict[str, Any]:
-    """Run the whole quickstart; writes `out_dir/quickstart_results.json` and the run store."""
+def run_quickstart(config_path: Path, out_dir: Path | None = None) -> dict[str, Any]:
+    """Run the whole quickstart; writes `out_dir/quickstart_results.json` and the run store
+    (`out_dir` defaults to the config's `run_dir`)."""
     cfg = load_quickstart(Path(config_path))
-    return run_with_config(cfg, Path(out_dir))
+    return run_with_config(cfg, Path(out_dir) if out_dir is not None else cfg.run_dir)
 
 
 def run_with_config(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
@@ -117,8 +118,8 @@ async def _run(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
         rng = random.Random(cfg.seed)
         eps = run_episodes([episode_of(x) for x in demo_tasks], renderer,
                            reply_fn=lambda e, obs: expert_reply(obs, rng.random(), cfg.p_read))  # fmt: skip
-        demos = [trajectory_of(e, -1) for e in eps]
-        rec.demos(demos, "in-process")
+        demos = [trajectory_of(e, 0) for e in eps]
+        rec.demos(demos, "in-process", [e.turns for e in eps])
     t = clock.phase("expert_data", t)
 
     # 2-4. start, SFT, after SFT ------------------------------------------------------------
@@ -186,8 +187,8 @@ class _Harness:
         await self.engine.close()
 
     async def expert(self, tasks: list[family.QuickTask]) -> list[Any]:
-        eps = await self.runner.run(tasks, self.expert_engine, step=-1)
-        trajs = [self.rec.harness_trajectory(e, -1, "expert") for e in eps]
+        eps = await self.runner.run(tasks, self.expert_engine, step=0)
+        trajs = [self.rec.harness_trajectory(e, 0, "expert") for e in eps]
         self.rec.demos(trajs, "mini-swe-agent")
         return trajs
 
