@@ -1,0 +1,73 @@
+"""The learning quickstart end to end (issue 7): SFT warm start, then GSPO, on 2 CPU cores.
+
+Runs `examples/quickstart.toml` (or --config) from a cold process and prints one JSON
+object: the three held-out resolved rates (start, after SFT, after GSPO) with episode
+counts and 95% Wilson intervals — for the in-process evaluation of every held-out episode
+and for the subset run through the real mini-swe-agent + proxy + hf engine — GSPO's gain
+over its own SFT checkpoint with Newcombe's 95% interval, wall time per phase, the total
+wall time from process start (imports included), the CPU seconds this run used, and the
+machine's load average before and after (the machine is shared; a loaded machine makes
+the same run slower, not different).
+
+    .venv/bin/python bench/quickstart.py [--config examples/quickstart.toml] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import time
+
+T_PROCESS = time.perf_counter()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
+    ap.add_argument("--out", type=Path, default=None, help="run directory (default: a fresh temp dir)")
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="legorl-quickstart-"))
+    load_before = os.getloadavg()
+
+    from legorl.quickstart import run_quickstart
+
+    t_imported = time.perf_counter()
+    res = run_quickstart(args.config, out)
+    total = time.perf_counter() - T_PROCESS
+    rows = {}
+    for name, by_path in res["table"].items():
+        rows[name] = {path: {k: ev[k] for k in ("resolved_rate", "resolved", "episodes", "ci95", "wall_s")}
+                      for path, ev in by_path.items()}  # fmt: skip
+        parity = by_path.get("harness", {}).get("statuses", {})
+        if "parity_turns_compared" in parity:
+            rows[name]["harness"]["replay_parity_turns"] = [parity["parity_turns_identical"], parity["parity_turns_compared"]]
+    print(json.dumps({
+        "bench": "quickstart",
+        "config": str(args.config),
+        "run_dir": str(out),
+        "resolved": rows,
+        "gspo_gain_over_sft": res["gspo_gain_over_sft"],
+        "phases_s": {"imports": round(t_imported - T_PROCESS, 1), **res["phases_s"]},
+        "wall_s_total": round(total, 1),
+        "within_15_min": total <= 900,
+        "cpu_s": round(cpu_seconds(), 1),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "cores": os.cpu_count(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
