@@ -16,26 +16,16 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from legorl.proxy.render import ChatRequest, Renderer, RenderState
 from legorl.proxy.toolcalls import parse_completion
 from legorl.quickstart.dialogue import Dialogue
-from legorl.quickstart.policy import sample_batch
-from legorl.quickstart.workspace import outcome_of
+from legorl.quickstart.lockstep import sample_batch
+from legorl.quickstart.workspace import Workspace, outcome_of
 from legorl.types import Dialect, FinishReason, Outcome, Turn
-
-
-class Workspace(Protocol):
-    """Where one episode's commands run (a sandbox directory) and how it is graded."""
-
-    def execute(self, command: str) -> dict[str, Any]: ...
-
-    def grade(self) -> Outcome: ...
-
-    def close(self) -> None: ...
 
 
 @dataclass

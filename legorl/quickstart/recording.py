@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,7 +59,8 @@ class Recorder:
 
     # -- helpers -----------------------------------------------------------------------------
     def say(self, line: str) -> None:
-        print(line, flush=True)
+        """Progress goes to stderr (stdout stays free for a caller's JSON) and to quickstart.log."""
+        print(line, file=sys.stderr, flush=True)
         self.log_lines.append(line)
 
     def _store_episode(self, traj: Trajectory, turns: Sequence[Turn]) -> None:

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from legorl.quickstart.family import SOURCE_FILE, TEST_CMD, TEST_FILE, QuickTask
 from legorl.types import Outcome, Status
@@ -96,11 +96,21 @@ def grade_source(task: QuickTask, source: str, root: Path, env: dict[str, str], 
     return Outcome(1.0 if resolved else 0.0, Status.RESOLVED if resolved else Status.FAILED, tests=tests, evidence=evidence)
 
 
+class Workspace(Protocol):
+    """Where one episode's commands run and how it is graded (DirWorkspace)."""
+
+    def execute(self, command: str) -> dict[str, Any]: ...
+
+    def grade(self) -> Outcome: ...
+
+    def close(self) -> None: ...
+
+
 # mini-swe-agent exit statuses that the policy caused, and how they end an episode.
 AGENT_EXITS = {"LimitsExceeded": Status.MAX_TURNS, "RepeatedFormatError": Status.FORMAT_ERROR}
 
 
-def outcome_of(exit_status: str, workspace: DirWorkspace, error: str = "") -> Outcome:
+def outcome_of(exit_status: str, workspace: Workspace, error: str = "") -> Outcome:
     """Submitted → graded; the agent's own limits → reward 0 with their status; anything
     else (an API error, a crash of the harness) → infra_error, masked from training."""
     if exit_status == "Submitted":

@@ -1,44 +1,22 @@
-"""The quickstart policy: a tiny Qwen3 with its own tokenizer, and lockstep batched sampling.
+"""Lockstep batched sampling: hundreds of episodes' turns in one forward pass per token.
 
-The model is `legorl/assets/models/quickstart-qwen3` (hidden 128, 4 layers, 512-token
-vocabulary; ~0.9M parameters), materialised with random weights from a fixed seed like
-every bundled model. `sample_batch` advances many prompts at once through one left-padded
-KV cache (the `hf` engine's `BatchedForward`) and draws every token from the exact
-distribution `legorl.engine.sampling` defines, returning each token's log-probability —
-what the proxy records for a turn. The in-process episode runner uses it to play hundreds
-of episodes per forward pass; the proxy path uses the `hf` engine itself.
+`sample_batch` advances many prompts at once through one left-padded KV cache (the `hf`
+engine's `BatchedForward`) and draws every token from the exact distribution
+`legorl.engine.sampling` defines, returning each token's log-probability — what the proxy
+records for a turn. The in-process episode runner uses it because every episode of a
+round is at the same turn: one batch, no scheduler, no HTTP. The real-harness path uses
+the `hf` engine itself (continuous batching behind the proxy), with the same kernels.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
 from legorl.engine.kv_batch import BatchedForward
 from legorl.engine.sampling import processed_logprobs, sample
 from legorl.types import FinishReason
-
-MODEL_NAME = "quickstart-qwen3"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / MODEL_NAME
-
-
-def load_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(MODEL_DIR)
-
-
-def build_model(seed: int = 1234, **overrides: Any) -> torch.nn.Module:
-    """The quickstart model with fresh random weights (deterministic for a seed);
-    `overrides` change config fields (e.g. num_hidden_layers=2) for experiments."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(MODEL_DIR, **overrides)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
 
 
 @dataclass
