@@ -26,15 +26,12 @@ loop it was created on) and binds its socket before returning, so `port=0` is ra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -42,7 +39,7 @@ from starlette.routing import Route
 
 from legorl.engine.base import ContextLengthExceeded, Engine, EngineError
 from legorl.engine.serve_protocol import Completion, Detokenizer, HTTPError, context_message, error_body, parse_request
-from legorl.proxy.server import _bind, _http_impl
+from legorl.asgi_serve import LoopServer, bind_tcp, http_impl
 from legorl.types import FinishReason, TokenStep
 
 
@@ -220,9 +217,7 @@ class EngineServer:
     ) -> None:  # fmt: skip
         self.app = EngineApp(engine, tokenizer, served_model, model_dir=model_dir, api_key=api_key)
         self.host, self.port = host, port
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
+        self._server: LoopServer | None = None
 
     @property
     def url(self) -> str:
@@ -230,30 +225,16 @@ class EngineServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        self._sock = _bind(self.host, self.port)
-        self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, lifespan="off", log_level="warning", access_log=False, http=_http_impl(), loop="none",
-            timeout_keep_alive=75, server_header=False, backlog=2048, timeout_graceful_shutdown=5,
-        )  # fmt: skip
-        self._server = uvicorn.Server(config)
-        serve = getattr(self._server, "_serve", None) or self._server.serve  # _serve: no signal capture
-        self._task = asyncio.get_running_loop().create_task(serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the engine server stopped during start-up")
-            await asyncio.sleep(0.005)
+        sock = bind_tcp(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        self._server = LoopServer(self.app, sock, what="engine server", http=http_impl(), timeout_keep_alive=75,
+                                  backlog=2048)
+        await self._server.start()
 
     async def stop(self) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._task
-        self._server = self._task = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
 
     async def __aenter__(self) -> EngineServer:
         await self.start()

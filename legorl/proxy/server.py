@@ -15,17 +15,13 @@ HTTP layer roughly in half).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import importlib.util
 import logging
 import signal
-import socket
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
+from legorl.asgi_serve import LoopServer, bind_tcp, http_impl
 from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp, ProxyContext
 from legorl.proxy.config import ProxyConfig
@@ -34,10 +30,6 @@ from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
 from legorl.types import Turn
 
 log = logging.getLogger(__name__)
-
-
-def _http_impl() -> str:
-    return "httptools" if importlib.util.find_spec("httptools") else "h11"
 
 
 def tune_gc(gen0_threshold: int = 50_000) -> None:
@@ -52,19 +44,6 @@ def tune_gc(gen0_threshold: int = 50_000) -> None:
     gc.freeze()
     g0, g1, g2 = gc.get_threshold()
     gc.set_threshold(max(g0, gen0_threshold), g1, g2)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise OSError(f"cannot listen on {host}:{port}: {e.strerror} (is another proxy running? use another --port)") from e
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 class ProxyServer:
@@ -87,9 +66,7 @@ class ProxyServer:
         self.app = ProxyApp(self.ctx)
         self.host = host if host is not None else cfg.host
         self.port = port if port is not None else cfg.port
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._sock: socket.socket | None = None
+        self._server: LoopServer | None = None
 
     @property
     def base_url(self) -> str:
@@ -113,32 +90,17 @@ class ProxyServer:
     async def start(self) -> None:
         if self.cfg.tune_gc:
             tune_gc()
-        self._sock = _bind(self.host, self.port)
-        self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, lifespan="off", log_level="warning", access_log=False, http=_http_impl(), loop="none",
-            timeout_keep_alive=75, server_header=False, date_header=False, backlog=2048,
-            timeout_graceful_shutdown=5,
-        )
-        self._server = uvicorn.Server(config)
-        serve = getattr(self._server, "_serve", None) or self._server.serve  # _serve: no signal capture
-        self._task = asyncio.get_running_loop().create_task(serve(sockets=[self._sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the proxy server stopped during start-up")
-            await asyncio.sleep(0.005)
+        sock = bind_tcp(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        self._server = LoopServer(self.app, sock, what="proxy server", http=http_impl(), timeout_keep_alive=75,
+                                  backlog=2048)
+        await self._server.start()
 
     async def stop(self) -> None:
         """Stop serving, close every open session (writing its trajectory) and the files."""
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._task
-        self._server = self._task = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
         self.shutdown_sessions()
 
     def shutdown_sessions(self) -> None:

@@ -10,7 +10,6 @@ agent therefore cannot read, write or close another rollout's session.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -18,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import uvicorn
+
+from legorl.asgi_serve import LoopServer
 
 Scope = dict[str, Any]
 
@@ -55,8 +55,7 @@ class SessionSocket:
     def __init__(self, asgi_app: Any, session_id: str, path: str | Path) -> None:
         self.app = SessionPinned(asgi_app, session_id)
         self.path = str(path)
-        self._server: uvicorn.Server | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._server: LoopServer | None = None
 
     async def start(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -67,23 +66,13 @@ class SessionSocket:
         os.chmod(self.path, 0o666)  # the sandbox's user may be unprivileged
         sock.listen(256)
         sock.setblocking(False)
-        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", access_log=False,
-                                loop="none", server_header=False, date_header=False)
-        self._server = uvicorn.Server(config)
-        serve = getattr(self._server, "_serve", None) or self._server.serve  # _serve: no signal handlers
-        self._task = asyncio.get_running_loop().create_task(serve(sockets=[sock]))
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError(f"session socket {self.path} stopped during start-up")
-            await asyncio.sleep(0.002)
+        self._server = LoopServer(self.app, sock, what=f"session socket {self.path}")
+        await self._server.start()
 
     async def stop(self) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._task, 10)
-        self._server = self._task = None
+        if self._server is not None:
+            await self._server.stop(timeout_s=10)
+            self._server = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 

@@ -1,0 +1,68 @@
+"""Serve an ASGI app with uvicorn on ready-made sockets, inside the caller's event loop.
+
+The proxy, its per-session unix sockets and the engine server all run in the process
+that owns the engine and the trainer, on that process's event loop (no threads, no
+extra processes): uvicorn's `_serve` is used where it exists because `serve` would take
+over the process's signal handlers. Start-up waits until uvicorn is accepting, and a
+server that dies during start-up raises instead of leaving the caller waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import socket
+from typing import Any
+
+import uvicorn
+
+
+def http_impl() -> str:
+    """httptools when installed (several times cheaper per request than h11)."""
+    return "httptools" if importlib.util.find_spec("httptools") else "h11"
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A listening, non-blocking TCP socket (port 0: a free one); a clear error when taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror} (is another server running? "
+                               "use another --port)") from e
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class LoopServer:
+    """`await start()` / `await stop()` a uvicorn server for `app` on `sock`."""
+
+    def __init__(self, app: Any, sock: socket.socket, *, what: str, **config: Any) -> None:
+        options: dict[str, Any] = dict(lifespan="off", log_level="warning", access_log=False, loop="none",
+                                       server_header=False, date_header=False, timeout_graceful_shutdown=5)
+        options.update(config)
+        self.sock = sock
+        self.what = what
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        serve = getattr(self.server, "_serve", None) or self.server.serve  # _serve: no signal capture
+        self.task = asyncio.get_running_loop().create_task(serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self.task.done():
+                self.task.result()
+                raise RuntimeError(f"the {self.what} stopped during start-up")
+            await asyncio.sleep(0.002)
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        if self.task is not None:
+            self.server.should_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.task, timeout_s)
+            self.task = None
+        self.sock.close()
