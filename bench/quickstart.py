@@ -18,12 +18,12 @@ import time
 
 T_PROCESS = time.perf_counter()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import resource  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import os
+import resource
+import tempfile
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,14 +37,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a fresh temp dir)")
+    ap.add_argument("--seed", type=int, default=None, help="override [quickstart] seed")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="legorl-quickstart-"))
     load_before = os.getloadavg()
 
-    from legorl.quickstart import run_quickstart
+    from legorl.quickstart.config import load_quickstart
+    from legorl.quickstart.run import run_with_config
 
-    t_imported = time.perf_counter()
-    res = run_quickstart(args.config, out)
+    cfg = load_quickstart(args.config)
+    if args.seed is not None:
+        cfg.seed = args.seed
+    res = run_with_config(cfg, out)
     total = time.perf_counter() - T_PROCESS
     rows = {}
     for name, by_path in res["table"].items():
@@ -59,7 +63,9 @@ def main() -> None:
         "run_dir": str(out),
         "resolved": rows,
         "gspo_gain_over_sft": res["gspo_gain_over_sft"],
-        "phases_s": {"imports": round(t_imported - T_PROCESS, 1), **res["phases_s"]},
+        "seed": cfg.seed,
+        # imports (torch, transformers), model load and Python start-up: outside the phases
+        "phases_s": {"process_start_and_imports": round(total - res["wall_s"], 1), **res["phases_s"]},
         "wall_s_total": round(total, 1),
         "within_15_min": total <= 900,
         "cpu_s": round(cpu_seconds(), 1),

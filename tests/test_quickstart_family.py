@@ -10,8 +10,20 @@ import pytest
 
 from legorl.quickstart import family
 from legorl.quickstart.dialogue import Dialogue, load_agent_config
-from legorl.quickstart.expert import ExpertEngine, expert_reply, failing_function, first_function, fix_command
-from legorl.quickstart.workspace import DirWorkspace, command_env, fast_python_dir, grade_source, outcome_of
+from legorl.quickstart.expert import (
+    ExpertEngine,
+    expert_reply,
+    failing_function,
+    first_function,
+    fix_command,
+)
+from legorl.quickstart.workspace import (
+    DirWorkspace,
+    command_env,
+    fast_python_dir,
+    grade_source,
+    outcome_of,
+)
 from legorl.types import SamplingParams, Status
 
 

@@ -35,8 +35,8 @@ from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
 FENCE = "```mswea_bash_command\n{}\n```"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-_FAILING = re.compile(r"^FAIL (\w+):", re.M)
-_FIRST = re.compile(r"^(?:PASS|FAIL) (\w+)", re.M)
+_FAILING = re.compile(r"^FAIL (\w+):", re.MULTILINE)
+_FIRST = re.compile(r"^(?:PASS|FAIL) (\w+)", re.MULTILINE)
 
 
 def fix_command(name: str) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from legorl.engine.base import Engine
 from legorl.proxy.config import ProxyConfig
@@ -85,18 +86,22 @@ class HarnessRunner:
         self.batch_timeout_s = batch_timeout_s
         self.server: ProxyServer | None = None
         self.proc: asyncio.subprocess.Process | None = None
-        self.worker_cpu_s = 0.0
+        self.log_path = work_root / "mini_worker.log"
 
-    async def __aenter__(self) -> HarnessRunner:
+    async def __aenter__(self) -> Self:
         python = mini_python()
         self.server = ProxyServer(self.proxy_cfg, self.engine, self.renderer)
         await self.server.start()
         wenv = {**self.env, "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2", "PYTHONDONTWRITEBYTECODE": "1",
                 "MSWEA_GLOBAL_CONFIG_DIR": str(self.work_root / "mini-config"), "HOME": str(self.work_root)}
-        self.proc = await asyncio.create_subprocess_exec(
-            str(python), str(WORKER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=open(self.work_root / "mini_worker.log", "ab"), env=wenv, limit=1 << 24,
-        )  # fmt: skip
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(python), str(WORKER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=log_fd, env=wenv, limit=1 << 24,
+            )  # fmt: skip
+        finally:
+            os.close(log_fd)  # the child holds its own copy
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -131,9 +136,15 @@ class HarnessRunner:
         deadline = time.monotonic() + self.batch_timeout_s
         while True:
             remaining = deadline - time.monotonic()
-            raw = await asyncio.wait_for(self.proc.stdout.readline(), max(remaining, 0.001))
+            try:
+                raw = await asyncio.wait_for(self.proc.stdout.readline(), max(remaining, 0.001))
+            except TimeoutError:
+                raise RuntimeError(
+                    f"mini-swe-agent did not finish {len(tasks)} episodes in {self.batch_timeout_s:g} s "
+                    f"({len(results)} done; see {self.log_path})"
+                ) from None
             if not raw:
-                raise RuntimeError(f"mini-swe-agent worker exited (see {self.work_root / 'mini_worker.log'})")
+                raise RuntimeError(f"mini-swe-agent worker exited (see {self.log_path})")
             msg = json.loads(raw)
             if "batch_done" in msg:
                 break
@@ -142,8 +153,11 @@ class HarnessRunner:
             res = results.get(ep.session_id, {})
             ep.exit_status, ep.error = res.get("exit_status", ""), res.get("error", "")
             ep.turns = self.server.close_session(ep.session_id)
-            ws = spaces[ep.session_id]
-            ep.outcome = await asyncio.to_thread(outcome_of, ep.exit_status, ws, ep.error)
-            ws.close()
+        outcomes = await asyncio.gather(
+            *(asyncio.to_thread(outcome_of, ep.exit_status, spaces[ep.session_id], ep.error) for ep in episodes)
+        )
+        for ep, outcome in zip(episodes, outcomes, strict=True):
+            ep.outcome = outcome
+            spaces[ep.session_id].close()
         return episodes
 

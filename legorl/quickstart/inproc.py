@@ -99,14 +99,13 @@ def _play(
             text = renderer.decode(ids[:-1] if ids and ids[-1] in renderer.eos_ids else ids)
             parsed = parse_completion(text)
             e.render_state.remember(ids, parsed)
-            e.turns.append(
-                Turn(
-                    session_id=e.session_id, index=len(e.turns), dialect=Dialect.OPENAI_CHAT,
-                    prompt_ids=prompt, completion_ids=ids, logprobs=lps, finish_reason=finish,
-                    sampling_used={"temperature": temperature, "max_tokens": max_tokens},
-                    response_text=text, policy_version=policy_version, t_start=t0, t_end=t1,
-                )  # fmt: skip
-            )
+            turn = Turn(
+                session_id=e.session_id, index=len(e.turns), dialect=Dialect.OPENAI_CHAT,
+                prompt_ids=prompt, completion_ids=ids, logprobs=lps, finish_reason=finish,
+                sampling_used={"temperature": temperature, "max_tokens": max_tokens},
+                response_text=text, policy_version=policy_version, t_start=t0, t_end=t1,
+            )  # fmt: skip
+            e.turns.append(turn)
             command = e.dialogue.on_reply(text, str(finish))
             if command is not None:
                 commands.append((e, command))

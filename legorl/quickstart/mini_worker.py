@@ -19,6 +19,7 @@ mini-swe-agent's batch runner (`mini-extra swebench`) runs agents in threads the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -35,10 +36,10 @@ os.environ.setdefault("MSWEA_CONFIGURED", "true")
 os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-import yaml  # noqa: E402  (mini-swe-agent depends on PyYAML)
-from minisweagent.agents.default import DefaultAgent  # noqa: E402
-from minisweagent.environments.local import LocalEnvironment  # noqa: E402
-from minisweagent.models import get_model  # noqa: E402
+import yaml
+from minisweagent.agents.default import DefaultAgent
+from minisweagent.environments.local import LocalEnvironment
+from minisweagent.models import get_model
 
 
 def run_one(cfg: dict, model_name: str, ep: dict) -> dict:
@@ -52,7 +53,7 @@ def run_one(cfg: dict, model_name: str, ep: dict) -> dict:
         result = agent.run(ep["task"])
         out.update(exit_status=result.get("exit_status", ""), submission=result.get("submission", ""))
         out["n_calls"] = agent.n_calls
-    except Exception as e:  # the agent re-raises what it cannot handle (e.g. API errors)
+    except Exception as e:  # noqa: BLE001 - the agent re-raises what it cannot handle (API errors): reported
         out.update(exit_status=type(e).__name__, error="".join(traceback.format_exception_only(e))[-2000:])
     return out
 
@@ -68,7 +69,7 @@ def main() -> None:
         cfg.setdefault("agent", {}).pop("mode", None)
         episodes = batch["episodes"]
         with ThreadPoolExecutor(max_workers=max(1, int(batch.get("threads", 16)))) as pool:
-            for res in pool.map(lambda ep: run_one(cfg, batch["model"], ep), episodes):
+            for res in pool.map(functools.partial(run_one, cfg, batch["model"]), episodes):
                 lock_out.write(json.dumps(res) + "\n")
                 lock_out.flush()
         lock_out.write(json.dumps({"batch_done": len(episodes)}) + "\n")

@@ -24,6 +24,7 @@ from typing import Any
 
 from legorl.quickstart.evaluate import Evaluation, newcombe_diff, summarize, table
 from legorl.quickstart.family import QuickTask
+from legorl.train.advantages import compute_advantages
 from legorl.trajectory import assemble
 from legorl.types import Trajectory, Turn
 
@@ -53,7 +54,7 @@ class Recorder:
         try:
             from legorl.monitor.store import RunStore
         except ImportError:  # the monitor is an optional part of an install
-            RunStore = None  # noqa: N806
+            RunStore = None
         if RunStore is not None:
             self.store = RunStore(out_dir, durable=False, run_name="quickstart", config=cfg.model_dump(mode="json"))
 
@@ -103,8 +104,11 @@ class Recorder:
         if self.store is None:
             return
         self.store.begin_step(step, policy_version=step - 2)
-        for e, traj in list(zip(episodes, trajs))[: self.sample_groups * group_size]:
+        sample = list(zip(episodes, trajs))[: self.sample_groups * group_size]
+        for e, traj in sample:
             self._store_episode(traj, e.turns)
+        adv = compute_advantages([t for _, t in sample])  # what the trainer computed for these groups
+        self.store.set_advantages({t.session_id: a for (_, t), a in zip(sample, adv.values) if a is not None})
         self.store.log_metrics(step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))})
         self.store.end_step(step)
 
@@ -163,11 +167,16 @@ class Recorder:
                  f"[{gain['ci95_points'][0]:+.1f}, {gain['ci95_points'][1]:+.1f}]; total {total_s:.0f}s")  # fmt: skip
         results["table_text"] = text
         (self.out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
-        (self.out_dir / "quickstart.log").write_text("\n".join(self.log_lines) + "\n")
         if self.store is not None:
             self.store.set_run_info(info={"quickstart": {"gain": gain, "wall_s": results["wall_s"]}})
-            self.store.close()
         return results
+
+    def close(self) -> None:
+        """Write the progress log and close the store (also after a failed run)."""
+        (self.out_dir / "quickstart.log").write_text("\n".join(self.log_lines) + "\n")
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
 
 def _key(label: str) -> str:

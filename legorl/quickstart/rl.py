@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from legorl.proxy.render import Renderer
-from legorl.quickstart.inproc import Episode, run_episodes
 from legorl.quickstart.family import QuickTask
+from legorl.quickstart.inproc import Episode, run_episodes
 from legorl.train.config import TrainerConfig
 from legorl.train.trainer import Trainer
 from legorl.trajectory import assemble

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import transformers  # noqa: F401  (imported before any event loop: its hub import runs asyncio)
+import transformers
 
+from legorl.config import ConfigError
 from legorl.models import load_tokenizer, resolve_model
 from legorl.proxy.render import Renderer
 from legorl.quickstart import family
@@ -39,9 +41,18 @@ from legorl.quickstart.evaluate import Evaluation, newcombe_diff, table
 from legorl.quickstart.expert import expert_reply
 from legorl.quickstart.inproc import Episode, run_episodes
 from legorl.quickstart.recording import RESULTS_FILE, Recorder
-from legorl.quickstart.rl import SAMPLE_ATTN, make_trainer, rl_step, set_attention, task_stream, trajectory_of
+from legorl.quickstart.rl import (
+    SAMPLE_ATTN,
+    TRAIN_ATTN,
+    make_trainer,
+    rl_step,
+    set_attention,
+    task_stream,
+    trajectory_of,
+)
 from legorl.quickstart.sft import SFTConfig, sft
 from legorl.quickstart.workspace import DirWorkspace, command_env, fast_python_dir
+from legorl.train import varlen
 from legorl.train.logprobs import PolicyModel
 
 
@@ -71,26 +82,40 @@ class _Clock:
 
 async def _run(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
     clock = _Clock()
-    t = clock.t0
     work = out_dir / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    rec = Recorder(out_dir, cfg, load_tokenizer(cfg.model))
+    harness = None
+    try:
+        if cfg.harness != "none":
+            harness = _Harness(cfg, Renderer(rec.tok), work, command_env(fast_python_dir(work)), rec)
+            await harness.start()
+        results = await _phases(cfg, out_dir, work, rec, harness, clock)
+    finally:
+        if harness is not None:
+            await harness.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        rec.close()
+    return results
+
+
+async def _phases(
+    cfg: QuickstartConfig, out_dir: Path, work: Path, rec: Recorder, harness: _Harness | None, clock: _Clock
+) -> dict[str, Any]:
+    t = clock.t0
     env = command_env(fast_python_dir(work))
     agent_cfg = load_agent_config()
-    tok = load_tokenizer(cfg.model)
-    renderer = Renderer(tok)
+    renderer = Renderer(rec.tok)
     lm = transformers.AutoModelForCausalLM.from_pretrained(resolve_model(cfg.model), dtype=torch.float32)
     set_attention(lm, SAMPLE_ATTN)
     lm.eval()
-    policy = PolicyModel(lm)
+    if harness is not None:
+        harness.lm = lm
     k = cfg.functions_per_task
     train_tasks = family.tasks("train", cfg.expert_episodes + cfg.rl_steps * cfg.rl_tasks_per_step, k)
     heldout = family.tasks("heldout", cfg.heldout_episodes, k)
     gen = torch.Generator().manual_seed(cfg.seed)
-    rec = Recorder(out_dir, cfg, tok)
-    harness = _Harness(cfg, renderer, work, env, lm, rec) if cfg.harness != "none" else None
-    if harness is not None:
-        await harness.start()
     t = clock.phase("setup", t)
 
     def episode_of(task: family.QuickTask) -> Episode:
@@ -108,35 +133,33 @@ async def _run(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
             rows["harness"] = await harness.evaluate(label, heldout[: cfg.harness_eval_episodes], step, t_h)
         return rows
 
-    # 1. expert data ---------------------------------------------------------------------
+    # 1. expert data: every demonstration, right or wrong (an infrastructure fault is dropped)
     demo_tasks = train_tasks[: cfg.expert_episodes]
     if harness is not None:
         demos = await harness.expert(demo_tasks)
     else:
-        import random
-
         rng = random.Random(cfg.seed)
         eps = run_episodes([episode_of(x) for x in demo_tasks], renderer,
                            reply_fn=lambda e, obs: expert_reply(obs, rng.random(), cfg.p_read))  # fmt: skip
         demos = [trajectory_of(e, 0) for e in eps]
         rec.demos(demos, "in-process", [e.turns for e in eps])
+    demos = [d for d in demos if d.segments and d.outcome is not None and not d.outcome.masked]
     t = clock.phase("expert_data", t)
 
-    # 2-4. start, SFT, after SFT ------------------------------------------------------------
+    # 2-4. start, SFT, after SFT
     evals: dict[str, dict[str, Evaluation]] = {"start": await evaluate("start", 0)}
     t = clock.phase("eval_start", t)
-    sft_cfg = SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, seed=cfg.seed)
-    from legorl.train import varlen
-
     varlen.register()
-    set_attention(lm, "legorl_varlen")
-    optimizer = sft(policy, [d for d in demos if d.segments], sft_cfg, log=rec.sft_metrics)
+    set_attention(lm, TRAIN_ATTN)
+    policy = PolicyModel(lm)
+    sft_cfg = SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, seed=cfg.seed)
+    optimizer = sft(policy, demos, sft_cfg, log=rec.sft_metrics)
     set_attention(lm, SAMPLE_ATTN)
     t = clock.phase("sft", t)
     evals["after_sft"] = await evaluate("after SFT", 1)
     t = clock.phase("eval_after_sft", t)
 
-    # 5. GSPO -------------------------------------------------------------------------------
+    # 5. GSPO
     trainer = make_trainer(lm, cfg.rl_lr, optimizer.state_dict() if cfg.sft_steps else None, cfg.seed)
     take = task_stream(train_tasks[cfg.expert_episodes :], cfg.seed)
     for step in range(cfg.rl_steps):
@@ -147,13 +170,9 @@ async def _run(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
         rec.rl_step(step + 2, episodes, trajs, metrics, cfg.rl_group_size)
     t = clock.phase("gspo", t)
 
-    # 6. after GSPO --------------------------------------------------------------------------
+    # 6. after GSPO, and the table
     evals["after_gspo"] = await evaluate("after GSPO", cfg.rl_steps + 2)
-    t = clock.phase("eval_after_gspo", t)
-    if harness is not None:
-        await harness.stop()
-    shutil.rmtree(work, ignore_errors=True)
-    clock.phase("teardown", t)
+    clock.phase("eval_after_gspo", t)
     return rec.finish(cfg, evals, clock.phases, time.perf_counter() - clock.t0)
 
 
@@ -161,8 +180,9 @@ class _Harness:
     """The real-harness side of a run: proxy + mini-swe-agent worker + hf engine."""
 
     def __init__(self, cfg: QuickstartConfig, renderer: Renderer, work: Path, env: dict[str, str],
-                 lm: torch.nn.Module, rec: Recorder) -> None:  # fmt: skip
-        self.cfg, self.renderer, self.work, self.env, self.lm, self.rec = cfg, renderer, work, env, lm, rec
+                 rec: Recorder) -> None:  # fmt: skip
+        self.cfg, self.renderer, self.work, self.env, self.rec = cfg, renderer, work, env, rec
+        self.lm: torch.nn.Module | None = None  # the policy, set once loaded
         self.runner: Any = None
         self.engine: Any = None
         self.expert_engine: Any = None
@@ -171,7 +191,17 @@ class _Harness:
         from legorl.engine.hf import HFEngine
         from legorl.proxy.config import ProxyConfig
         from legorl.quickstart.expert import ExpertEngine
-        from legorl.quickstart.harness_run import HarnessRunner
+        from legorl.quickstart.harness_run import (
+            HarnessRunner,
+            HarnessUnavailable,
+            mini_python,
+        )
+
+        try:
+            mini_python()
+        except HarnessUnavailable as e:
+            raise ConfigError(f"[quickstart] harness = 'mini-swe-agent', but {e} "
+                              "(or set harness = 'none' to run in process only)") from None  # fmt: skip
 
         tok = self.renderer.tokenizer
         self.expert_engine = ExpertEngine(tok, self.cfg.p_read, seed=self.cfg.seed)
@@ -183,8 +213,10 @@ class _Harness:
         await self.runner.__aenter__()
 
     async def stop(self) -> None:
-        await self.runner.__aexit__(None, None, None)
-        await self.engine.close()
+        if self.runner is not None:
+            await self.runner.__aexit__(None, None, None)
+        if self.engine is not None:
+            await self.engine.close()
 
     async def expert(self, tasks: list[family.QuickTask]) -> list[Any]:
         eps = await self.runner.run(tasks, self.expert_engine, step=0)
@@ -193,6 +225,7 @@ class _Harness:
         return trajs
 
     async def evaluate(self, label: str, tasks: list[family.QuickTask], step: int, t0: float) -> Evaluation:
+        assert self.lm is not None
         state = {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
         await self.engine.update_weights(state, step)
         eps = await self.runner.run(tasks, self.engine, step=step)

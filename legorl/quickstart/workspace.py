@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from legorl.quickstart.family import SOURCE_FILE, TEST_CMD, TEST_FILE, QuickTask
 from legorl.types import Outcome, Status
 
-_RESULT = re.compile(r"^(PASS|FAIL) (\w+)", re.M)
+_RESULT = re.compile(r"^(PASS|FAIL) (\w+)", re.MULTILINE)
 
 
 def fast_python_dir(root: Path) -> Path:
