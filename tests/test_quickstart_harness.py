@@ -76,3 +76,26 @@ async def test_expert_and_policy_episodes_through_the_real_harness(tmp_path: Pat
         parity = replay_parity(bad, renderer, tmp_path, env)
         assert parity["turns_identical"] == parity["turns_compared"] == sum(len(e.turns) for e in bad)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("calc-")) == []
+
+
+async def test_failing_commands_and_context_overflow_match_the_in_process_path(tmp_path: Path) -> None:
+    """A NUL byte in a command (the tokenizer can sample one) and a conversation that outgrows
+    the context end the same way, with the same prompt ids, in both paths."""
+    from legorl.engine.scripted import ScriptedEngine
+
+    tok = load_tokenizer("quickstart-qwen3")
+    renderer = Renderer(tok)
+    env = command_env(fast_python_dir(tmp_path))
+    replies = ["```mswea_bash_command\necho a\x00b\n```", "```mswea_bash_command\nseq 1 400\n```"]
+    engine = ScriptedEngine(replies, tok, mode="per_session")
+    cfg = ProxyConfig(max_tokens=48, max_context=512)
+    async with HarnessRunner(renderer, engine, tmp_path, env, proxy_cfg=cfg, threads=2) as runner:
+        eps = await runner.run(family.tasks("train", 2, k=3), step=0)
+    for e in eps:
+        assert e.exit_status == "ContextWindowExceededError", e.error
+        assert e.outcome.status == Status.FAILED and not e.outcome.masked  # graded, the agent's doing
+        assert [t.response_text for t in e.turns] == replies
+    obs = tok.decode(eps[0].turns[1].prompt_ids)
+    assert "<exception>An error occurred while executing the command: embedded null byte</exception>" in obs
+    parity = replay_parity(eps, renderer, tmp_path, env, max_context=512)
+    assert parity == {"turns_compared": 4, "turns_identical": 4}

@@ -99,6 +99,11 @@ class Dialogue:
             return False
         return not self.done
 
+    def out_of_context(self) -> None:
+        """The prompt no longer fits the model's context: the proxy answers 400, LiteLLM
+        raises ContextWindowExceededError, which mini-swe-agent does not catch."""
+        self.exit_status = "ContextWindowExceededError"
+
     def on_reply(self, content: str, finish_reason: str) -> str | None:
         """Record the model's reply; the command to execute, or None after a format error."""
         self.n_calls += 1

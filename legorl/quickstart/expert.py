@@ -37,6 +37,7 @@ FENCE = "```mswea_bash_command\n{}\n```"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _FAILING = re.compile(r"^FAIL (\w+):", re.MULTILINE)
 _FIRST = re.compile(r"^(?:PASS|FAIL) (\w+)", re.MULTILINE)
+_LINE = re.compile(r"^(?:PASS|FAIL) .*$", re.MULTILINE)
 
 
 def fix_command(name: str) -> str:
@@ -53,6 +54,14 @@ def failing_function(observation: str) -> str | None:
 def first_function(observation: str) -> str | None:
     m = _FIRST.search(observation)
     return m.group(1) if m and m.group(1) in POOL else None
+
+
+def expert_draw(seed: int, observation: str | None) -> float:
+    """The expert's uniform draw for an observation: a pure function of the seed and the
+    test lines, so the demonstrations do not depend on the order in which concurrent
+    harness sessions reach the engine (and both paths draw alike for one task)."""
+    lines = "\n".join(m.group(0) for m in _LINE.finditer(observation or ""))
+    return random.Random(f"{seed}:{lines}").random()
 
 
 def expert_reply(observation: str | None, draw: float, p_read: float) -> str:
@@ -82,7 +91,7 @@ class ExpertEngine:
             raise ValueError(f"p_read must be in [0, 1], got {p_read}")
         self.tokenizer = tokenizer
         self.p_read = p_read
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.policy_version = 0
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls = 0
@@ -90,7 +99,7 @@ class ExpertEngine:
     def reply_for(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         last_user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
-        return expert_reply(last_user, self.rng.random(), self.p_read)
+        return expert_reply(last_user, expert_draw(self.seed, last_user), self.p_read)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         self.calls += 1

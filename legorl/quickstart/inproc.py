@@ -60,30 +60,44 @@ def run_episodes(
     generator: torch.Generator | None = None,
     policy_version: int = 0,
     workers: int = 8,
+    max_context: int = 2048,
 ) -> list[Episode]:
     """Play every episode to its end (policy `model`, or `reply_fn`), then grade each;
-    `workers` commands (and gradings) run at a time."""
+    `workers` commands (and gradings) run at a time. Like the proxy, a prompt of
+    `max_context` tokens or more ends its episode, and a completion gets at most
+    `min(max_tokens, max_context - prompt)` tokens."""
     if (model is None) == (reply_fn is None):
         raise ValueError("run_episodes needs exactly one of model= and reply_fn=")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return _play(episodes, renderer, model, reply_fn, temperature, max_tokens, gen, policy_version, pool)
+        return _play(episodes, renderer, model, reply_fn, temperature, max_tokens, max_context, gen,
+                     policy_version, pool)  # fmt: skip
 
 
 def _play(
     episodes: list[Episode], renderer: Renderer, model: torch.nn.Module | None, reply_fn: ReplyFn | None,
-    temperature: float, max_tokens: int, gen: torch.Generator, policy_version: int, pool: ThreadPoolExecutor,
+    temperature: float, max_tokens: int, max_context: int, gen: torch.Generator, policy_version: int,
+    pool: ThreadPoolExecutor,
 ) -> list[Episode]:
     last_obs: dict[str, str | None] = {e.session_id: None for e in episodes}
     while True:
-        live = [e for e in episodes if e.dialogue.wants_query()]
+        live, prompts = [], []
+        for e in episodes:
+            if not e.dialogue.wants_query():
+                continue
+            prompt = renderer.render(ChatRequest(list(e.dialogue.messages)), e.render_state)
+            if len(prompt) >= max_context:  # as the proxy refuses it
+                e.dialogue.out_of_context()
+                continue
+            live.append(e)
+            prompts.append(prompt)
         if not live:
             break
-        prompts = [renderer.render(ChatRequest(list(e.dialogue.messages)), e.render_state) for e in live]
+        room = [min(max_tokens, max_context - len(p)) for p in prompts]
         t0 = time.time()
         if model is not None:
             outs = sample_batch(
-                model, prompts, temperature=temperature, max_tokens=max_tokens,
+                model, prompts, temperature=temperature, max_tokens=room,
                 eos_ids=frozenset(renderer.eos_ids), generator=gen,
             )  # fmt: skip
             completions = [(o.completion_ids, o.logprobs, o.finish_reason) for o in outs]

@@ -32,15 +32,20 @@ def sample_batch(
     prompts: list[list[int]],
     *,
     temperature: float,
-    max_tokens: int,
+    max_tokens: int | list[int],
     eos_ids: frozenset[int],
     generator: torch.Generator,
     chunk: int = 256,
 ) -> list[Sampled]:
-    """Sample one completion per prompt; all rows advance together, `chunk` rows at a time."""
+    """Sample one completion per prompt (at most `max_tokens`, one cap or one per prompt);
+    all rows advance together, `chunk` rows at a time."""
+    caps = list(max_tokens) if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    if len(caps) != len(prompts) or min(caps, default=1) < 1:
+        raise ValueError("max_tokens: one cap >= 1 per prompt")
     out: list[Sampled] = []
     for start in range(0, len(prompts), chunk):
-        out += _sample_chunk(model, prompts[start : start + chunk], temperature, max_tokens, eos_ids, generator)
+        end = start + chunk
+        out += _sample_chunk(model, prompts[start:end], temperature, caps[start:end], eos_ids, generator)
     return out
 
 
@@ -48,7 +53,7 @@ def _sample_chunk(
     model: torch.nn.Module,
     prompts: list[list[int]],
     temperature: float,
-    max_tokens: int,
+    caps: list[int],
     eos_ids: frozenset[int],
     generator: torch.Generator,
 ) -> list[Sampled]:
@@ -65,7 +70,7 @@ def _sample_chunk(
     finish: list[FinishReason | None] = [None] * B
     positions = [len(p) for p in prompts]
     eos = torch.tensor(sorted(eos_ids))
-    for _ in range(max_tokens):
+    for _ in range(max(caps)):
         logprobs_B_V = processed_logprobs(logits_B_V, temperature_B, top_p_B, top_k_B)
         tok_B = sample(logprobs_B_V, greedy_B, [None] * B, generator)
         lp_B = logprobs_B_V.gather(1, tok_B[:, None]).squeeze(1)
@@ -78,6 +83,8 @@ def _sample_chunk(
                 lps[r].append(float(lp_B[r]))
                 if bool(is_eos_B[r]):
                     finish[r] = FinishReason.STOP
+                elif len(ids[r]) >= caps[r]:
+                    finish[r] = FinishReason.LENGTH
         if all(f is not None for f in finish):
             break
         logits_B_V = fwd.decode(batch, tok_B.tolist(), positions)

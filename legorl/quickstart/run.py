@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import shutil
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from legorl.quickstart import family
 from legorl.quickstart.config import QuickstartConfig, load_quickstart
 from legorl.quickstart.dialogue import Dialogue, load_agent_config
 from legorl.quickstart.evaluate import Evaluation, newcombe_diff, table
-from legorl.quickstart.expert import expert_reply
+from legorl.quickstart.expert import expert_draw, expert_reply
 from legorl.quickstart.inproc import Episode, run_episodes
 from legorl.quickstart.recording import RESULTS_FILE, Recorder
 from legorl.quickstart.rl import (
@@ -54,6 +53,8 @@ from legorl.quickstart.sft import SFTConfig, sft
 from legorl.quickstart.workspace import DirWorkspace, command_env, fast_python_dir
 from legorl.train import varlen
 from legorl.train.logprobs import PolicyModel
+
+MAX_CONTEXT = 2048  # tokens: the model's positions; the proxy and the in-process path both enforce it
 
 
 def run_quickstart(config_path: Path, out_dir: Path | None = None) -> dict[str, Any]:
@@ -138,9 +139,8 @@ async def _phases(
     if harness is not None:
         demos = await harness.expert(demo_tasks)
     else:
-        rng = random.Random(cfg.seed)
         eps = run_episodes([episode_of(x) for x in demo_tasks], renderer,
-                           reply_fn=lambda e, obs: expert_reply(obs, rng.random(), cfg.p_read))  # fmt: skip
+                           reply_fn=lambda e, obs: expert_reply(obs, expert_draw(cfg.seed, obs), cfg.p_read))  # fmt: skip
         demos = [trajectory_of(e, 0) for e in eps]
         rec.demos(demos, "in-process", [e.turns for e in eps])
     demos = [d for d in demos if d.segments and d.outcome is not None and not d.outcome.masked]
@@ -207,7 +207,7 @@ class _Harness:
         self.expert_engine = ExpertEngine(tok, self.cfg.p_read, seed=self.cfg.seed)
         self.engine = HFEngine(self.cfg.model, tok, max_batch_size=128, seed=self.cfg.seed, record_routing=False)
         proxy_cfg = ProxyConfig(temperature=self.cfg.temperature, max_tokens=self.cfg.max_tokens,
-                                max_context=2048, request_timeout_s=300)  # fmt: skip
+                                max_context=MAX_CONTEXT, request_timeout_s=300)  # fmt: skip
         self.runner = HarnessRunner(self.renderer, self.expert_engine, self.work, self.env,
                                     proxy_cfg=proxy_cfg, threads=self.cfg.harness_threads)  # fmt: skip
         await self.runner.__aenter__()
@@ -234,7 +234,9 @@ class _Harness:
         return self.rec.harness_evaluation(label, eps, trajs, time.perf_counter() - t0, step, parity)
 
 
-def replay_parity(eps: list[Any], renderer: Renderer, work: Path, env: dict[str, str]) -> dict[str, int]:
+def replay_parity(
+    eps: list[Any], renderer: Renderer, work: Path, env: dict[str, str], max_context: int = MAX_CONTEXT
+) -> dict[str, int]:
     """Replay each harness episode in process with the completions the engine returned
     (same ids, commands re-run in fresh directories) and count the turns whose prompt ids
     equal what the proxy recorded from the real harness."""
@@ -250,7 +252,7 @@ def replay_parity(eps: list[Any], renderer: Renderer, work: Path, env: dict[str,
         i = len(ep.turns)
         return list(turns[i].completion_ids) if i < len(turns) else [renderer.im_end]
 
-    run_episodes(replays, renderer, reply_fn=reply)
+    run_episodes(replays, renderer, reply_fn=reply, max_context=max_context)
     compared = equal = 0
     for ep in replays:
         for mine, theirs in zip(ep.turns, recorded[ep.session_id]):

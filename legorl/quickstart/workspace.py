@@ -16,17 +16,21 @@ system interpreter when there is one, because a pyenv shim costs ~0.3 s per call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from legorl.quickstart.dialogue import load_agent_config
 from legorl.quickstart.family import SOURCE_FILE, TEST_CMD, TEST_FILE, QuickTask
 from legorl.types import Outcome, Status
 
@@ -51,22 +55,78 @@ def command_env(bin_dir: Path) -> dict[str, str]:
     return env
 
 
-def run_command(command: str, cwd: Path, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    """Run like mini-swe-agent's LocalEnvironment: sh, merged output, group-kill on timeout."""
-    proc = subprocess.Popen(
-        command, shell=True, text=True, cwd=cwd, env=env, encoding="utf-8", errors="replace",
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+OUTPUT_CAP = 1 << 20  # bytes of a command's output kept; past it the command is killed
+
+
+class OutputLimitExceeded(OSError):
+    def __init__(self, output: str) -> None:
+        super().__init__(f"output exceeded {OUTPUT_CAP} bytes; the command was killed")
+        self.output = output
+
+
+def run_command(command: str, cwd: Path, env: dict[str, str], timeout_s: int) -> dict[str, Any]:
+    """Run like mini-swe-agent's LocalEnvironment.execute: sh, merged stdout/stderr, the
+    whole process group killed on timeout, and any failure to run (a timeout, a NUL byte
+    in the command) reported as returncode -1 with the same `exception_info` text.
+
+    One addition: output past `OUTPUT_CAP` bytes kills the command (`yes` would otherwise
+    fill the memory of the process running thousands of episodes); the agent then sees
+    the first megabyte, head- and tail-truncated by the observation template like any
+    long output."""
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return {
-            "output": out or "", "returncode": -1,
-            "exception_info": f"An error occurred while executing the command: timed out after {timeout_s:g} s",
-        }  # fmt: skip
-    return {"output": out, "returncode": proc.returncode, "exception_info": ""}
+        proc = subprocess.Popen(
+            command, shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        out, capped = _read_capped(proc, timeout_s)
+        text = out.decode("utf-8", errors="replace")
+        if capped == "timeout":
+            raise subprocess.TimeoutExpired(command, timeout_s, output=text)
+        if capped == "cap":
+            raise OutputLimitExceeded(text)
+        return {"output": text, "returncode": proc.returncode, "exception_info": ""}
+    except Exception as e:  # noqa: BLE001 - mini-swe-agent turns every failure into an observation
+        raw = getattr(e, "output", None)
+        raw = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else (raw or "")
+        return {"output": raw, "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {e}"}  # fmt: skip
+
+
+def _read_capped(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, str | None]:
+    """All of the process's output, or what came before the timeout / the cap (then the
+    process group is killed and the reason returned)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    chunks, size, reason = [], 0, None
+    fd = proc.stdout.fileno()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = "timeout"
+                break
+            if not sel.select(left):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > OUTPUT_CAP:
+                reason = "cap"
+                break
+    if reason is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.stdout.close()
+    proc.wait()
+    return b"".join(chunks)[:OUTPUT_CAP], reason
+
+
+def default_timeout() -> int:
+    """The harness's per-command timeout (`environment.timeout` of mini_quickstart.yaml)."""
+    return int(load_agent_config()["environment"]["timeout"])
 
 
 def materialise(task: QuickTask, root: Path) -> Path:
@@ -77,7 +137,7 @@ def materialise(task: QuickTask, root: Path) -> Path:
     return d
 
 
-def grade_source(task: QuickTask, source: str, root: Path, env: dict[str, str], timeout_s: float = 10.0) -> Outcome:
+def grade_source(task: QuickTask, source: str, root: Path, env: dict[str, str], timeout_s: int = 10) -> Outcome:
     """Run the task's own tests against `source` as calc.py in a fresh directory."""
     d = root / f"grade-{uuid.uuid4().hex[:10]}"
     d.mkdir(parents=True)
@@ -107,13 +167,14 @@ class Workspace(Protocol):
 
 
 # mini-swe-agent exit statuses that the policy caused, and how they end an episode.
+GRADED_EXITS = ("Submitted", "ContextWindowExceededError")  # the policy's context grew too long: its doing
 AGENT_EXITS = {"LimitsExceeded": Status.MAX_TURNS, "RepeatedFormatError": Status.FORMAT_ERROR}
 
 
 def outcome_of(exit_status: str, workspace: Workspace, error: str = "") -> Outcome:
-    """Submitted → graded; the agent's own limits → reward 0 with their status; anything
-    else (an API error, a crash of the harness) → infra_error, masked from training."""
-    if exit_status == "Submitted":
+    """Submitted (or out of context) → graded; the agent's own limits → reward 0 with their
+    status; anything else (an API error, a crash of the harness) → infra_error, masked."""
+    if exit_status in GRADED_EXITS:
         return workspace.grade()
     if exit_status in AGENT_EXITS:
         return Outcome(0.0, AGENT_EXITS[exit_status], evidence={"exit_status": exit_status})
@@ -123,11 +184,11 @@ def outcome_of(exit_status: str, workspace: Workspace, error: str = "") -> Outco
 class DirWorkspace:
     """One episode's repository directory (implements inproc.Workspace)."""
 
-    def __init__(self, task: QuickTask, root: Path, env: dict[str, str], timeout_s: float = 10.0) -> None:
+    def __init__(self, task: QuickTask, root: Path, env: dict[str, str], timeout_s: int | None = None) -> None:
         self.task = task
         self.root = root
         self.env = env
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else default_timeout()
         self.dir = materialise(task, root)
 
     def execute(self, command: str) -> dict[str, Any]:
