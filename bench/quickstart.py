@@ -4,7 +4,8 @@ Runs `examples/quickstart.toml` (or --config) from a cold process and prints one
 object: the three held-out resolved rates (start, after SFT, after GSPO) with episode
 counts and 95% Wilson intervals — for the in-process evaluation of every held-out episode
 and for the subset run through the real mini-swe-agent + proxy + hf engine — GSPO's gain
-over its own SFT checkpoint with Newcombe's 95% interval, wall time per phase, the total
+over its own SFT checkpoint with Newcombe's 95% interval, the control (more SFT instead of
+GSPO, from the same checkpoint) when configured, wall time per phase, the total
 wall time from process start (imports included), the CPU seconds this run used, and the
 machine's load average before and after (the machine is shared; a loaded machine makes
 the same run slower, not different).
@@ -63,6 +64,7 @@ def main() -> None:
         "run_dir": str(out),
         "resolved": rows,
         "gspo_gain_over_sft": res["gspo_gain_over_sft"],
+        "control_more_sft": res.get("control_more_sft"),
         "seed": cfg.seed,
         # imports (torch, transformers), model load and Python start-up: outside the phases
         "phases_s": {"process_start_and_imports": round(total - res["wall_s"], 1), **res["phases_s"]},

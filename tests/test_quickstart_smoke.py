@@ -35,12 +35,13 @@ def test_example_config_loads_and_bad_fields_are_named(tmp_path: Path) -> None:
 def test_small_run_in_process(tmp_path: Path) -> None:
     cfg = QuickstartConfig(
         harness="none", expert_episodes=96, heldout_episodes=32, sft_steps=100, rl_steps=2,
-        rl_tasks_per_step=4, rl_group_size=4,
+        rl_tasks_per_step=4, rl_group_size=4, control_sft_steps=4,
     )  # fmt: skip
     res = run_with_config(cfg, tmp_path)
     assert json.loads((tmp_path / "quickstart_results.json").read_text())["table"] == res["table"]
     rows = res["table"]
-    assert set(rows) == {"start", "after_sft", "after_gspo"}
+    assert set(rows) == {"start", "after_sft", "after_gspo", "control_more_sft"}
+    assert res["control_more_sft"]["extra_sft_steps"] == 4 and "points" in res["control_more_sft"]["gain_over_sft"]
     for row in rows.values():
         ev = row["in-process"]
         assert ev["episodes"] == 32 and 0.0 <= ev["ci95"][0] <= ev["resolved_rate"] <= ev["ci95"][1] <= 1.0

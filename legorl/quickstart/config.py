@@ -57,6 +57,12 @@ class QuickstartConfig(Section):
     rl_lr: float = Field(3e-4, gt=0.0)
     """GSPO learning rate (AdamW, moments carried over from SFT)."""
 
+    control_sft_steps: int = Field(0, ge=0)
+    """If > 0, a control: from the same SFT checkpoint, SFT continues for this many more
+    steps (at the final SFT learning rate) instead of GSPO, and is evaluated on the same
+    held-out tasks. 64 steps × 32 trajectories ≈ the trajectories GSPO trains on in 20
+    steps. Shows whether more imitation would have done what GSPO did."""
+
     time_budget_s: float = Field(900.0, gt=0.0)
     """Wall-clock budget of the whole run; the run reports whether it stayed inside."""
 

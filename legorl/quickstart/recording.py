@@ -139,9 +139,8 @@ class Recorder:
     def finish(self, cfg: Any, evals: dict[str, dict[str, Evaluation]], phases: dict[str, float], total_s: float) -> dict[str, Any]:
         rows = {name: {path: ev.as_dict() for path, ev in by_path.items()} for name, by_path in evals.items()}
         sft_ev, rl_ev = evals["after_sft"]["in-process"], evals["after_gspo"]["in-process"]
-        d, low, high = newcombe_diff(sft_ev.resolved, sft_ev.episodes, rl_ev.resolved, rl_ev.episodes)
-        gain = {"points": round(100 * d, 1), "ci95_points": [round(100 * low, 1), round(100 * high, 1)],
-                "meets_15_points": d >= 0.15, "excludes_zero": low > 0}  # fmt: skip
+        gain = _gain(sft_ev, rl_ev)
+        gain["meets_15_points"] = gain["points"] >= 15.0
         results = {
             "table": rows,
             "gspo_gain_over_sft": gain,
@@ -161,10 +160,21 @@ class Recorder:
             },
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
-        text = table([evals[n][p] for n in ("start", "after_sft", "after_gspo") for p in evals[n]])
+        if "control_more_sft" in evals:
+            control = evals["control_more_sft"]["in-process"]
+            results["control_more_sft"] = {
+                "gain_over_sft": _gain(sft_ev, control),
+                "gspo_minus_control": _gain(control, rl_ev),
+                "extra_sft_steps": cfg.control_sft_steps,
+            }
+        text = table([evals[n][p] for n in evals for p in evals[n]])
         self.say(text)
         self.say(f"GSPO gain over its SFT start: {gain['points']:+.1f} points, 95% CI "
                  f"[{gain['ci95_points'][0]:+.1f}, {gain['ci95_points'][1]:+.1f}]; total {total_s:.0f}s")  # fmt: skip
+        if "control_more_sft" in results:
+            c = results["control_more_sft"]["gain_over_sft"]
+            self.say(f"control, {cfg.control_sft_steps} more SFT steps instead of GSPO: {c['points']:+.1f} points, "
+                     f"95% CI [{c['ci95_points'][0]:+.1f}, {c['ci95_points'][1]:+.1f}]")  # fmt: skip
         results["table_text"] = text
         (self.out_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2))
         if self.store is not None:
@@ -177,6 +187,13 @@ class Recorder:
         if self.store is not None:
             self.store.close()
             self.store = None
+
+
+def _gain(before: Evaluation, after: Evaluation) -> dict[str, Any]:
+    """after − before in points, with Newcombe's 95% interval."""
+    d, low, high = newcombe_diff(before.resolved, before.episodes, after.resolved, after.episodes)
+    return {"points": round(100 * d, 1), "ci95_points": [round(100 * low, 1), round(100 * high, 1)],
+            "excludes_zero": low > 0}  # fmt: skip
 
 
 def _key(label: str) -> str:

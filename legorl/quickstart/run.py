@@ -21,6 +21,7 @@ identical prompt ids before the policy.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import shutil
 import time
@@ -123,13 +124,13 @@ async def _phases(
         return Episode(task.instance_id, Dialogue(agent_cfg, family.PROBLEM), DirWorkspace(task, work, env),
                        info={"task": task})  # fmt: skip
 
-    async def evaluate(label: str, step: int) -> dict[str, Evaluation]:
+    async def evaluate(label: str, step: int, with_harness: bool = True) -> dict[str, Evaluation]:
         t_eval = time.perf_counter()
         lm.eval()
         eps = run_episodes([episode_of(x) for x in heldout], renderer, model=lm, temperature=cfg.temperature,
                            max_tokens=cfg.max_tokens, generator=gen)  # fmt: skip
         rows = {"in-process": rec.evaluation(label, eps, time.perf_counter() - t_eval, step)}
-        if harness is not None and cfg.harness_eval_episodes:
+        if harness is not None and cfg.harness_eval_episodes and with_harness:
             t_h = time.perf_counter()
             rows["harness"] = await harness.evaluate(label, heldout[: cfg.harness_eval_episodes], step, t_h)
         return rows
@@ -155,6 +156,8 @@ async def _phases(
     sft_cfg = SFTConfig(steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, seed=cfg.seed)
     optimizer = sft(policy, demos, sft_cfg, log=rec.sft_metrics)
     set_attention(lm, SAMPLE_ATTN)
+    sft_state = {k: v.detach().clone() for k, v in lm.state_dict().items()} if cfg.control_sft_steps else None
+    sft_opt_state = copy.deepcopy(optimizer.state_dict()) if cfg.control_sft_steps else None
     t = clock.phase("sft", t)
     evals["after_sft"] = await evaluate("after SFT", 1)
     t = clock.phase("eval_after_sft", t)
@@ -172,7 +175,20 @@ async def _phases(
 
     # 6. after GSPO, and the table
     evals["after_gspo"] = await evaluate("after GSPO", cfg.rl_steps + 2)
-    clock.phase("eval_after_gspo", t)
+    t = clock.phase("eval_after_gspo", t)
+
+    # 7. control: the same SFT checkpoint, more SFT instead of GSPO
+    if sft_state is not None:
+        lm.load_state_dict(sft_state)
+        set_attention(lm, TRAIN_ATTN)
+        tail_lr = cfg.sft_lr * sft_cfg.min_lr_ratio
+        more = SFTConfig(steps=cfg.control_sft_steps, batch_size=cfg.sft_batch_size, lr=tail_lr, warmup_steps=0,
+                         min_lr_ratio=1.0, seed=cfg.seed + 1)  # fmt: skip
+        sft(PolicyModel(lm), demos, more, optimizer_state=sft_opt_state)
+        set_attention(lm, SAMPLE_ATTN)
+        t = clock.phase("control_sft", t)
+        evals["control_more_sft"] = await evaluate("SFT continued", cfg.rl_steps + 3, with_harness=False)
+        clock.phase("eval_control", t)
     return rec.finish(cfg, evals, clock.phases, time.perf_counter() - clock.t0)
 
 

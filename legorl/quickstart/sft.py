@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,15 +51,19 @@ def sft(
     data: Sequence[Trajectory],
     cfg: SFTConfig,
     *,
+    optimizer_state: dict[str, Any] | None = None,
     log: Callable[[int, dict[str, float]], None] | None = None,
     log_every: int = 25,
 ) -> torch.optim.Optimizer:
     """Train `policy` on `data` for `cfg.steps` steps; returns the optimizer (its state
-    carries over to the RL phase, so RL starts with calibrated Adam moments)."""
+    carries over to the RL phase, so RL starts with calibrated Adam moments).
+    `optimizer_state` continues an earlier run's AdamW moments (the SFT control)."""
     if not data:
         raise ValueError("SFT needs at least one trajectory")
     rng = random.Random(cfg.seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    if optimizer_state is not None:
+        opt.load_state_dict(optimizer_state)
     opts = LogprobOptions()
     order: list[int] = []
     policy.train()
