@@ -52,12 +52,10 @@ def main() -> None:
     res = run_with_config(cfg, out)
     total = time.perf_counter() - T_PROCESS
     rows = {}
+    keep = ("resolved_rate", "resolved", "episodes", "ci95", "wall_s", "replay_parity_turns",
+            "in_process_resolved_same_tasks")  # fmt: skip
     for name, by_path in res["table"].items():
-        rows[name] = {path: {k: ev[k] for k in ("resolved_rate", "resolved", "episodes", "ci95", "wall_s")}
-                      for path, ev in by_path.items()}  # fmt: skip
-        parity = by_path.get("harness", {}).get("statuses", {})
-        if "parity_turns_compared" in parity:
-            rows[name]["harness"]["replay_parity_turns"] = [parity["parity_turns_identical"], parity["parity_turns_compared"]]
+        rows[name] = {path: {k: ev[k] for k in keep if k in ev} for path, ev in by_path.items()}
     print(json.dumps({
         "bench": "quickstart",
         "config": str(args.config),

@@ -51,6 +51,7 @@ class Evaluation:
     path: str = "in-process"  # or "harness"
     statuses: dict[str, int] = field(default_factory=dict)
     choices: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the harness rows' replay parity
 
     @property
     def rate(self) -> float:
@@ -61,7 +62,7 @@ class Evaluation:
         return {
             "label": self.label, "resolved_rate": round(self.rate, 4), "resolved": self.resolved,
             "episodes": self.episodes, "ci95": [round(low, 4), round(high, 4)], "wall_s": round(self.wall_s, 1),
-            "path": self.path, "statuses": dict(self.statuses), "choices": dict(self.choices),
+            "path": self.path, "statuses": dict(self.statuses), "choices": dict(self.choices), **self.extra,
         }  # fmt: skip
 
 

@@ -125,13 +125,16 @@ class Recorder:
         return ev
 
     def harness_evaluation(self, label: str, eps: Sequence[Any], trajs: Sequence[Trajectory], wall_s: float,
-                           step: int, parity: dict[str, int]) -> Evaluation:  # fmt: skip
+                           step: int, parity: dict[str, int], same_tasks_in_process: int) -> Evaluation:  # fmt: skip
+        """`same_tasks_in_process`: how many of these tasks the in-process evaluation of the
+        same checkpoint resolved (a paired comparison of the two paths)."""
         ev = summarize(label, [(e.resolved, str(e.outcome.status), choice_of(e.task, e.turns)) for e in eps],
                        wall_s, "harness")  # fmt: skip
-        ev.statuses["parity_turns_identical"] = parity["turns_identical"]
-        ev.statuses["parity_turns_compared"] = parity["turns_compared"]
-        self.say(f"eval {label} (mini-swe-agent): {ev.resolved}/{ev.episodes} = {ev.rate:.1%}; replay parity "
-                 f"{parity['turns_identical']}/{parity['turns_compared']} turns with identical prompt ids")  # fmt: skip
+        ev.extra = {"replay_parity_turns": [parity["turns_identical"], parity["turns_compared"]],
+                    "in_process_resolved_same_tasks": same_tasks_in_process}  # fmt: skip
+        self.say(f"eval {label} (mini-swe-agent): {ev.resolved}/{ev.episodes} = {ev.rate:.1%} (in process, same "
+                 f"tasks: {same_tasks_in_process}/{ev.episodes}); replay parity {parity['turns_identical']}/"
+                 f"{parity['turns_compared']} turns with identical prompt ids")  # fmt: skip
         if self.store is not None:
             self.store.log_metrics(step, {f"eval_harness/{_key(label)}/resolved_rate": ev.rate})
         return ev

@@ -68,6 +68,7 @@ def run_quickstart(config_path: Path, out_dir: Path | None = None) -> dict[str, 
 def run_with_config(cfg: QuickstartConfig, out_dir: Path) -> dict[str, Any]:
     torch.set_num_threads(1)  # one thread per process: 3–4× faster than two on a busy machine
     out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = cfg.model_copy(update={"run_dir": out_dir.resolve()})  # what the run store records
     return asyncio.run(_run(cfg, out_dir))
 
 
@@ -131,8 +132,9 @@ async def _phases(
                            max_tokens=cfg.max_tokens, generator=gen)  # fmt: skip
         rows = {"in-process": rec.evaluation(label, eps, time.perf_counter() - t_eval, step)}
         if harness is not None and cfg.harness_eval_episodes and with_harness:
-            t_h = time.perf_counter()
-            rows["harness"] = await harness.evaluate(label, heldout[: cfg.harness_eval_episodes], step, t_h)
+            t_h, n = time.perf_counter(), cfg.harness_eval_episodes
+            same = sum(e.resolved for e in eps[:n])
+            rows["harness"] = await harness.evaluate(label, heldout[:n], step, t_h, same)
         return rows
 
     # 1. expert data: every demonstration, right or wrong (an infrastructure fault is dropped)
@@ -240,14 +242,17 @@ class _Harness:
         self.rec.demos(trajs, "mini-swe-agent")
         return trajs
 
-    async def evaluate(self, label: str, tasks: list[family.QuickTask], step: int, t0: float) -> Evaluation:
+    async def evaluate(
+        self, label: str, tasks: list[family.QuickTask], step: int, t0: float, same_tasks_in_process: int
+    ) -> Evaluation:
         assert self.lm is not None
         state = {k: v.detach().clone() for k, v in self.lm.state_dict().items()}
         await self.engine.update_weights(state, step)
         eps = await self.runner.run(tasks, self.engine, step=step)
         trajs = [self.rec.harness_trajectory(e, step, label) for e in eps]
         parity = replay_parity(eps, self.renderer, self.work, self.env)
-        return self.rec.harness_evaluation(label, eps, trajs, time.perf_counter() - t0, step, parity)
+        return self.rec.harness_evaluation(label, eps, trajs, time.perf_counter() - t0, step, parity,
+                                           same_tasks_in_process)  # fmt: skip
 
 
 def replay_parity(
