@@ -11,7 +11,8 @@
   `local_cpu` is the CPU time one local start+exec+close costs (load-independent).
 - concurrent: `--concurrency` sandboxes started at once, each running a small Python
   computation and closing: wall time and failures.
-- grading_throughput: measured by the verify part through GRADING_HOOK when it exists.
+- grading_throughput: bench/grading.py's measurement (real grades of shipped tasks' gold
+  patches, `--grade-tasks` of them at concurrency 2), per backend.
 The machine's load average is reported: on a shared 2-core machine it moves every number.
 """
 
@@ -36,7 +37,6 @@ from legorl.sandbox.docker_images import ensure_docker_image  # noqa: E402
 from legorl.sandbox.pool import SandboxPool  # noqa: E402
 from legorl.sandbox.testing import demo_repo  # noqa: E402
 
-GRADING_HOOK = "legorl.verify.bench:grading_throughput"  # async (backend_name: str) -> dict
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -154,13 +154,14 @@ async def concurrency_figures(store: ImageStore, name: str, image: str, n: int) 
     return {"n": n, "wall_s": round(wall, 2), "failures": len(errors), "errors": errors[:5]}
 
 
-async def grading_figures(backends: list[str]) -> dict[str, Any]:
-    module, _, fn = GRADING_HOOK.partition(":")
-    try:
-        hook = getattr(importlib.import_module(module), fn)
-    except (ImportError, AttributeError):
-        return {"skipped": f"no {GRADING_HOOK} (grading throughput belongs to legorl.verify)"}
-    return {name: await hook(name) for name in backends}
+async def grading_figures(backends: list[str], n_tasks: int) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from grading import bench_backend, spread  # bench/grading.py: one measurement, two entry points
+
+    from legorl.tasks.loader import load_shipped
+
+    tasks = spread(load_shipped(), n_tasks)
+    return {name: await bench_backend(name, tasks, concurrency=2) for name in backends}
 
 
 async def main() -> None:
@@ -169,6 +170,7 @@ async def main() -> None:
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--cold-base", action="store_true")
+    ap.add_argument("--grade-tasks", type=int, default=8, help="shipped tasks graded per backend (0: skip)")
     args = ap.parse_args()
     backends = [b for b in args.backends.split(",") if b]
     store = ImageStore()
@@ -184,7 +186,8 @@ async def main() -> None:
         if name == "local":
             report["start_to_first_exec_ms"]["local_cpu"] = await local_cpu_cost(store, task.key, args.n)
         report["concurrent"][name] = await concurrency_figures(store, name, task.key, args.concurrency)
-    report["grading_throughput"] = await grading_figures(backends)
+    if args.grade_tasks > 0:
+        report["grading_throughput"] = await grading_figures(backends, args.grade_tasks)
     report["targets"] = {"local_p50_ms": 20, "docker_p50_ms": 300, "concurrent_failures": 0}
     report["machine"]["loadavg_end"] = os.getloadavg()
     print(json.dumps(report))

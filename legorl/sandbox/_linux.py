@@ -8,7 +8,10 @@ so that forking a sandbox costs a fork, not an interpreter start. Every wrapper 
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import socket
+import struct
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -105,10 +108,6 @@ def drop_capabilities(keep: frozenset[int] = KEEP_CAPS) -> None:
 
 def loopback_up() -> None:
     """Bring up `lo` in the current network namespace (a new one starts with it down)."""
-    import fcntl
-    import socket
-    import struct
-
     siocgifflags, siocsifflags = 0x8913, 0x8914
     iff_up = 0x1
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

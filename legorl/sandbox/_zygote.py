@@ -30,6 +30,7 @@ Replies: {id, pid} once forked ({id, error} if the fork failed), and {exited: id
 when the sandbox's pid 1 has been reaped.
 """
 
+import gc
 import json
 import os
 import select
@@ -276,6 +277,8 @@ def main():
     os.dup2(devnull, 0)  # stdin was the pipe this file came through
     os.close(devnull)
     sock = socket.socket(fileno=int(os.environ["LEGORL_ZYGOTE_FD"]))
+    gc.collect()
+    gc.freeze()  # every sandbox is a fork of this heap: its collections must not walk (copy) it
     Zygote(sock).run()
 
 

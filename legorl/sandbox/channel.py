@@ -97,11 +97,12 @@ class InitChannel:
         except asyncio.CancelledError:
             self.closed_reason = "channel closed"
         err = ChannelClosed(self.closed_reason)
-        if not self._ready.done():
-            self._ready.set_exception(err)
-        for fut in self._pending.values():
+        # A waiter may be gone (a shielded wait that timed out or was cancelled): mark each
+        # exception retrieved, so that no "exception was never retrieved" noise follows.
+        for fut in [self._ready, *self._pending.values()]:
             if not fut.done():
                 fut.set_exception(err)
+                fut.exception()
         self._pending.clear()
 
     @property
