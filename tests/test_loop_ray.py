@@ -6,53 +6,21 @@ both workers must have run rollouts, with turns stamped by the trainer's policy 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from loop_util import train, write_run  # the same scripted agent and run as in-process
 
 from legorl.monitor.store import RunStore
-from legorl.tasks.loader import load_shipped
-
-from test_loop_train import AGENT  # the same scripted agent as the in-process run
-
-LEGORL = [sys.executable, "-m", "legorl.cli"]
 
 
 @pytest.mark.slow
 def test_train_two_steps_on_ray(tmp_path: Path) -> None:
-    task = load_shipped("train")[0]
-    (tmp_path / "agent.sh").write_text(AGENT.replace("__PATCH__", task.patch if task.patch.endswith("\n") else task.patch + "\n"))
-    (tmp_path / "run.toml").write_text("""
-[run]
-dir = "run"
-tasks = "shipped"
-split = "train"
-steps = 2
-tasks_per_step = 1
-group_size = 4
-max_concurrent_rollouts = 4
-[engine]
-kind = "hf"
-model = "tiny-qwen3"
-[proxy]
-max_tokens = 12
-[sandbox]
-agent_timeout_s = 180
-[harness]
-name = "command"
-command_file = "agent.sh"
-[trainer]
-lr = 1e-4
-zero_variance_groups = "keep"   # train every step, whatever the scripted agent's luck
-[ray]
+    proc = train(write_run(tmp_path, extra="""[ray]
 enabled = true
 workers = 2
 num_cpus_per_worker = 0.5
-""")
-    proc = subprocess.run([*LEGORL, "train", str(tmp_path / "run.toml")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)
+"""))
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "run"
     assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written"

@@ -6,38 +6,14 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-
-from legorl.tasks.loader import load_shipped
+from loop_util import LEGORL, train, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
-LEGORL = [sys.executable, "-m", "legorl.cli"]
-
-AGENT = """#!/bin/bash
-# A scripted agent: asks the policy twice through the proxy (OpenAI dialect), then
-# applies the known fix in half of its runs, so a group has reward variance.
-python3 - <<'PY'
-import json, os, urllib.request
-base = os.environ["OPENAI_BASE_URL"]
-msgs = [{"role": "user", "content": open(os.environ["LEGORL_PROBLEM_FILE"]).read()[:400]}]
-for _ in range(2):
-    body = {"model": "policy", "messages": msgs, "max_tokens": 12}
-    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    reply = json.load(urllib.request.urlopen(req, timeout=120))
-    msgs += [reply["choices"][0]["message"], {"role": "user", "content": "continue"}]
-PY
-if [ $((RANDOM % 2)) -eq 0 ]; then
-git apply <<'PATCH'
-__PATCH__PATCH
-fi
-"""
-
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -47,33 +23,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_train_two_steps_then_ui(tmp_path: Path) -> None:
-    task = load_shipped("train")[0]
-    (tmp_path / "agent.sh").write_text(AGENT.replace("__PATCH__", task.patch if task.patch.endswith("\n") else task.patch + "\n"))
-    (tmp_path / "run.toml").write_text(f"""
-[run]
-dir = "run"
-tasks = "shipped"
-split = "train"
-steps = 2
-tasks_per_step = 1
-group_size = 4
-max_concurrent_rollouts = 4
-[engine]
-kind = "hf"
-model = "tiny-qwen3"
-[proxy]
-max_tokens = 12
-[sandbox]
-agent_timeout_s = 180
-[harness]
-name = "command"
-command_file = "agent.sh"
-[trainer]
-lr = 1e-4
-zero_variance_groups = "keep"  # train every step even if a group's rewards happen to be equal
-""")
-    proc = subprocess.run([*LEGORL, "train", str(tmp_path / "run.toml")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)
+    proc = train(write_run(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
     assert (run_dir / "run.sqlite").exists()

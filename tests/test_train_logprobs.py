@@ -19,15 +19,7 @@ from legorl.trajectory import assemble
 from legorl.types import AlignmentStats, Dialect, SamplingParams, Segment, Trajectory, Turn
 
 MODELS = ["tiny-qwen3", "tiny-qwen3-moe"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is faster than two on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

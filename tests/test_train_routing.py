@@ -14,13 +14,7 @@ from legorl.train.sampler import sample
 from legorl.train.trainer import load_lm
 from legorl.types import AlignmentStats, Segment, Trajectory
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,18 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+def check_prompt(prompt_ids: list[int], max_context: int) -> None:
+    """Refuse a prompt before it reaches the model: an empty one is the caller's bug
+    (ValueError), one that fills the context is the agent's doing (ContextLengthExceeded,
+    which the rollout grades instead of retrying)."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
+    if len(prompt_ids) >= max_context:
+        raise ContextLengthExceeded(
+            f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {max_context} tokens"
+        )
+
+
 async def collect(steps: AsyncIterator[TokenStep], prompt_tokens: int) -> Generation:
     """Drain a stream into a Generation (the default `generate` of streaming engines)."""
     ids: list[int] = []

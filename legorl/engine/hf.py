@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from legorl.engine.base import ContextLengthExceeded, EngineError, collect
+from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.hf_rows import Outbox, Request, Row, eos_ids
 from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup
 from legorl.engine.routing import RoutingRecorder, moe_gates
@@ -157,15 +157,10 @@ class HFEngine:
 
     def _check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         validate_params(params)
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
         bad = [t for t in prompt_ids if not (0 <= int(t) < self.vocab_size)]
         if bad:
             raise ValueError(f"prompt_ids has ids outside the vocabulary [0, {self.vocab_size}): {bad[:5]}")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context)
         if self._closing:
             raise EngineError("hf engine is closed")
 

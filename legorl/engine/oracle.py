@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from legorl.engine.base import ContextLengthExceeded, collect
+from legorl.engine.base import check_prompt, collect
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
 MARK = "legorl-oracle"
@@ -341,12 +341,7 @@ class OracleEngine:
         return self.tokenizer.encode(answer, add_special_tokens=False) + [self.eos_id]
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context)
         self.calls += 1
         ids = self.completion_ids(prompt_ids)
         finish = FinishReason.STOP

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from legorl.engine.base import ContextLengthExceeded, collect
+from legorl.engine.base import check_prompt, collect
 from legorl.engine.sampling import validate_params
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
@@ -134,12 +134,7 @@ class ScriptedEngine:
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         validate_params(params)
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context)
         self.calls += 1
         entry = self._pick(prompt_ids)
         ids, finish = entry.ids, FinishReason.STOP

@@ -37,9 +37,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import ContextLengthExceeded, Engine, EngineError
 from legorl.engine.serve_protocol import Completion, Detokenizer, HTTPError, context_message, error_body, parse_request
-from legorl.asgi_serve import LoopServer, bind_tcp, http_impl
 from legorl.types import FinishReason, TokenStep
 
 
@@ -225,10 +225,8 @@ class EngineServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> None:
-        sock = bind_tcp(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        self._server = LoopServer(self.app, sock, what="engine server", http=http_impl(), timeout_keep_alive=75,
-                                  backlog=2048)
+        self._server = tcp_server(self.app, self.host, self.port, what="engine server")
+        self.port = self._server.sock.getsockname()[1]
         await self._server.start()
 
     async def stop(self) -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from legorl.engine.base import ContextLengthExceeded, EngineError, collect
+from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.http_client import HTTPEngineClient, check
 from legorl.engine.sampling import validate_params
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
@@ -135,12 +135,7 @@ class VLLMEngine:
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         validate_params(params)
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: the engine needs at least one prompt token")
-        if len(prompt_ids) >= self.max_context:
-            raise ContextLengthExceeded(
-                f"prompt of {len(prompt_ids)} tokens leaves no room in the model's context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_ids, self.max_context)
         body = self._body(prompt_ids, params)
         if not self.use_stream:
             answer = await self.http.post_json("/v1/completions", body)

@@ -22,9 +22,8 @@ import shlex
 from dataclasses import dataclass
 
 from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
-from legorl.harness.command import AgentRun
 from legorl.harness.install import require
-from legorl.sandbox.base import ExecResult, Sandbox
+from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
 TRAJ = f"{AGENT_DIR}/mini_traj.json"
@@ -98,10 +97,7 @@ class MiniSweAgent:
             return Verdict(Status.ENGINE_ERROR, details)
         return Verdict(Status.INFRA_ERROR, details)
 
-    @property
-    def readonly_mounts(self) -> dict[str, str]:
-        """The harness layers, mounted read-only at their own paths (the rollout's hook)."""
-        return mounts(self)
-
-    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun:
-        return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)
+    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
+    # at their own paths, and the run (launch, wait, read the outputs, interpret).
+    readonly_mounts = property(mounts)
+    run = run_native

@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
-from legorl.harness.command import AgentRun
 from legorl.harness.install import require
-from legorl.sandbox.base import ExecResult, Sandbox
+from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
 DRIVER_SOURCE = Path(__file__).with_name("openhands_driver.py")
@@ -105,10 +104,7 @@ class OpenHands:
             return Verdict(Status.INFRA_ERROR, details)
         return Verdict(None, details)
 
-    @property
-    def readonly_mounts(self) -> dict[str, str]:
-        """The harness layers, mounted read-only at their own paths (the rollout's hook)."""
-        return mounts(self)
-
-    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun:
-        return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)
+    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
+    # at their own paths, and the run (launch, wait, read the outputs, interpret).
+    readonly_mounts = property(mounts)
+    run = run_native

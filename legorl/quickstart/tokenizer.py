@@ -17,7 +17,6 @@ Rebuild (the result is committed next to the model config it belongs to):
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -27,10 +26,7 @@ from legorl.quickstart.family import PROBLEM, make_task, run_tests_in_process
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "models" / "quickstart-qwen3"
 VOCAB_SIZE = 512
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 WORDS = r" ?[A-Za-z_]+| ?[0-9]| ?[^\sA-Za-z_0-9]+|\s+(?!\S)|\s+"
-CHAT_TEMPLATE = Path(__file__).resolve().parents[2] / "scripts" / "assets" / "chat_template.jinja"
 
 
 def _render(messages: list[dict[str, str]]) -> str:
@@ -56,36 +52,15 @@ def corpus(n_tasks: int = 2000, seed: int = 0) -> list[str]:
 
 
 def build(out_dir: Path = MODEL_DIR, vocab_size: int = VOCAB_SIZE) -> Path:
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, pre_tokenizers
 
-    tok = Tokenizer(models.BPE())
+    from legorl.bpe import save_tokenizer, train_bpe
+
     # GPT-2's split, except that `_` joins words (so COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT and
     # mswea_bash_command can each become one token) and digits stand alone.
     split = pre_tokenizers.Split(Regex(WORDS), behavior="isolated")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ADDED),
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer)
-    tok.add_tokens(ADDED)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "model_max_length": 2048,
-        "chat_template": CHAT_TEMPLATE.read_text(),
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": False,
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    pre = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    save_tokenizer(train_bpe(corpus(), pre, vocab_size), out_dir, model_max_length=2048)
     return out_dir
 
 

@@ -20,7 +20,8 @@ cannot produce inf; with sane inputs the clamp is never active.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -111,6 +112,22 @@ def _clipped_objective(
     return -torch.minimum(unclipped, clipped), active
 
 
+def _token_objective(
+    log_ratio_N: torch.Tensor,
+    advantages_N: torch.Tensor,
+    weights_N: torch.Tensor | None,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The clipped objective of token-level ratios exp(log_ratio_N), times the (detached)
+    correction weights: GRPO and GSPO-token differ only in how they build log_ratio_N."""
+    ratio_N = log_ratio_N.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    loss_N, active_N = _clipped_objective(ratio_N, advantages_N, clip_low, clip_high)
+    if weights_N is not None:
+        loss_N = loss_N * weights_N.detach()
+    return loss_N, active_N
+
+
 def _seq_log_ratio_U(
     logprobs_N: torch.Tensor,
     old_logprobs_N: torch.Tensor,
@@ -196,10 +213,7 @@ def gspo_token_loss(
     """
     seq_log_ratio_U, count_U = _seq_log_ratio_U(logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units)
     log_ratio_N = logprobs_N - logprobs_N.detach() + seq_log_ratio_U[unit_ids_N]
-    ratio_N = log_ratio_N.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    loss_N, active_N = _clipped_objective(ratio_N, advantages_N, clip_low, clip_high)
-    if weights_N is not None:
-        loss_N = loss_N * weights_N.detach()
+    loss_N, active_N = _token_objective(log_ratio_N, advantages_N, weights_N, clip_low, clip_high)
     loss = aggregate(loss_N, mask_N, unit_ids_N, num_units, aggregation, norm)
     return loss, _metrics(seq_log_ratio_U, count_U, active_N, mask_N)
 
@@ -224,38 +238,17 @@ def grpo_loss(
     metrics is the same geometric mean GSPO uses, for comparable dashboards.
     """
     seq_log_ratio_U, count_U = _seq_log_ratio_U(logprobs_N.detach(), old_logprobs_N, mask_N, unit_ids_N, num_units)
-    ratio_N = (logprobs_N - old_logprobs_N).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
-    loss_N, active_N = _clipped_objective(ratio_N, advantages_N, clip_low, clip_high)
-    if weights_N is not None:
-        loss_N = loss_N * weights_N.detach()
+    loss_N, active_N = _token_objective(logprobs_N - old_logprobs_N, advantages_N, weights_N, clip_low, clip_high)
     loss = aggregate(loss_N, mask_N, unit_ids_N, num_units, aggregation, norm)
     return loss, _metrics(seq_log_ratio_U, count_U, active_N, mask_N)
 
 
-def dr_grpo_loss(
-    logprobs_N: torch.Tensor,
-    old_logprobs_N: torch.Tensor,
-    advantages_N: torch.Tensor,
-    mask_N: torch.Tensor,
-    unit_ids_N: torch.Tensor,
-    num_units: int,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    weights_N: torch.Tensor | None = None,
-    aggregation: Aggregation = "token_sum_norm",
-    norm: Normalizer,
-) -> tuple[torch.Tensor, LossMetrics]:
-    """Dr.GRPO: GRPO's token objective without length normalisation per sequence.
+# Dr.GRPO: GRPO's token objective without length normalisation per sequence, Σ_t L_t /
+# (U · norm_tokens), so a long answer's tokens weigh as much as a short one's; pair with
+# advantages that are not divided by the group std (the config default). Only the default
+# aggregation differs from GRPO.
+dr_grpo_loss = functools.partial(grpo_loss, aggregation="token_sum_norm")
 
-    Σ_t L_t / (U · norm_tokens), so a long answer's tokens weigh as much as a short one's;
-    pair with advantages that are not divided by the group std (the config default).
-    """
-    return grpo_loss(
-        logprobs_N, old_logprobs_N, advantages_N, mask_N, unit_ids_N, num_units,
-        clip_low=clip_low, clip_high=clip_high, weights_N=weights_N,
-        aggregation=aggregation, norm=norm,
-    )  # fmt: skip
-
-
-LOSSES = {"gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss}
+LOSSES: dict[str, Callable[..., tuple[torch.Tensor, LossMetrics]]] = {
+    "gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss,
+}

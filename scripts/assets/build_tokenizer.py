@@ -9,17 +9,16 @@ coding agent reads and writes). The result is committed; rerun only to change it
 
 from __future__ import annotations
 
-import json
 import random
 import sysconfig
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import pre_tokenizers
+
+from legorl.bpe import save_tokenizer, train_bpe
 
 OUT = Path(__file__).resolve().parents[2] / "legorl" / "assets" / "tokenizer"
 VOCAB_SIZE = 4096
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
 def corpus(limit_bytes: int = 12_000_000) -> list[str]:
@@ -39,32 +38,8 @@ def corpus(limit_bytes: int = 12_000_000) -> list[str]:
 
 
 def main() -> None:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(ADDED),
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(corpus(), trainer)
-    tok.add_tokens(ADDED)
-    OUT.mkdir(parents=True, exist_ok=True)
-    tok.save(str(OUT / "tokenizer.json"))
-    template = (Path(__file__).parent / "chat_template.jinja").read_text()
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "model_max_length": 32768,
-        "chat_template": template,
-        "clean_up_tokenization_spaces": False,
-        "add_bos_token": False,
-    }
-    (OUT / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    tok = train_bpe(corpus(), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), VOCAB_SIZE)
+    save_tokenizer(tok, OUT, model_max_length=32768)
     print(f"vocab {tok.get_vocab_size()} -> {OUT}")
 
 
