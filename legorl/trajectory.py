@@ -13,12 +13,20 @@ harness-inserted text and tool outputs are 0, even when they lie between two com
 MoE routing: position p of a segment takes its routed experts from the turn that first
 covered p (the pass that produced the sampled tokens after it). An engine may omit the
 last sampled token's routing (it was never fed back); the next turn's prefill supplies it
-when the segment continues.
+when the segment continues. A turn's routing may start at `routing_base` > 0 (the proxy
+dropped rows the previous turn already had); if a segment would then lack rows, its
+routing is dropped (None: the trainer's router decides) rather than misaligned.
 """
 
 from __future__ import annotations
 
-from legorl.types import AlignmentStats, Segment, Trajectory, Turn
+import logging
+
+import numpy as np
+
+from legorl.types import AlignmentStats, Routing, Segment, Trajectory, Turn
+
+log = logging.getLogger(__name__)
 
 
 def _first_mismatch(a: list[int], b: list[int]) -> int:
@@ -30,7 +38,9 @@ def _first_mismatch(a: list[int], b: list[int]) -> int:
 
 
 def _new_segment(turn: Turn) -> Segment:
-    routing = list(turn.routed_experts) if turn.routed_experts is not None else None
+    routing = turn.routed_experts if turn.routed_experts is not None and turn.routing_base == 0 else None
+    if turn.routed_experts is not None and routing is None:
+        log.warning("turn %d of session %s starts a segment without its prompt's routing", turn.index, turn.session_id)
     return Segment(
         turn_indices=[turn.index],
         token_ids=list(turn.prompt_ids) + list(turn.completion_ids),
@@ -39,6 +49,20 @@ def _new_segment(turn: Turn) -> Segment:
         policy_versions=[turn.policy_version],
         routed_experts=routing,
     )
+
+
+def _more_routing(have: Routing, turn: Turn) -> Routing | None:
+    """`have` (rows 0..len-1 of the segment) continued by `turn`'s rows; None on a gap."""
+    assert turn.routed_experts is not None
+    start = len(have) - turn.routing_base
+    if start < 0:
+        return None
+    rows = turn.routed_experts[start:]
+    if not len(rows):
+        return have
+    if len(have) and have.shape[1:] != rows.shape[1:]:
+        raise ValueError(f"turn {turn.index}: routing shape {rows.shape[1:]} != the segment's {have.shape[1:]}")
+    return np.concatenate([have, rows]) if len(have) else rows
 
 
 def _extend(seg: Segment, turn: Turn) -> None:
@@ -50,8 +74,7 @@ def _extend(seg: Segment, turn: Turn) -> None:
     seg.logprobs += [0.0] * len(new_prompt) + list(turn.logprobs)
     seg.policy_versions.append(turn.policy_version)
     if seg.routed_experts is not None and turn.routed_experts is not None:
-        have = len(seg.routed_experts)
-        seg.routed_experts += list(turn.routed_experts[have:])
+        seg.routed_experts = _more_routing(seg.routed_experts, turn)
     else:
         seg.routed_experts = None
 

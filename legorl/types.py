@@ -3,7 +3,10 @@
 This is the only data model shared between the proxy, the sandboxes, the trainer and the
 run store: every component speaks in these words, so a record written by one can be read
 by any other. Token-level arrays are plain lists here (they cross process and JSON
-boundaries); the trainer turns them into tensors with shape-suffixed names.
+boundaries); the trainer turns them into tensors with shape-suffixed names. The one
+exception is MoE routing: (tokens, layers, top-k) expert indices are ~300 numbers per
+token for a 40-layer top-8 model, so they travel as one compact int16 numpy array
+(`Routing`), never as nested lists (which would cost ~120 bytes per token-layer).
 """
 
 from __future__ import annotations
@@ -12,6 +15,36 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+Routing = np.ndarray  # int16, shape (tokens, MoE layers, top-k): the experts each token was routed to
+ROUTING_DTYPE = np.int16
+
+
+def as_routing(value: Any) -> Routing | None:
+    """Routing from an engine, a JSON record or a tensor as an int16 (tokens, layers, k)
+    array; None stays None. Raises ValueError for anything not of that shape."""
+    if value is None:
+        return None
+    try:
+        arr_T_L_K = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"routed_experts must be a rectangular (tokens, layers, top_k) array: {e}") from e
+    if arr_T_L_K.size == 0 and arr_T_L_K.ndim < 3:
+        return np.zeros((0, 0, 0), dtype=ROUTING_DTYPE)
+    if arr_T_L_K.ndim != 3:
+        raise ValueError(f"routed_experts must have shape (tokens, layers, top_k), got {arr_T_L_K.shape}")
+    if arr_T_L_K.size and (arr_T_L_K.min() < -1 or arr_T_L_K.max() > np.iinfo(ROUTING_DTYPE).max):
+        raise ValueError("routed_experts holds expert indices outside -1..32767")
+    return arr_T_L_K.astype(ROUTING_DTYPE, copy=False)
+
+
+def _routing_json(d: dict[str, Any]) -> dict[str, Any]:
+    """asdict() copies arrays as they are; JSON wants nested lists."""
+    if isinstance(d.get("routed_experts"), np.ndarray):
+        d["routed_experts"] = d["routed_experts"].tolist()
+    return d
 
 
 class Dialect(enum.StrEnum):
@@ -82,14 +115,14 @@ class Generation:
 
     `logprobs[i]` is the log-probability of `completion_ids[i]` under the distribution the
     token was actually sampled from (see the engine's docstring for temperature/top-p).
-    `routed_experts[t][l]` lists the top-k expert indices of token t (prompt tokens first,
+    `routed_experts[t, l]` holds the top-k expert indices of token t (prompt tokens first,
     then completion tokens) in MoE layer l; None for dense models or when not returned.
     """
 
     completion_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
-    routed_experts: list[list[list[int]]] | None = None
+    routed_experts: Routing | None = None
     prompt_tokens: int = 0
 
 
@@ -100,12 +133,18 @@ class TokenStep:
     token_id: int | None
     logprob: float | None
     finish_reason: FinishReason | None = None
-    routed_experts: list[list[list[int]]] | None = None  # only on the final step
+    routed_experts: Routing | None = None  # only on the final step
 
 
 @dataclass
 class Turn:
-    """One model call as the engine saw it; the unit the proxy records."""
+    """One model call as the engine saw it; the unit the proxy records.
+
+    `routed_experts` covers positions `routing_base ..` of prompt + completion. The proxy
+    drops the rows a turn shares with the turn before it in the same segment (the engine
+    re-reports the whole prompt's routing every call): kept whole, an episode's routing
+    would grow with turns x context, gigabytes for a long MoE episode.
+    """
 
     session_id: str
     index: int
@@ -119,7 +158,8 @@ class Turn:
     request: dict[str, Any] = field(default_factory=dict)  # the raw request body
     response_text: str = ""  # the text the client received (tool calls included as parsed)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    routed_experts: list[list[list[int]]] | None = None
+    routed_experts: Routing | None = None
+    routing_base: int = 0
     format_error: bool = False
     side_call: bool = False  # answered, but not part of the policy's trajectory
     policy_version: int = 0
@@ -129,13 +169,14 @@ class Turn:
     t_end: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _routing_json(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Turn:
         d = dict(d)
         d["dialect"] = Dialect(d["dialect"])
         d["finish_reason"] = FinishReason(d["finish_reason"])
+        d["routed_experts"] = as_routing(d.get("routed_experts"))
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -154,7 +195,7 @@ class Segment:
     loss_mask: list[int]
     logprobs: list[float]
     policy_versions: list[int]
-    routed_experts: list[list[list[int]]] | None = None  # (len(token_ids), L, K)
+    routed_experts: Routing | None = None  # (len(token_ids) or one less, L, K)
 
 
 @dataclass
@@ -197,7 +238,9 @@ class Trajectory:
     side_turns: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["segments"] = [_routing_json(seg) for seg in d["segments"]]
+        return d
 
 
 @dataclass

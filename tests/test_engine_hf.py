@@ -110,9 +110,9 @@ async def test_moe_routing_covers_every_token_and_equals_a_full_forward(moe: HFE
     for prompt, g in zip(PROMPTS, gens, strict=True):
         ids = prompt + g.completion_ids
         assert g.routed_experts is not None
-        shape = (len(g.routed_experts), len(g.routed_experts[0]), len(g.routed_experts[0][0]))
+        shape = g.routed_experts.shape
         assert shape == (len(ids), layers, k)
-        assert g.routed_experts == routed_experts(moe.model, ids)
+        assert g.routed_experts.tolist() == routed_experts(moe.model, ids).tolist()
 
 
 async def test_chunked_prefill_gives_the_same_logprobs_and_routing() -> None:
@@ -126,7 +126,7 @@ async def test_chunked_prefill_gives_the_same_logprobs_and_routing() -> None:
                 logits_T_V = engine.model(input_ids=torch.tensor([ids])).logits[0]
             want = token_logprobs(logits_T_V[len(prompt) - 1 : -1], torch.tensor(g.completion_ids), params)
             assert float((torch.tensor(g.logprobs) - want).abs().max()) < 1e-3
-            assert g.routed_experts == routed_experts(engine.model, ids)
+            assert g.routed_experts.tolist() == routed_experts(engine.model, ids).tolist()
     finally:
         await engine.close()
 

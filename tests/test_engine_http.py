@@ -196,7 +196,7 @@ async def test_vllm_routed_experts_come_from_the_non_streaming_answer(fake: Fake
     await engine.close()
     assert fake.requests[0][1]["stream"] is False
     assert g.completion_ids == COMPLETION and g.logprobs == LOGPROBS and g.prompt_tokens == len(PROMPT)
-    assert g.routed_experts == ROUTING  # (prompt + completion - 1, layers, top_k)
+    assert g.routed_experts.tolist() == ROUTING  # (prompt + completion - 1, layers, top_k)
     assert len(g.routed_experts) == len(PROMPT) + len(COMPLETION) - 1
 
 
@@ -274,7 +274,7 @@ async def test_sglang_routed_experts_are_decoded_to_tokens_layers_topk(fake: Fak
     g = await engine.generate(PROMPT, PARAMS)
     await engine.close()
     assert fake.requests[0][1]["return_routed_experts"] is True
-    assert g.completion_ids == COMPLETION and g.routed_experts == ROUTING
+    assert g.completion_ids == COMPLETION and g.routed_experts.tolist() == ROUTING
 
 
 async def test_sglang_routing_needs_top_k() -> None:

@@ -64,11 +64,11 @@ async def test_logprobs_and_routing_are_fake_but_deterministic() -> None:
     engine = ScriptedEngine(SCRIPT[:1], TOK, moe=(4, 2, 8))
     p = prompt(0)
     a, b = await engine.generate(p, SamplingParams()), await engine.generate(p, SamplingParams())
-    assert a.logprobs == b.logprobs and a.routed_experts == b.routed_experts
+    assert a.logprobs == b.logprobs and a.routed_experts.tolist() == b.routed_experts.tolist()
     assert a.logprobs[0] == fake_logprob(a.completion_ids[0], len(p))
     assert all(-3.0 <= lp < 0 for lp in a.logprobs)
     assert a.routed_experts is not None and len(a.routed_experts) == len(p) + len(a.completion_ids)
-    assert all(len(t) == 4 and all(len(set(layer)) == 2 and max(layer) < 8 for layer in t) for t in a.routed_experts)
+    assert all(len(t) == 4 and all(len(set(layer)) == 2 and max(layer) < 8 for layer in t) for t in a.routed_experts.tolist())
 
 
 async def test_bad_requests_are_refused_with_the_reason() -> None:

@@ -85,7 +85,7 @@ async def test_moe_routing_has_vllms_layout() -> None:
     assert direct.routed_experts is not None and served.routed_experts is not None
     n = len(PROMPT) + len(direct.completion_ids)
     assert len(direct.routed_experts) == n
-    assert served.routed_experts == direct.routed_experts[: n - 1]  # vLLM never routes the last sampled token
+    assert served.routed_experts.tolist() == direct.routed_experts[: n - 1].tolist()  # vLLM never routes the last sampled token
     assert served.completion_ids == direct.completion_ids
 
 

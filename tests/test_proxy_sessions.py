@@ -166,3 +166,50 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
     assert [t["session"] for t in trajs] == ["alpha", "beta"]
     alpha = trajs[0]["trajectory"]
     assert len(alpha["segments"]) == 1 and alpha["segments"][0]["turn_indices"] == [0, 1]
+
+
+async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly() -> None:
+    """Engines report the whole prompt's routing on every call; the session keeps each
+    position's rows once (turn.routing_base), and the assembled segments still carry the
+    exact routing of every position — also across a compaction (a new segment)."""
+    from legorl.engine.scripted import fake_routing
+    from legorl.trajectory import assemble
+
+    moe = (3, 2, 8)  # layers, top_k, experts
+    engine = ScriptedEngine([TOOL_CALL, TOOL_CALL, "Done.", "Resumed.", "Finished."], tokenizer(), moe=moe)
+    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+        srv.open_session("ep")
+        o = openai.AsyncOpenAI(base_url=srv.session_url("ep") + "/v1", api_key="x", max_retries=0)
+        msgs: list[dict] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix it"}]
+        for _ in range(3):
+            r = await o.chat.completions.create(model="policy", messages=msgs)
+            m = r.choices[0].message
+            msgs.append(m.model_dump(exclude_none=True))
+            for call in m.tool_calls or []:
+                msgs.append({"role": "tool", "tool_call_id": call.id, "content": "a.py b.py"})
+            if not m.tool_calls:
+                msgs.append({"role": "user", "content": "and now?"})
+        compacted = [msgs[0], {"role": "user", "content": "Summary of the work so far: listed files."}]
+        r = await o.chat.completions.create(model="policy", messages=compacted)
+        compacted += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go on"}]
+        await o.chat.completions.create(model="policy", messages=compacted)
+        turns = srv.close_session("ep")
+    assert len(turns) == 5
+    bases = [t.routing_base for t in turns]
+    assert bases[0] == 0 and bases[3] == 0  # first call, and the compacted prompt (no shared prefix)
+    for i in (1, 2, 4):  # each extends the one before: only its new positions are kept
+        prev = turns[i - 1]
+        assert bases[i] == len(prev.prompt_ids) + len(prev.completion_ids) > 0
+        assert len(turns[i].routed_experts) == len(turns[i].prompt_ids) + len(turns[i].completion_ids) - bases[i]
+    traj = assemble(turns, "ep")
+    assert [s.turn_indices for s in traj.segments] == [[0, 1, 2], [3, 4]]
+    for seg in traj.segments:
+        want = [fake_routing(t, p, *moe) for p, t in enumerate(seg.token_ids)]
+        assert seg.routed_experts is not None and seg.routed_experts.tolist() == want
+    kept = sum(len(t.routed_experts) for t in turns)
+    assert kept == sum(len(s.token_ids) for s in traj.segments)  # linear in the episode, not turns x context
+    # the recorded bodies are still what was sent, but each resent message is held once
+    assert turns[4].request["messages"] == compacted
+    assert turns[2].request["messages"][:3] == turns[1].request["messages"][:3]
+    assert all(a is b for a, b in zip(turns[2].request["messages"], turns[1].request["messages"]))
+    assert turns[4].request["messages"][1] is turns[3].request["messages"][1]

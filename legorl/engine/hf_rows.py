@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from legorl.types import FinishReason, SamplingParams, TokenStep
+from legorl.types import FinishReason, Routing, SamplingParams, TokenStep, as_routing
 
 
 def eos_ids(tokenizer: Any, model: Any) -> frozenset[int]:
@@ -128,5 +128,5 @@ class Row:
     def routed_all(self) -> bool:
         return sum(int(c.shape[0]) for c in self.routing) == len(self.tokens)
 
-    def routed_experts(self) -> list[list[list[int]]]:
-        return torch.cat(self.routing, dim=0).tolist()
+    def routed_experts(self) -> Routing:
+        return as_routing(torch.cat(self.routing, dim=0).numpy())

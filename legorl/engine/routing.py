@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from legorl.types import Routing, as_routing
+
 
 def moe_gates(model: nn.Module) -> list[nn.Module]:
     """The router of each MoE layer, in layer order (empty for dense models)."""
@@ -96,8 +98,8 @@ class RoutingRecorder:
 
 
 @torch.no_grad()
-def routed_experts(model: nn.Module, ids: list[int]) -> list[list[list[int]]]:
-    """Routing of a fresh full forward over `ids`: `[token][moe_layer][k]` expert indices."""
+def routed_experts(model: nn.Module, ids: list[int]) -> Routing:
+    """Routing of a fresh full forward over `ids`: (token, moe_layer, k) expert indices."""
     recorder = RoutingRecorder(model)
     try:
         if not recorder.gates:
@@ -105,6 +107,6 @@ def routed_experts(model: nn.Module, ids: list[int]) -> list[list[list[int]]]:
         device = next(model.parameters()).device
         recorder.start()
         model(input_ids=torch.tensor([ids], device=device), use_cache=False)
-        return recorder.take(1)[0].tolist()
+        return as_routing(recorder.take(1)[0].numpy())
     finally:
         recorder.close()

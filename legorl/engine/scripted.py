@@ -27,7 +27,7 @@ from typing import Any
 
 from legorl.engine.base import check_prompt, collect
 from legorl.engine.sampling import validate_params
-from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
+from legorl.types import FinishReason, Generation, SamplingParams, TokenStep, as_routing
 
 
 def fake_logprob(token: int, position: int) -> float:
@@ -152,7 +152,7 @@ class ScriptedEngine:
         routing = None
         if self.moe is not None:
             layers, top_k, experts = self.moe
-            routing = [fake_routing(t, p, layers, top_k, experts) for p, t in enumerate(list(prompt_ids) + ids)]
+            routing = as_routing([fake_routing(t, p, layers, top_k, experts) for p, t in enumerate(list(prompt_ids) + ids)])
         yield TokenStep(None, None, finish, routing)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from legorl.types import FinishReason, SamplingParams
+from legorl.types import FinishReason, Routing, SamplingParams
 
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this so the JSON stays valid
 
@@ -128,7 +128,7 @@ def context_message(max_context: int, prompt_tokens: int, max_tokens: int | None
     )
 
 
-def npy_b64(routing: list[list[list[int]]]) -> str:
+def npy_b64(routing: Routing) -> str:
     """vLLM's `numpy2base64`: base64 of the `.npy` bytes, smallest unsigned dtype that fits."""
     arr = np.asarray(routing, dtype=np.int64)
     top = int(arr.max()) if arr.size else 0
@@ -233,7 +233,7 @@ class Completion:
         p, c = len(self.prompt_ids), len(self.ids)
         return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
-    def response(self, finish: FinishReason, routing: list[list[list[int]]] | None) -> dict[str, Any]:
+    def response(self, finish: FinishReason, routing: Routing | None) -> dict[str, Any]:
         """The non-streaming `CompletionResponse`."""
         with_ids = self.req.return_token_ids
         rows = len(self.prompt_ids) + len(self.ids) - 1
@@ -246,7 +246,7 @@ class Completion:
             "token_ids": list(self.ids) if with_ids else None,
             "prompt_logprobs": None,
             "prompt_token_ids": list(self.prompt_ids) if with_ids else None,
-            "routed_experts": npy_b64(routing[:rows]) if routing else None,
+            "routed_experts": npy_b64(routing[:rows]) if routing is not None and len(routing) else None,
         }
         return {
             "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,

@@ -40,7 +40,7 @@ import numpy as np
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.http_client import HTTPEngineClient, check
 from legorl.engine.sampling import validate_params
-from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
+from legorl.types import FinishReason, Generation, Routing, SamplingParams, TokenStep, as_routing
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -54,7 +54,7 @@ def finish_reason(value: Any) -> FinishReason:
     raise EngineError(f"sglang: generation ended with finish_reason {value!r}")
 
 
-def decode_routing(data: str, tokens: int, top_k: int) -> list[list[list[int]]]:
+def decode_routing(data: str, tokens: int, top_k: int) -> Routing:
     """SGLang's routed experts → [token][layer][k] for `tokens` rows."""
     try:
         flat = np.frombuffer(base64.b64decode(data), dtype="<i4")
@@ -62,7 +62,7 @@ def decode_routing(data: str, tokens: int, top_k: int) -> list[list[list[int]]]:
         raise EngineError(f"sglang: routed_experts is not base64 int32 data: {exc}") from exc
     if tokens <= 0 or flat.size % (tokens * top_k):
         raise EngineError(f"sglang: routed_experts has {flat.size} ids, not a multiple of {tokens} tokens x top_k {top_k}")
-    return flat.reshape(tokens, -1, top_k).astype(np.int64).tolist()
+    return as_routing(flat.reshape(tokens, -1, top_k))
 
 
 class SGLangEngine:

@@ -47,7 +47,7 @@ import numpy as np
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.http_client import HTTPEngineClient, check
 from legorl.engine.sampling import validate_params
-from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
+from legorl.types import FinishReason, Generation, Routing, SamplingParams, TokenStep, as_routing
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -58,15 +58,15 @@ def finish_reason(engine: str, value: Any) -> FinishReason:
     raise EngineError(f"{engine}: generation ended with finish_reason {value!r}")
 
 
-def decode_npy_b64(data: str) -> list[list[list[int]]]:
-    """vLLM's routed experts: base64 of `.npy` bytes → nested lists [token][layer][k]."""
+def decode_npy_b64(data: str) -> Routing:
+    """vLLM's routed experts: base64 of `.npy` bytes → int16 array (token, layer, k)."""
     try:
         arr = np.load(io.BytesIO(base64.b64decode(data)), allow_pickle=False)
     except Exception as exc:
         raise EngineError(f"vllm: routed_experts is not base64 of a .npy array: {exc}") from exc
     if arr.ndim != 3:
         raise EngineError(f"vllm: routed_experts has shape {arr.shape}, expected (tokens, layers, top_k)")
-    return arr.astype(np.int64).tolist()
+    return as_routing(arr)
 
 
 class VLLMEngine:

@@ -22,7 +22,9 @@ from legorl.monitor import codec
 from legorl.monitor import messages as msgs
 from legorl.monitor.rebuild import RebuiltTurn, loads, rebuild_turns
 from legorl.monitor.schema import TURN_ROW_BITS
-from legorl.types import INFRA_STATUSES, AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
+from legorl.types import (
+    INFRA_STATUSES, AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn, as_routing,
+)
 
 SUMMARY_COLS = (
     "t.id, t.session_id, t.step, t.instance_id, t.harness, t.status, t.reward, t.masked, t.n_flags, "
@@ -237,7 +239,7 @@ class StoreQueries:
                 loss_mask=codec.unpack_ids(s["loss_mask"]).tolist(),
                 logprobs=codec.unpack_floats(s["logprobs"]).astype(float).tolist(),
                 policy_versions=codec.unpack_ids(s["policy_versions"]).tolist(),
-                routed_experts=None if routing is None else routing.tolist()))
+                routed_experts=as_routing(routing)))
         outcome = None
         if orow is not None:
             outcome = Outcome(reward=orow["reward"], status=Status(orow["status"]), masked=bool(orow["masked"]),
@@ -337,7 +339,7 @@ def turn_of(session_id: str, t: RebuiltTurn) -> Turn:
         finish_reason=FinishReason(r["finish_reason"]), sampling_used=loads(r["sampling_used"], {}),
         sampling_requested=loads(r["sampling_requested"], {}), request=t.request(),
         response_text=r["response_text"] or "", tool_calls=loads(r["tool_calls"], []),
-        routed_experts=None if routing is None else routing.tolist(), format_error=bool(r["format_error"]),
+        routed_experts=as_routing(routing), routing_base=r["routing_base"] or 0, format_error=bool(r["format_error"]),
         side_call=bool(r["side_call"]), policy_version=r["policy_version"] or 0, model=r["model"] or "",
         t_start=r["t_start"] or 0.0, t_first_token=r["t_first_token"] or 0.0, t_end=r["t_end"] or 0.0,
     )

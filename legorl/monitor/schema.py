@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # v2: turns.routing_base
 TURN_ROW_BITS = 20  # full-text rowid = trajectory id << 20 | turn index
 OUTCOME_FTS_SLOT = (1 << TURN_ROW_BITS) - 1  # the row that indexes a trajectory's diff
 
@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS turns (
   side_call INTEGER, format_error INTEGER,
   n_prompt INTEGER, prompt_base INTEGER, prompt_tail BLOB,   -- prompt = prev(prompt+completion)[:base] + tail
   n_completion INTEGER, completion_ids BLOB, logprobs BLOB, trainer_logprobs BLOB,
-  routing BLOB, pieces BLOB,
+  routing BLOB, routing_base INTEGER DEFAULT 0, pieces BLOB, -- routing of positions base..
   list_key TEXT, msg_base INTEGER, new_items BLOB,           -- request list = prev list[:msg_base] + new
   request_rest BLOB,                                         -- NULL: same as the previous turn
   response_text TEXT, tool_calls TEXT,
@@ -117,3 +117,15 @@ def init_schema(conn: sqlite3.Connection) -> None:
         raise RuntimeError(
             f"run store schema v{row[0]} is newer than this legorl (v{SCHEMA_VERSION}); upgrade legorl"
         )
+    elif int(row[0]) < SCHEMA_VERSION:
+        _migrate(conn, int(row[0]))
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring an older store up to SCHEMA_VERSION in place (additive changes only)."""
+    with conn:
+        if version < 2:
+            cols = {r[1] for r in conn.execute("PRAGMA table_info(turns)")}
+            if "routing_base" not in cols:
+                conn.execute("ALTER TABLE turns ADD COLUMN routing_base INTEGER DEFAULT 0")
+        conn.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))

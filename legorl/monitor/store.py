@@ -216,14 +216,14 @@ class RunStore(StoreQueries):
                 "INSERT INTO turns(traj_id, idx, dialect, finish_reason, policy_version, model, side_call, "
                 "format_error, n_prompt, prompt_base, prompt_tail, n_completion, completion_ids, logprobs, "
                 "routing, pieces, list_key, msg_base, new_items, request_rest, response_text, tool_calls, "
-                "sampling_used, sampling_requested, t_start, t_first_token, t_end) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "sampling_used, sampling_requested, t_start, t_first_token, t_end, routing_base) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (tid, turn.index, str(turn.dialect), str(turn.finish_reason), turn.policy_version, turn.model,
                  int(turn.side_call), int(turn.format_error), len(prompt), base, codec.pack_ids(prompt[base:]),
                  len(completion), *packed, list_key, msg_base, codec.pack_text(dumps(new_items)),
                  None if rest_same else codec.pack_text(dumps(rest)),
                  turn.response_text, dumps(turn.tool_calls), dumps(turn.sampling_used),
-                 dumps(turn.sampling_requested), turn.t_start, turn.t_first_token, turn.t_end),
+                 dumps(turn.sampling_requested), turn.t_start, turn.t_first_token, turn.t_end, turn.routing_base),
             )
             c.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)",
                       ((tid << TURN_ROW_BITS) | turn.index, msgs.search_text(shown)))

@@ -25,7 +25,7 @@ from legorl.engine.base import ContextLengthExceeded, EngineError
 from legorl.proxy.errors import ProxyError, context_too_long
 from legorl.proxy.render import ChatRequest
 from legorl.proxy.toolcalls import ParsedCompletion, StreamEvent, StreamParser, TextDelta, parse_completion
-from legorl.types import Dialect, FinishReason, SamplingParams, TokenStep, Turn
+from legorl.types import Dialect, FinishReason, Routing, SamplingParams, TokenStep, Turn, as_routing
 
 if TYPE_CHECKING:
     from legorl.proxy.app import ProxyContext
@@ -115,7 +115,7 @@ class TurnRun:
         self.completion_ids: list[int] = []
         self.logprobs: list[float] = []
         self.finish_reason = FinishReason.ABORT
-        self.routed_experts: list[list[list[int]]] | None = None
+        self.routed_experts: Routing | None = None
         self.result: ParsedCompletion | None = None
         self.text = ""  # the decoded completion as the client received it
         self.stop_sequence: str | None = None
@@ -224,7 +224,7 @@ class TurnRun:
                             yield evs
             if step.finish_reason is not None:
                 self.finish_reason = step.finish_reason
-                self.routed_experts = step.routed_experts
+                self.routed_experts = as_routing(step.routed_experts)
         # Reconcile: bytes the stream decoder still holds (an unfinished UTF-8 sequence)
         # appear in the full decoding as replacement characters.
         full = backend.decode(self._text_ids(held), skip_special_tokens=False)
@@ -253,7 +253,7 @@ class TurnRun:
                 lps.append(step.logprob if step.logprob is not None else 0.0)
             if step.finish_reason is not None:
                 self.finish_reason = step.finish_reason
-                self.routed_experts = step.routed_experts
+                self.routed_experts = as_routing(step.routed_experts)
         held = ids[-1] if ids and ids[-1] in self.ctx.eos_ids else None
         text = self.ctx.backend.decode(self._text_ids(held), skip_special_tokens=False)
         if self.params.stop:

@@ -22,13 +22,14 @@ from transformers import DynamicCache
 
 from legorl.train.logprobs import lm_head_logits
 from legorl.train.routing import moe_routers, moe_routing
+from legorl.types import Routing, as_routing
 
 
 @dataclass
 class Sample:
     completion_ids: list[int]
     logprobs: list[float]
-    routed_experts: list[list[list[int]]] | None  # (prompt + completion - 1, L, K)
+    routed_experts: Routing | None  # (prompt + completion - 1, L, K)
 
 
 @torch.no_grad()
@@ -91,6 +92,6 @@ def sample(
     samples = []
     for r in range(b):
         n = int(lengths[r])
-        rows = routing[r, : p + n - 1].tolist() if routing is not None else None
+        rows = as_routing(routing[r, : p + n - 1].numpy()) if routing is not None else None
         samples.append(Sample(out_ids[r, :n].tolist(), out_lp[r, :n].tolist(), rows))
     return samples
