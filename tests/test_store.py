@@ -68,6 +68,30 @@ def test_turns_round_trip_token_exact_with_deltas_compaction_and_routing(store: 
     assert len(got) == 5
 
 
+def test_a_v1_store_is_migrated_and_keeps_trimmed_routing(tmp_path: Path) -> None:
+    """Stores written before `routing_base` existed open, gain the column, and round-trip
+    a turn whose routing starts past position 0."""
+    import sqlite3
+
+    with RunStore(tmp_path / "run") as s:
+        s.add_turn(make_turn("old", 0, [1, 2], [3], chat("a")))
+    conn = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    with conn:
+        conn.execute("ALTER TABLE turns DROP COLUMN routing_base")
+        conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    conn.close()
+    routing = [[[p % 8, (p + 1) % 8]] for p in range(6)]
+    with RunStore(tmp_path / "run") as s:
+        s.add_turn(make_turn("new", 0, [1, 2, 3], [4], chat("b"), routed_experts=as_routing(routing[:4])))
+        s.add_turn(make_turn("new", 1, [1, 2, 3, 4, 5], [6], chat("b", "c", "d"),
+                             routed_experts=as_routing(routing[4:]), routing_base=4))
+    again = RunStore(tmp_path / "run", readonly=True)
+    assert [t.prompt_ids for t in again.load_turns("old")] == [[1, 2]]
+    t0, t1 = again.load_turns("new")
+    assert t0.routing_base == 0 and t1.routing_base == 4 and t1.routed_experts.tolist() == routing[4:]
+    assert again._conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"
+
+
 def test_routing_codec_picks_smallest_dtype_and_rejects_bad_shapes() -> None:
     small = np.arange(24).reshape(2, 3, 4)
     big = small * 1000
