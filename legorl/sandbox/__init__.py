@@ -16,9 +16,9 @@ Start here:
 
 Modules: base.py (protocol + dataclasses), images.py / layers.py / docker_images.py (the
 image cache), local.py and docker.py (backends), channel.py (the host side shared by both),
-_init.py (pid 1 inside every sandbox), _zygote.py and _linux.py (namespaces for `local`),
-forwarder.py (loopback -> proxy socket), cgroups.py (limits), pool.py (warm starts,
-retries), cli.py (`legorl images ...`).
+_init.py (pid 1 inside every sandbox), _zygote.py, _linux.py and _seccomp.py (namespaces
+and syscall filter for `local`), forwarder.py (loopback -> proxy socket), cgroups.py
+(limits), pool.py (warm starts, retries), cli.py (`legorl images ...`).
 """
 
 from __future__ import annotations

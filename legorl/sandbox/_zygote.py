@@ -20,7 +20,9 @@ namespace and, in order:
      namespaces (it cannot mount, unmount, reconfigure the network or load modules);
      drops the capability bounding set to Docker's default set, sets no_new_privs, makes
      itself non-dumpable (so nothing inside can ptrace or read it), shields itself from
-     the OOM killer;
+     the OOM killer, and installs the seccomp filter of `_seccomp.py` (Docker's default
+     profile's denials: no unshare/setns/mount, keyrings, bpf, io_uring…), which every
+     command inherits; if it cannot be installed the start fails;
   6. runs `_init.serve` on the control socket.
 Nothing survives the sandbox: when its pid 1 exits, the kernel kills every process in the
 pid namespace and the mount namespace with its tmpfs disappears. Pid 1 dies with the
@@ -44,6 +46,7 @@ sys.path.insert(0, os.environ.get("LEGORL_SANDBOX_DIR") or os.path.dirname(os.pa
 
 import _init  # noqa: E402
 import _linux as L  # noqa: E402
+import _seccomp  # noqa: E402  (builds the filter once, here, not per sandbox)
 
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 MASK_FILES = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats")
@@ -188,6 +191,7 @@ def _sandbox_main(req, ctl):
                 f.write("0")
         _setup_root(req)
         _enter_userns()
+        _seccomp.install()  # after no_new_privs, before anything of the sandbox runs
         os.closerange(0, ctl)
         os.closerange(ctl + 1, 65536)
     except Exception as e:  # noqa: BLE001 - every failure must reach the host as a message

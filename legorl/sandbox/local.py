@@ -12,7 +12,10 @@ namespaces and its own user namespace, over an overlay of the image's read-only 
 with the writable upper dir on a tmpfs of `limits.disk_mb` (the disk quota; its pages are
 charged to the sandbox's memory cgroup, so disk use also counts against `memory_mb`),
 in cgroups limiting memory, pids and CPU. It sees none of the host's files, no other
-sandbox, no network but `lo`; `readonly_mounts` bind extra host dirs read-only, and
+sandbox, no network but `lo`, and a seccomp filter (`_seccomp.py`, the local twin of
+Docker's default profile) denies the syscalls that reach kernel machinery a container
+has no business with (namespaces, mounts, keyrings, bpf, io_uring, modules, the clock).
+`readonly_mounts` bind extra host dirs read-only, and
 `proxy_socket` is reachable at `http://127.0.0.1:{proxy_port}` (see forwarder.py). All
 forking happens in a zygote process (see `_zygote.py` for the exact steps and why);
 everything a sandbox held is gone when its pid 1 exits, also if this process crashes.
