@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
+from legorl.engine.kv_batch import cache_kwarg
 from legorl.train.logprobs import lm_head_logits
 from legorl.train.routing import moe_routers, moe_routing
 from legorl.types import Routing, as_routing
@@ -56,6 +57,9 @@ def sample(
     if lm_head_fp32:  # cast once, not per decoding step
         weight_V_H = weight_V_H.to(torch.promote_types(weight_V_H.dtype, torch.float32))
     cache = DynamicCache(config=lm.config)
+    # transformers renamed forward(past_key_values=) to cache= (5.2x); an unknown keyword is
+    # swallowed by **kwargs, and every step would then run without its prefix.
+    cache_kw = {cache_kwarg(decoder): cache}
     is_moe = bool(moe_routers(lm))
     out_ids = torch.zeros(b, max_new_tokens, dtype=torch.long, device=device)
     out_lp = torch.zeros(b, max_new_tokens, dtype=torch.float32, device=device)
@@ -64,7 +68,7 @@ def sample(
 
     def step(x_B_S: torch.Tensor, start: int) -> torch.Tensor:
         pos = torch.arange(start, start + x_B_S.shape[1], device=device)[None].expand(b, -1)
-        h = decoder(input_ids=x_B_S, position_ids=pos, cache=cache, use_cache=True).last_hidden_state
+        h = decoder(input_ids=x_B_S, position_ids=pos, use_cache=True, **cache_kw).last_hidden_state
         return h[:, -1]
 
     with moe_routing(lm, router_fp32=router_fp32) if is_moe else nullcontext() as record:
