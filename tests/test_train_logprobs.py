@@ -154,3 +154,29 @@ async def test_recompute_matches_hf_engine(lms, name):
     if name.endswith("moe"):
         assert mb.replay_N_L_K is not None and bool((mb.replay_N_L_K >= 0).all())
         assert routing_mismatch(out.used_N_L_K, mb.replay_N_L_K, torch.ones(mb.num_tokens, dtype=torch.bool))[0] == 0
+
+
+def test_sampler_uses_the_cache_keyword_the_decoder_takes(lms, monkeypatch):
+    """transformers renamed forward(past_key_values=) to cache=; a decoder of the older
+    name must get its KV cache too (5.17 silently dropped an unknown `cache=`, and every
+    decoding step then ran without its prefix)."""
+    from legorl.engine.kv_batch import cache_kwarg
+
+    lm = lms["tiny-qwen3"]
+    real = lm.get_decoder()
+
+    class OldKeywordDecoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = real
+
+        def forward(self, input_ids, position_ids, past_key_values=None, use_cache=False):
+            return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
+                              **{cache_kwarg(self.inner): past_key_values})
+
+    prompt = list(range(5, 17))
+    want = sample(lm, [prompt], max_new_tokens=6, temperature=0.8, generator=torch.Generator().manual_seed(3))[0]
+    monkeypatch.setattr(lm, "get_decoder", lambda: OldKeywordDecoder())
+    got = sample(lm, [prompt], max_new_tokens=6, temperature=0.8, generator=torch.Generator().manual_seed(3))[0]
+    assert got.completion_ids == want.completion_ids
+    torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs))
