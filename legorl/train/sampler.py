@@ -33,7 +33,6 @@ class Sample:
     routed_experts: Routing | None  # (prompt + completion - 1, L, K)
 
 
-@torch.no_grad()
 def sample(
     lm: nn.Module,
     prompts: list[list[int]],
@@ -45,7 +44,30 @@ def sample(
     router_fp32: bool = False,
     generator: torch.Generator | None = None,
 ) -> list[Sample]:
-    """Sample one completion per prompt row; rows must have equal prompt lengths."""
+    """Sample one completion per prompt row; rows must have equal prompt lengths.
+
+    Runs the model in eval mode (restored after): a training model may have gradient
+    checkpointing on, whose layers drop the KV cache in training mode (transformers <
+    5.2x), and every decoding step would then run without its prefix."""
+    was_training = lm.training
+    lm.eval()
+    try:
+        return _sample(lm, prompts, max_new_tokens, temperature, eos_id, lm_head_fp32, router_fp32, generator)
+    finally:
+        lm.train(was_training)
+
+
+@torch.no_grad()
+def _sample(
+    lm: nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    eos_id: int | None,
+    lm_head_fp32: bool,
+    router_fp32: bool,
+    generator: torch.Generator | None,
+) -> list[Sample]:
     if not prompts or len({len(p) for p in prompts}) != 1 or not prompts[0]:
         raise ValueError("prompts must be a non-empty list of non-empty rows of equal length")
     if temperature <= 0:
