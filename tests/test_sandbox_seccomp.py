@@ -1,21 +1,33 @@
 """The syscall filter: what it denies (from inside real sandboxes), and that normal work still runs.
 
-What Docker's default profile also denies in the docker backend's containers runs against
-both backends; the rest is the local backend's own filter (`legorl/sandbox/_seccomp.py`),
-whose program is also checked off-line, for both architectures, with a small BPF interpreter.
+Both backends install the same filter (`legorl/sandbox/_seccomp.py`) in the sandbox's pid 1:
+the local backend's zygote, the docker backend's init (over Docker's own profile, which lets
+unshare, setns, mount, clone3 and clone(CLONE_NEW*) through for a container with
+CAP_SYS_ADMIN). Every check runs against both backends; the program is also
+checked off-line, for both architectures, with a small BPF interpreter, and on Python 3.7
+(the oldest python3 an image may bring) where one is at hand.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 import signal
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from legorl.sandbox import ImageRef, ImageStore, SandboxSpec, local, make_backend
+from legorl.sandbox import (
+    ImageRef,
+    ImageStore,
+    SandboxSpec,
+    docker,
+    local,
+    make_backend,
+)
 from legorl.sandbox import _seccomp as S
 from legorl.sandbox.base import SandboxError
 from legorl.sandbox.testing import DemoRepo, demo_repo
@@ -78,32 +90,42 @@ async def test_denied_under_both_backends(backend, task: ImageRef) -> None:
         assert res.exit_code != 0 and "not permitted" in res.stderr
 
 
-async def test_local_filter(store: ImageStore, task: ImageRef) -> None:
-    # Not run against docker: its containers are created with CAP_SYS_ADMIN (for the disk
-    # quota's tmpfs, dropped by the init), which makes Docker's profile allow unshare,
-    # clone(CLONE_NEW*), setns, mount and clone3, so `unshare -Urm` works there.
-    backend = make_backend("local", store)
-    try:
-        async with await backend.start(SandboxSpec(image=task.key)) as sb:
-            status = (await sb.exec("grep Seccomp /proc/self/status; grep Seccomp /proc/1/status")).stdout.split()
-            assert status == ["Seccomp:", "2", "Seccomp_filters:", "1"] * 2  # pid 1 and every command
-            for flag in ("-U", "-r", "-Urm", "-n", "-p -f", "-i", "-u", "-C"):
-                res = await sb.exec(f"unshare {flag} true")
-                assert res.exit_code != 0 and "not permitted" in res.stderr, (flag, res)
-            assert await _syscall(sb, 308, 0, 0) == "-1 EPERM"  # setns
-            assert await _syscall(sb, 435, 0, 0) == "-1 ENOSYS"  # clone3: libcs fall back to clone
-            for flag in (0x10000000, 0x00020000, 0x20000000, 0x40000000):  # NEWUSER NEWNS NEWPID NEWNET
-                assert await _syscall(sb, 56, flag | signal.SIGCHLD, 0, 0, 0, 0) == "-1 EPERM", hex(flag)
-            for nr in (321, 323, 425, 165, 166, 272, 304, 175, 313, 246, 169, 163):
-                # bpf userfaultfd io_uring_setup mount umount2 unshare open_by_handle_at
-                # init_module finit_module kexec_load reboot acct
-                assert await _syscall(sb, nr, 0, 0, 0, 0, 0) == "-1 EPERM", nr
-            assert await _syscall(sb, 0x40000000 | 39) == "-1 EPERM"  # x32 getpid
-            assert (await _syscall(sb, 39)).split()[1] == "0"  # plain getpid
-            res = await sb.exec(f'ulimit -c 0; python3 -c "{PY_INT80}"')  # another ABI: the process is killed
-            assert res.exit_code in (128 + signal.SIGSYS, -signal.SIGSYS), res
-    finally:
-        await backend.aclose()
+async def _docker_filters(backend) -> int:  # type: ignore[no-untyped-def]
+    """How many filters Docker itself gives a container: 1 with its seccomp profile on, else 0."""
+    if backend.name != "docker":
+        return 0
+    info = (await backend._call("GET", "/info")).json()
+    return int(any("name=seccomp" in o and "unconfined" not in o for o in info.get("SecurityOptions") or []))
+
+
+async def test_filter(backend, task: ImageRef) -> None:
+    async with await backend.start(SandboxSpec(image=task.key)) as sb:
+        res = await sb.exec("grep Seccomp /proc/self/status; grep Seccomp /proc/1/status")
+        mine, init = res.stdout.split()[:4], res.stdout.split()[4:]
+        # Every command carries exactly pid 1's filters (it installs none of its own). Under
+        # Docker, its profile comes first: ours is the second; which one denies what is
+        # shown by the calls below, which Docker's profile allows with CAP_SYS_ADMIN.
+        assert mine == init and mine[:3] == ["Seccomp:", "2", "Seccomp_filters:"], res.stdout
+        assert int(mine[3]) == 1 + await _docker_filters(backend), res.stdout
+        res = await sb.exec("grep NoNewPrivs /proc/self/status /proc/1/status")
+        assert res.stdout.split()[1::2] == ["1", "1"], res.stdout  # the kernel takes a filter only then
+        for flag in ("-U", "-r", "-Urm", "-n", "-p -f", "-i", "-u", "-C"):
+            res = await sb.exec(f"unshare {flag} true")
+            assert res.exit_code != 0 and "not permitted" in res.stderr, (flag, res)
+        res = await sb.exec("unshare -Urm sh -c 'mount -t tmpfs none /mnt' && echo mounted")
+        assert res.exit_code != 0 and "mounted" not in res.stdout, res
+        assert await _syscall(sb, 308, 0, 0) == "-1 EPERM"  # setns
+        assert await _syscall(sb, 435, 0, 0) == "-1 ENOSYS"  # clone3: libcs fall back to clone
+        for flag in (0x10000000, 0x00020000, 0x20000000, 0x40000000):  # NEWUSER NEWNS NEWPID NEWNET
+            assert await _syscall(sb, 56, flag | signal.SIGCHLD, 0, 0, 0, 0) == "-1 EPERM", hex(flag)
+        for nr in (321, 323, 425, 165, 166, 272, 304, 175, 313, 246, 169, 163):
+            # bpf userfaultfd io_uring_setup mount umount2 unshare open_by_handle_at
+            # init_module finit_module kexec_load reboot acct
+            assert await _syscall(sb, nr, 0, 0, 0, 0, 0) == "-1 EPERM", nr
+        assert await _syscall(sb, 0x40000000 | 39) == "-1 EPERM"  # x32 getpid
+        assert (await _syscall(sb, 39)).split()[1] == "0"  # plain getpid
+        res = await sb.exec(f'ulimit -c 0; python3 -c "{PY_INT80}"')  # another ABI: the process is killed
+        assert res.exit_code in (128 + signal.SIGSYS, -signal.SIGSYS), res
 
 
 async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, task: ImageRef, tmp_path: Path,
@@ -114,6 +136,19 @@ async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, 
     (tmp_path / "_seccomp.py").write_text("def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
     monkeypatch.setattr(local, "ZYGOTE_PATH", str(tmp_path / "_zygote.py"))
     backend = make_backend("local", store)
+    try:
+        with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
+            await backend.start(SandboxSpec(image=task.key))
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.docker
+async def test_docker_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, task: ImageRef,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host sends the filter's source with the init's at each start (docker.SECCOMP_SRC).
+    monkeypatch.setattr(docker, "SECCOMP_SRC", b"def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
+    backend = make_backend("docker", store)
     try:
         with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
             await backend.start(SandboxSpec(image=task.key))
@@ -182,3 +217,18 @@ def test_program_decisions(arch: int) -> None:
     if arch == S.AUDIT_ARCH_X86_64:
         assert _run_bpf(prog, S.X32_SYSCALL_BIT | 250, arch) == eperm
         assert _run_bpf(prog, S.X32_SYSCALL_BIT | 1, arch) == eperm
+
+
+def test_runs_on_python_37() -> None:
+    # The docker backend runs the init and the filter's source under the image's python3,
+    # which may be as old as 3.7: both must compile there, and build the same program.
+    found = [shutil.which("python3.7"), *sorted(map(str, Path.home().glob(".pyenv/versions/3.7*/bin/python3.7")))]
+    py37 = next((p for p in found if p and subprocess.run([p, "-c", ""], capture_output=True, check=False).returncode == 0), None)
+    if py37 is None:
+        pytest.skip("no python3.7 at hand")
+    sandbox_dir = Path(S.__file__).parent
+    code = ("import hashlib,sys; sys.path.insert(0, sys.argv[1]); import _seccomp; "
+            "compile(open(sys.argv[1] + '/_init.py').read(), '_init.py', 'exec'); "
+            "print(hashlib.sha256(_seccomp.FILTER or b'').hexdigest())")
+    out = subprocess.run([py37, "-I", "-S", "-c", code, str(sandbox_dir)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == hashlib.sha256(S.FILTER or b"").hexdigest()

@@ -9,6 +9,13 @@ command with the image's own python3 (`python3 -I -S -c <this file>`), talking o
 attached stdin/stdout. It therefore uses the standard library only and must run on any
 Python >= 3.7.
 
+Under Docker, the host sends this file's source and then `_seccomp.py`'s down stdin, each as
+10 ASCII digits of length and the bytes (docker.py's BOOT reads the first and runs it; the
+`__main__` block below reads the second). The init moves into its private root, drops
+CAP_SYS_ADMIN, sets no_new_privs and installs that filter (`install_filter`) before it says
+"ready", so no command ever runs unfiltered: if any step fails, the host gets {op: "error"}
+and the start fails. The local backend's zygote installs the same filter itself.
+
 Wire format, both directions: an 8-byte header `>II` (json length, payload length), a JSON
 object, then the payload bytes. Requests carry an `id` that the reply echoes.
 
@@ -395,6 +402,22 @@ def serve(rfd, wfd):
 
 MS_NOSUID, MS_NODEV, MS_MOVE, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8192, 4096, 16384, 1 << 18
 CAP_SYS_CHROOT, CAP_SYS_ADMIN, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 18, 21, 24, 4
+PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 38, 39
+
+
+def read_blob(fd):
+    """One length-prefixed blob from `fd`: 10 ASCII digits (its length), then its bytes."""
+
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                raise EOFError("stdin closed %d bytes short" % (n - len(data)))
+            data += chunk
+        return data
+
+    return exactly(int(exactly(10)))
 
 
 def enter_private_root(disk_mb, keep):
@@ -454,6 +477,25 @@ def enter_private_root(disk_mb, keep):
     call(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
+def install_filter(seccomp_src):
+    """Docker: set no_new_privs and install the seccomp filter of `_seccomp.py`, whose source
+    `seccomp_src` the host sent after this file's, on this (only) thread; every command,
+    forked from here, inherits it. Runs after enter_private_root: its mounts come first, and
+    without CAP_SYS_ADMIN the kernel takes a filter only under no_new_privs (Docker's
+    no-new-privileges already set it; setting it again is harmless). Raises if it cannot."""
+    import ctypes
+    import types
+
+    module = types.ModuleType("_seccomp")
+    module.__file__ = "legorl-seccomp"
+    exec(compile(seccomp_src, module.__file__, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
+        err = ctypes.get_errno()
+        raise OSError(err, "prctl(PR_SET_NO_NEW_PRIVS): %s" % os.strerror(err))
+    module.install()
+
+
 if __name__ == "__main__":
     # Docker: stdin/stdout are the attached stream; nothing else may write to stdout.
     rfd, wfd = os.dup(0), os.dup(1)
@@ -462,11 +504,16 @@ if __name__ == "__main__":
     os.dup2(devnull, 1)
     sys.stdout = sys.stderr
     config = json.loads(os.environ.pop("LEGORL_INIT_CONFIG", "{}"))
-    if config.get("disk_mb"):
-        try:
+    step = "read the seccomp filter's source"
+    try:
+        seccomp_src = read_blob(rfd)
+        if config.get("disk_mb"):
+            step = "enter the private root"
             enter_private_root(int(config["disk_mb"]), config.get("keep", []))
-        except Exception as e:  # the host must learn why, not just see the stream close
-            head = json.dumps({"op": "error", "error": "%s: %s" % (type(e).__name__, e)}).encode()
-            os.write(wfd, HDR.pack(len(head), 0) + head)
-            os._exit(1)
+        step = "install the seccomp filter"
+        install_filter(seccomp_src)
+    except Exception as e:  # the host must learn why, not just see the stream close
+        head = json.dumps({"op": "error", "error": "cannot %s: %s: %s" % (step, type(e).__name__, e)}).encode()
+        os.write(wfd, HDR.pack(len(head), 0) + head)
+        os._exit(1)
     serve(rfd, wfd)

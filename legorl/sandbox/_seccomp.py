@@ -1,14 +1,14 @@
-"""The local backend's seccomp-BPF syscall filter: a denylist modelled on Docker's default profile.
+"""The sandboxes' seccomp-BPF syscall filter: a denylist modelled on Docker's default profile.
 
 Why: the user namespace, the dropped capabilities and no_new_privs already keep a sandbox
 from administering the kernel, but every syscall the kernel reaches is attack surface, and
 some need no capability at all: creating a nested user namespace (`unshare -U`, then the
 mount/netfilter code is reachable as "root" of it), the keyrings (not namespaced), bpf,
 userfaultfd, io_uring. Docker applies its default seccomp profile to every container; this
-is the same line of defence for the `local` backend. The docker backend keeps Docker's own,
-but creates its containers with CAP_SYS_ADMIN (for the disk quota's tmpfs; the init drops it
-before any command), and Docker's profile then also lets unshare, setns, mount, clone3 and
-clone(CLONE_NEW*) through: nested user namespaces stay possible there, not here.
+is the same line of defence for the `local` backend, and the docker backend installs it too,
+on top of Docker's own: it creates its containers with CAP_SYS_ADMIN (for the disk quota's
+tmpfs; the init drops it before any command), and Docker's profile then lets unshare, setns,
+mount, clone3 and clone(CLONE_NEW*) through. With this filter, neither backend allows them.
 
 Denied with EPERM: keyrings, bpf/perf/userfaultfd/io_uring, module and kexec loading,
 accounting/swap/reboot/syslog/quota, the whole mount API, unshare and setns, open_by_handle_at,
@@ -18,9 +18,12 @@ read), so glibc, Node and Bun fall back to clone. A syscall of another ABI (i386
 a foreign arch) kills the process, since the numbers below would not mean the same calls;
 the x32 ABI (x86_64 numbers with bit 30 set) is denied. Everything else is allowed.
 
-Standard library only: the zygote imports this file by path under `python -I -S`, builds the
-program once (`FILTER`) and each sandbox's pid 1 only calls `install()` after no_new_privs,
-so every command inherits the filter. Numbers: x86_64 from asm/unistd_64.h, aarch64 from
+Standard library only, and Python >= 3.7 (annotations stay unevaluated strings, thanks to
+the __future__ import): the local backend's zygote imports this file by path under
+`python -I -S`, builds the program once (`FILTER`) and each sandbox's pid 1 only calls
+`install()` after no_new_privs, so every command inherits the filter. The docker backend
+sends this file's source into the container with the init's; the init (`_init.py`,
+`install_filter`) runs it as a module under the image's python3 and calls `install()`. Numbers: x86_64 from asm/unistd_64.h, aarch64 from
 asm-generic/unistd.h. Cost: ~0.15 ms per sandbox start to attach; at run time, only clone and
 personality look at an argument, every other verdict depends on arch and number alone, which
 lets the kernel's per-syscall action cache (5.11+) skip the program for allowed calls.

@@ -15,6 +15,13 @@ attached over stdin/stdout, so exec/timeouts/files/diff behave identically and e
 one message, not a `docker exec` round-trip. The proxy forwarder listens inside the
 container's network namespace, opened from the host (forwarder.py). `StdinOnce` +
 `AutoRemove` make the container exit and vanish when this process goes away, crash or not.
+
+Syscalls: Docker applies its default seccomp profile, but derives it from the capabilities,
+and the CAP_SYS_ADMIN the init needs for the quota's tmpfs makes it allow unshare, setns,
+mount, clone3 and clone(CLONE_NEW*), i.e. nested user namespaces. So the init also installs
+the local backend's filter (`_seccomp.py`, whose source the host sends down stdin right after
+the init's), once it has dropped CAP_SYS_ADMIN and before it serves a command; the start
+fails if it cannot. Both filters apply; the stricter verdict wins.
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ from legorl.sandbox.images import ImageStore
 log = logging.getLogger(__name__)
 
 INIT_SRC = Path(__file__).with_name("_init.py").read_bytes()
+SECCOMP_SRC = Path(__file__).with_name("_seccomp.py").read_bytes()
 # The container's command only reads the init's source from stdin (10-digit length, then
 # the bytes) and runs it: the source is not repeated in every sandbox's /proc/1/cmdline.
+# The init then reads the seccomp filter's source, framed the same way, from the same stdin.
 BOOT = (
     "import os\nh=b''\nwhile len(h)<10:\n h+=os.read(0,10-len(h))\nn=int(h)\nb=b''\n"
     "while len(b)<n:\n b+=os.read(0,n-len(b))\nexec(compile(b,'legorl-init','exec'))"
@@ -181,7 +190,7 @@ class DockerBackend:
 
         try:
             stream = await _AttachStream.open(self.socket_path, self._api, cid)
-            stream.write(b"%010d" % len(INIT_SRC) + INIT_SRC)
+            stream.write(b"%010d" % len(INIT_SRC) + INIT_SRC + b"%010d" % len(SECCOMP_SRC) + SECCOMP_SRC)
             await self._call("POST", f"/containers/{cid}/start")
             started = True
             pid = int((await self._call("GET", f"/containers/{cid}/json")).json()["State"]["Pid"])
