@@ -1,10 +1,19 @@
-"""Fixtures shared by several test modules (pytest finds them here by name)."""
+"""Fixtures shared by several test modules (pytest finds them here by name; a module's own
+fixture of the same name, such as test_store.py's `store`, takes precedence)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+
+from legorl.sandbox import ImageRef, ImageStore, make_backend
+from legorl.sandbox.testing import DemoRepo, demo_repo
+
+# Sandbox backends a test is parametrised over: `local`, and `docker` where Docker is
+# available (marker `docker`). Modules import it: `from conftest import BACKENDS`.
+BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +26,32 @@ def one_thread_per_module() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---- sandboxes: one image store, the demo repository and its task image per session
+@pytest.fixture(scope="session")
+def store() -> ImageStore:
+    return ImageStore()
+
+
+@pytest.fixture(scope="session")
+def base(store: ImageStore) -> ImageRef:
+    return asyncio.run(store.ensure_base())
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
+    return demo_repo(tmp_path_factory.mktemp("demo") / "repo")
+
+
+@pytest.fixture(scope="session")
+def task(store: ImageStore, base: ImageRef, repo: DemoRepo) -> ImageRef:
+    """The demo repository at its base commit, its hidden paths left out (time-safe)."""
+    return asyncio.run(store.ensure_task(base, repo.path, repo.base, hide_paths=list(repo.hidden)))
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
+    b = make_backend(request.param, store)
+    yield b
+    await b.aclose()

@@ -11,38 +11,16 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import BACKENDS
 
-from legorl.sandbox import DiffError, ImageRef, ImageStore, Limits, SandboxError, SandboxSpec, make_backend
-from legorl.sandbox.testing import FUTURE_MARKER, HIDDEN_MARKER, DemoRepo, demo_repo
-
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
-
-
-@pytest.fixture(scope="session")
-def store() -> ImageStore:
-    return ImageStore()
-
-
-@pytest.fixture(scope="session")
-def base(store: ImageStore) -> ImageRef:
-    return asyncio.run(store.ensure_base())
-
-
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
-    return demo_repo(tmp_path_factory.mktemp("demo") / "repo")
-
-
-@pytest.fixture(scope="session")
-def task(store: ImageStore, base: ImageRef, repo: DemoRepo) -> ImageRef:
-    return asyncio.run(store.ensure_task(base, repo.path, repo.base, hide_paths=list(repo.hidden)))
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
-    yield b
-    await b.aclose()
+from legorl.sandbox import (
+    DiffError,
+    ImageRef,
+    Limits,
+    SandboxError,
+    SandboxSpec,
+)
+from legorl.sandbox.testing import FUTURE_MARKER, HIDDEN_MARKER, DemoRepo
 
 
 async def test_exec_output_exit_code_cwd_env(backend, task: ImageRef) -> None:

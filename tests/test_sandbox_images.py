@@ -15,12 +15,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from legorl.sandbox import EnvSpec, ImageNotFound, ImageRef, ImageStore, SandboxSpec, make_backend
+from legorl.sandbox import (
+    EnvSpec,
+    ImageNotFound,
+    ImageRef,
+    ImageStore,
+    SandboxSpec,
+)
 from legorl.sandbox.cli import app
 from legorl.sandbox.docker_images import docker_layers, ensure_docker_image
 from legorl.sandbox.testing import DemoRepo, demo_repo
 
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 ENV_RUN = (
     "rm /etc/debian_version",  # a deleted base file: a whiteout in the layer
     "rm -rf /usr/share/doc/git && mkdir /usr/share/doc/git && echo x > /usr/share/doc/git/only",  # an opaque dir
@@ -48,16 +53,6 @@ def make_wheel(out_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def store() -> ImageStore:
-    return ImageStore()
-
-
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
-    return demo_repo(tmp_path_factory.mktemp("demo") / "repo")
-
-
-@pytest.fixture(scope="session")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("wheels")
     make_wheel(d)
@@ -71,13 +66,6 @@ def env(store: ImageStore, wheels: Path) -> ImageRef:
         return await store.ensure_env(await store.ensure_base(), spec)
 
     return asyncio.run(build())
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
-    yield b
-    await b.aclose()
 
 
 async def test_env_layer_from_offline_wheels_on_both_backends(backend, store: ImageStore, env: ImageRef, repo: DemoRepo) -> None:

@@ -13,39 +13,12 @@ import socket
 import uuid
 from pathlib import Path
 
-import pytest
 import uvicorn
 
-from legorl.sandbox import ImageRef, ImageStore, Limits, SandboxSpec, make_backend
-from legorl.sandbox.testing import HIDDEN_MARKER, DemoRepo, demo_repo
+from legorl.sandbox import ImageRef, Limits, SandboxSpec
+from legorl.sandbox.testing import HIDDEN_MARKER, DemoRepo
 
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 PY_CONNECT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('CONNECTED')"
-
-
-@pytest.fixture(scope="session")
-def store() -> ImageStore:
-    return ImageStore()
-
-
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
-    return demo_repo(tmp_path_factory.mktemp("demo") / "repo")
-
-
-@pytest.fixture(scope="session")
-def task(store: ImageStore, repo: DemoRepo) -> ImageRef:
-    async def build() -> ImageRef:
-        return await store.ensure_task(await store.ensure_base(), repo.path, repo.base, hide_paths=list(repo.hidden))
-
-    return asyncio.run(build())
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
-    yield b
-    await b.aclose()
 
 
 async def test_no_network_at_all(backend, task: ImageRef) -> None:

@@ -12,25 +12,6 @@ from legorl.sandbox import ImageRef, ImageStore, SandboxError, SandboxSpec, make
 from legorl.sandbox.channel import ChannelSandbox
 from legorl.sandbox.pool import SandboxPool
 
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
-
-
-@pytest.fixture(scope="session")
-def store() -> ImageStore:
-    return ImageStore()
-
-
-@pytest.fixture(scope="session")
-def base(store: ImageStore) -> ImageRef:
-    return asyncio.run(store.ensure_base())
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
-    yield b
-    await b.aclose()
-
 
 async def _echo_server(path: str) -> asyncio.AbstractServer:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -10,7 +10,6 @@ checked off-line, for both architectures, with a small BPF interpreter, and on P
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import shutil
 import signal
@@ -30,9 +29,7 @@ from legorl.sandbox import (
 )
 from legorl.sandbox import _seccomp as S
 from legorl.sandbox.base import SandboxError
-from legorl.sandbox.testing import DemoRepo, demo_repo
 
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 # syscall(nr, args...) from inside; prints "<ret> <errno name>"
 PY_SYSCALL = ("import ctypes,errno,sys; l=ctypes.CDLL(None,use_errno=True); "
               "r=l.syscall(*[ctypes.c_long(int(x,0)) for x in sys.argv[1:]]); "
@@ -45,31 +42,6 @@ PY_WORK = ("import subprocess,concurrent.futures as cf; "
            "run=lambda i: subprocess.run(['sh','-c','echo %d' % i],capture_output=True,text=True,check=True).stdout; "
            "out=list(cf.ThreadPoolExecutor(8).map(run, range(16))); "
            "import multiprocessing as mp; print(len(out), mp.get_context('fork').Pool(2).map(abs,[-1,-2]))")
-
-
-@pytest.fixture(scope="session")
-def store() -> ImageStore:
-    return ImageStore()
-
-
-@pytest.fixture(scope="session")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
-    return demo_repo(tmp_path_factory.mktemp("demo") / "repo")
-
-
-@pytest.fixture(scope="session")
-def task(store: ImageStore, repo: DemoRepo) -> ImageRef:
-    async def build() -> ImageRef:
-        return await store.ensure_task(await store.ensure_base(), repo.path, repo.base, hide_paths=list(repo.hidden))
-
-    return asyncio.run(build())
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
-    yield b
-    await b.aclose()
 
 
 async def _syscall(sb, *args: int) -> str:  # type: ignore[no-untyped-def]
