@@ -168,7 +168,7 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
     assert len(alpha["segments"]) == 1 and alpha["segments"][0]["turn_indices"] == [0, 1]
 
 
-async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly() -> None:
+async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly(tmp_path: Path) -> None:
     """Engines report the whole prompt's routing on every call; the session keeps each
     position's rows once (turn.routing_base), and the assembled segments still carry the
     exact routing of every position — also across a compaction (a new segment)."""
@@ -177,7 +177,7 @@ async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly() -
 
     moe = (3, 2, 8)  # layers, top_k, experts
     engine = ScriptedEngine([TOOL_CALL, TOOL_CALL, "Done.", "Resumed.", "Finished."], tokenizer(), moe=moe)
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), out_dir=tmp_path) as srv:
         srv.open_session("ep")
         o = openai.AsyncOpenAI(base_url=srv.session_url("ep") + "/v1", api_key="x", max_retries=0)
         msgs: list[dict] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix it"}]
@@ -213,3 +213,9 @@ async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly() -
     assert turns[2].request["messages"][:3] == turns[1].request["messages"][:3]
     assert all(a is b for a, b in zip(turns[2].request["messages"], turns[1].request["messages"]))
     assert turns[4].request["messages"][1] is turns[3].request["messages"][1]
+    # both records carry routing as numbers: the turns (trimmed, with their base) and the segments
+    lines = [orjson.loads(x) for x in (tmp_path / "turns.jsonl").read_bytes().splitlines()]
+    assert [x["routing_base"] for x in lines] == bases
+    assert [x["routed_experts"] for x in lines] == [t.routed_experts.tolist() for t in turns]
+    (rec,) = [orjson.loads(x) for x in (tmp_path / "trajectories.jsonl").read_bytes().splitlines()]
+    assert [s["routed_experts"] for s in rec["trajectory"]["segments"]] == [s.routed_experts.tolist() for s in traj.segments]

@@ -161,7 +161,7 @@ class JsonlRecorder:
             "closed_at": time.time(),
             "trajectory": traj,
         }
-        os.write(self._trajs, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE, default=str))
+        os.write(self._trajs, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str))
 
     def close(self) -> None:
         for fd in (self._turns, self._trajs):
