@@ -80,6 +80,8 @@ def test_a_v1_store_is_migrated_and_keeps_trimmed_routing(tmp_path: Path) -> Non
         conn.execute("ALTER TABLE turns DROP COLUMN routing_base")
         conn.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
     conn.close()
+    # a reader (the UI) opens it as it is, without migrating
+    assert [t.routing_base for t in RunStore(tmp_path / "run", readonly=True).load_turns("old")] == [0]
     routing = [[[p % 8, (p + 1) % 8]] for p in range(6)]
     with RunStore(tmp_path / "run") as s:
         s.add_turn(make_turn("new", 0, [1, 2, 3], [4], chat("b"), routed_experts=as_routing(routing[:4])))

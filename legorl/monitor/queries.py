@@ -339,7 +339,7 @@ def turn_of(session_id: str, t: RebuiltTurn) -> Turn:
         finish_reason=FinishReason(r["finish_reason"]), sampling_used=loads(r["sampling_used"], {}),
         sampling_requested=loads(r["sampling_requested"], {}), request=t.request(),
         response_text=r["response_text"] or "", tool_calls=loads(r["tool_calls"], []),
-        routed_experts=as_routing(routing), routing_base=r["routing_base"] or 0, format_error=bool(r["format_error"]),
+        routed_experts=as_routing(routing), routing_base=(r["routing_base"] or 0) if "routing_base" in r.keys() else 0,  # v1 store, read-only format_error=bool(r["format_error"]),
         side_call=bool(r["side_call"]), policy_version=r["policy_version"] or 0, model=r["model"] or "",
         t_start=r["t_start"] or 0.0, t_first_token=r["t_first_token"] or 0.0, t_end=r["t_end"] or 0.0,
     )
