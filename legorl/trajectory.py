@@ -29,6 +29,17 @@ from legorl.types import AlignmentStats, Routing, Segment, Trajectory, Turn
 log = logging.getLogger(__name__)
 
 
+def extends(prompt: list[int], *parts: list[int]) -> bool:
+    """Whether `prompt` begins with `parts` concatenated, token for token: the rule that
+    keeps a turn in the segment of what came before it (the proxy's routing trim uses it too)."""
+    at = 0
+    for part in parts:
+        if prompt[at : at + len(part)] != part:
+            return False
+        at += len(part)
+    return True
+
+
 def _first_mismatch(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):
@@ -38,31 +49,13 @@ def _first_mismatch(a: list[int], b: list[int]) -> int:
 
 
 def _new_segment(turn: Turn) -> Segment:
-    routing = turn.routed_experts if turn.routed_experts is not None and turn.routing_base == 0 else None
-    if turn.routed_experts is not None and routing is None:
-        log.warning("turn %d of session %s starts a segment without its prompt's routing", turn.index, turn.session_id)
     return Segment(
         turn_indices=[turn.index],
         token_ids=list(turn.prompt_ids) + list(turn.completion_ids),
         loss_mask=[0] * len(turn.prompt_ids) + [1] * len(turn.completion_ids),
         logprobs=[0.0] * len(turn.prompt_ids) + list(turn.logprobs),
         policy_versions=[turn.policy_version],
-        routed_experts=routing,
     )
-
-
-def _more_routing(have: Routing, turn: Turn) -> Routing | None:
-    """`have` (rows 0..len-1 of the segment) continued by `turn`'s rows; None on a gap."""
-    assert turn.routed_experts is not None
-    start = len(have) - turn.routing_base
-    if start < 0:
-        return None
-    rows = turn.routed_experts[start:]
-    if not len(rows):
-        return have
-    if len(have) and have.shape[1:] != rows.shape[1:]:
-        raise ValueError(f"turn {turn.index}: routing shape {rows.shape[1:]} != the segment's {have.shape[1:]}")
-    return np.concatenate([have, rows]) if len(have) else rows
 
 
 def _extend(seg: Segment, turn: Turn) -> None:
@@ -73,10 +66,42 @@ def _extend(seg: Segment, turn: Turn) -> None:
     seg.loss_mask += [0] * len(new_prompt) + [1] * len(turn.completion_ids)
     seg.logprobs += [0.0] * len(new_prompt) + list(turn.logprobs)
     seg.policy_versions.append(turn.policy_version)
-    if seg.routed_experts is not None and turn.routed_experts is not None:
-        seg.routed_experts = _more_routing(seg.routed_experts, turn)
-    else:
-        seg.routed_experts = None
+
+
+class _SegmentRouting:
+    """A segment's routing rows, gathered per turn and joined once at the end (joining on
+    every turn would copy the whole segment's routing again for each turn)."""
+
+    def __init__(self, turn: Turn) -> None:
+        assert turn.routed_experts is not None and turn.routing_base == 0
+        self.chunks: list[Routing] = [turn.routed_experts]
+        self.rows = len(turn.routed_experts)
+
+    def add(self, turn: Turn) -> bool:
+        """Continue with `turn`'s rows past those held; False on a gap (rows missing)."""
+        if turn.routed_experts is None or turn.routing_base > self.rows:
+            return False
+        more = turn.routed_experts[self.rows - turn.routing_base :]
+        if len(more):
+            if self.rows and self.chunks[-1].shape[1:] != more.shape[1:]:
+                have = self.chunks[-1].shape[1:]
+                raise ValueError(f"turn {turn.index}: routing shape {more.shape[1:]} != the segment's {have}")
+            self.chunks.append(more)
+            self.rows += len(more)
+        return True
+
+    def join(self) -> Routing:
+        parts = [c for c in self.chunks if len(c)] or self.chunks[:1]
+        return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _start_routing(turn: Turn) -> _SegmentRouting | None:
+    if turn.routed_experts is None:
+        return None
+    if turn.routing_base:
+        log.warning("turn %d of session %s starts a segment without its prompt's routing", turn.index, turn.session_id)
+        return None
+    return _SegmentRouting(turn)
 
 
 def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
@@ -85,6 +110,7 @@ def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
     sid = session_id if session_id is not None else (turns[0].session_id if turns else "")
     stats = AlignmentStats()
     segments: list[Segment] = []
+    routing: list[_SegmentRouting | None] = []  # per segment
     side: list[int] = []
     for turn in turns:
         if turn.side_call:
@@ -97,13 +123,18 @@ def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
             )
         if segments:
             cur = segments[-1].token_ids
-            if len(turn.prompt_ids) >= len(cur) and turn.prompt_ids[: len(cur)] == cur:
+            if extends(turn.prompt_ids, cur):
                 stats.reused_prompt_tokens += len(cur)
                 _extend(segments[-1], turn)
+                if routing[-1] is not None and not routing[-1].add(turn):
+                    routing[-1] = None
                 continue
             if stats.first_divergence is None:
                 stats.first_divergence = {"turn": turn.index, "token": _first_mismatch(turn.prompt_ids, cur)}
         segments.append(_new_segment(turn))
+        routing.append(_start_routing(turn))
+    for seg, rows in zip(segments, routing, strict=True):
+        seg.routed_experts = rows.join() if rows is not None else None
     stats.segments = len(segments)
     stats.tokens = sum(len(s.token_ids) for s in segments)
     stats.sampled_tokens = sum(sum(s.loss_mask) for s in segments)

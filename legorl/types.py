@@ -27,6 +27,8 @@ def as_routing(value: Any) -> Routing | None:
     array; None stays None. Raises ValueError for anything not of that shape."""
     if value is None:
         return None
+    if isinstance(value, np.ndarray) and value.dtype == ROUTING_DTYPE and value.ndim == 3:
+        return value  # already one (the engines return these): no second scan of ~300 numbers a token
     try:
         arr_T_L_K = np.asarray(value)
     except ValueError as e:  # ragged nested lists

@@ -100,6 +100,16 @@ async def test_filter(backend, task: ImageRef) -> None:
         assert res.exit_code in (128 + signal.SIGSYS, -signal.SIGSYS), res
 
 
+async def _start_is_refused(name: str, store: ImageStore, task: ImageRef) -> None:
+    """The backend's start fails, naming the refused filter, when `install()` raises."""
+    backend = make_backend(name, store)
+    try:
+        with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
+            await backend.start(SandboxSpec(image=task.key))
+    finally:
+        await backend.aclose()
+
+
 async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, task: ImageRef, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     sandbox_dir = Path(local.ZYGOTE_PATH).parent
@@ -107,12 +117,7 @@ async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, 
         shutil.copy(sandbox_dir / name, tmp_path / name)
     (tmp_path / "_seccomp.py").write_text("def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
     monkeypatch.setattr(local, "ZYGOTE_PATH", str(tmp_path / "_zygote.py"))
-    backend = make_backend("local", store)
-    try:
-        with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
-            await backend.start(SandboxSpec(image=task.key))
-    finally:
-        await backend.aclose()
+    await _start_is_refused("local", store, task)
 
 
 @pytest.mark.docker
@@ -120,12 +125,7 @@ async def test_docker_start_fails_if_the_filter_cannot_be_installed(store: Image
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     # The host sends the filter's source with the init's at each start (docker.SECCOMP_SRC).
     monkeypatch.setattr(docker, "SECCOMP_SRC", b"def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
-    backend = make_backend("docker", store)
-    try:
-        with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
-            await backend.start(SandboxSpec(image=task.key))
-    finally:
-        await backend.aclose()
+    await _start_is_refused("docker", store, task)
 
 
 async def test_normal_work_still_runs(backend, task: ImageRef) -> None:

@@ -28,7 +28,7 @@ import orjson
 
 from legorl.proxy.errors import ProxyError
 from legorl.proxy.render import RenderState
-from legorl.trajectory import assemble
+from legorl.trajectory import assemble, extends
 from legorl.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -96,10 +96,7 @@ def trim_routing(session: Session, turn: Turn) -> None:
             return  # unknown: in flight
     if prev is None or prev.routed_experts is None:
         return
-    n = len(prev.prompt_ids) + len(prev.completion_ids)
-    if len(turn.prompt_ids) < n or turn.prompt_ids[: len(prev.prompt_ids)] != prev.prompt_ids:
-        return
-    if turn.prompt_ids[len(prev.prompt_ids) : n] != prev.completion_ids:
+    if not extends(turn.prompt_ids, prev.prompt_ids, prev.completion_ids):
         return
     base = min(prev.routing_base + len(prev.routed_experts), len(turn.routed_experts))
     if base > 0:
