@@ -13,7 +13,6 @@ expert.py) and filtering its episodes by outcome would already be a form of RL.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ import torch
 
 from legorl.train.batch import pack
 from legorl.train.logprobs import LogprobOptions, PolicyModel
+from legorl.train.schedule import warmup_cosine_lr
 from legorl.types import Trajectory
 
 
@@ -40,10 +40,7 @@ class SFTConfig:
 
 def lr_at(step: int, cfg: SFTConfig) -> float:
     """Linear warm-up, then cosine decay to `min_lr_ratio` of the peak."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(cfg.steps - cfg.warmup_steps, 1)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warmup_cosine_lr(cfg.lr, step, cfg.warmup_steps, cfg.steps, floor=cfg.min_lr_ratio)
 
 
 def sft(

@@ -15,7 +15,6 @@ the engines (`sync.py`) and `await train_step(...)` does both. Checkpoints are w
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -35,6 +34,7 @@ from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.losses import LOSSES, LossMetrics, Normalizer
 from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routing, routing_mismatch
+from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
 
@@ -117,12 +117,10 @@ class Trainer:
 
     def _lr_factor(self, opt_step: int) -> float:
         c = self.cfg
-        if c.warmup_steps and opt_step < c.warmup_steps:
-            return (opt_step + 1) / c.warmup_steps
         if c.schedule == "cosine":
-            span = max(c.total_steps - c.warmup_steps, 1)
-            progress = min((opt_step - c.warmup_steps) / span, 1.0)
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
+            return warmup_cosine_lr(1.0, opt_step, c.warmup_steps, c.total_steps)
+        if opt_step < c.warmup_steps:
+            return (opt_step + 1) / c.warmup_steps
         return 1.0
 
     # ---- one step ---------------------------------------------------------------------
