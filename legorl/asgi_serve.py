@@ -70,8 +70,8 @@ class LoopServer:
 
 def tcp_server(app: Any, host: str, port: int, *, what: str) -> LoopServer:
     """A LoopServer for `app` on a freshly bound `host:port` (port 0: a free one; read it
-    from `.sock`), with the HTTP options of our TCP front ends (the proxy serves with the
-    same): httptools when installed, 75 s keep-alive, a 2048-connection backlog. Not
-    started yet: `await start()`."""
+    from `.sock`), with the HTTP options of our TCP front ends (proxy, engine server):
+    httptools when installed, 75 s keep-alive, a 2048-connection backlog. Not started
+    yet: `await start()`."""
     sock = bind_tcp(host, port)
     return LoopServer(app, sock, what=what, http=http_impl(), timeout_keep_alive=75, backlog=2048)

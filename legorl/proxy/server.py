@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from legorl.asgi_serve import LoopServer, bind_tcp, http_impl
+from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp, ProxyContext
 from legorl.proxy.config import ProxyConfig
@@ -90,10 +90,8 @@ class ProxyServer:
     async def start(self) -> None:
         if self.cfg.tune_gc:
             tune_gc()
-        sock = bind_tcp(self.host, self.port)
-        self.port = sock.getsockname()[1]
-        self._server = LoopServer(self.app, sock, what="proxy server", http=http_impl(), timeout_keep_alive=75,
-                                  backlog=2048)
+        self._server = tcp_server(self.app, self.host, self.port, what="proxy server")
+        self.port = self._server.sock.getsockname()[1]
         await self._server.start()
 
     async def stop(self) -> None:
