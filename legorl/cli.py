@@ -126,19 +126,14 @@ def train(
     import asyncio
     import json
 
-    from legorl.config import read_toml
-
-    if "quickstart" in read_toml(config):
-        from legorl.quickstart import run_quickstart
-
-        out = run_quickstart(config, None)
-        typer.echo(json.dumps(out.get("table", out), indent=1, default=str))
-        return
     from legorl.loop.train import train as run_train
 
     summary = asyncio.run(run_train(_run_config(config), resume=resume))
     if "run_dir" in summary:  # rank 0 (followers under torchrun return their own summary)
-        typer.echo(json.dumps({"run_dir": summary["run_dir"], "steps": len(summary["steps"])}))
+        out = {"run_dir": summary["run_dir"], "steps": len(summary["steps"])}
+        if "heldout" in summary:
+            out["heldout"] = summary["heldout"]
+        typer.echo(json.dumps(out, indent=1))
 
 
 @app.command("eval")

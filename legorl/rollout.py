@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from legorl.harness.command import AgentRun, Harness
+from legorl.harness.command import AgentRun, Harness, HostHarness
 from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify.grade import GradeConfig, grade
@@ -95,18 +95,20 @@ async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
 
 
 async def _agent_stage(
-    task: Task, harness: Harness, backend: Backend, image: str, cfg: RolloutConfig, proxy_socket: str | None
+    task: Task, harness: Harness, backend: Backend, image: str, cfg: RolloutConfig, proxy_socket: str | None,
+    host_proxy_url: str | None,
 ) -> tuple[AgentRun, str, Outcome | None]:
     """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
+    on_host = isinstance(harness, HostHarness)  # its process is beside the sandbox: no socket, no mounts
     # A native harness brings its installation as read-only layers (legorl/harness/install.py).
-    mounts = dict(getattr(harness, "readonly_mounts", None) or {})
-    spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir, proxy_socket=proxy_socket,
-                       readonly_mounts=mounts)
+    mounts = {} if on_host else dict(getattr(harness, "readonly_mounts", None) or {})
+    spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir,
+                       proxy_socket=None if on_host else proxy_socket, readonly_mounts=mounts)  # fmt: skip
     try:
         sb: Sandbox = await backend.start(spec)
     except SandboxError as exc:
         raise _Infra(Status.SANDBOX_START_FAILED, str(exc)) from None
-    proxy_url = f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None
+    proxy_url = host_proxy_url if on_host else (f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None)
     async with sb:
         try:
             run = await harness.run(sb, task, proxy_url, cfg.repo_dir, cfg.agent_timeout_s)
@@ -138,8 +140,11 @@ async def run_rollout(
     image: str,
     cfg: RolloutConfig | None = None,
     proxy_socket: str | None = None,
+    host_proxy_url: str | None = None,
 ) -> RolloutResult:
-    """One rollout of `harness` on `task` in sandboxes from `image` (a task image key)."""
+    """One rollout of `harness` on `task` in sandboxes from `image` (a task image key).
+    `proxy_socket` is forwarded into the sandbox for a harness that runs in it;
+    `host_proxy_url` is the session's URL for a `HostHarness`."""
     cfg = cfg or RolloutConfig()
     timings: dict[str, float] = {}
     errors: list[str] = []
@@ -149,7 +154,7 @@ async def run_rollout(
     ended: Outcome | None = None
     for attempt in range(cfg.retries + 1):
         try:
-            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket)
+            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url)
             break
         except _Infra as exc:
             errors.append(f"{exc.status.value}: {exc}")

@@ -23,14 +23,16 @@ ENGINES: dict[str, str] = {
     "sglang": "legorl.engine.sglang:SGLangEngine",
     "scripted": "legorl.engine.scripted:ScriptedEngine",
     "oracle": "legorl.engine.oracle:OracleEngine",
+    "quickstart-expert": "legorl.quickstart.expert:ExpertEngine",
 }
 
 
 class EngineConfig(Section):
     """`[engine]`: which engine generates, and how."""
 
-    kind: Literal["hf", "vllm", "sglang", "scripted", "oracle"] = "hf"
-    """Engine: `hf` (in-process transformers), `vllm` / `sglang` (HTTP servers), `scripted` (replays completions), `oracle`."""
+    kind: Literal["hf", "vllm", "sglang", "scripted", "oracle", "quickstart-expert"] = "hf"
+    """Engine: `hf` (in-process transformers), `vllm` / `sglang` (HTTP servers), `scripted` (replays completions), `oracle`,
+    `quickstart-expert` (the quickstart's scripted demonstrator; `options.p_read`)."""
     model: str = "tiny-qwen3"
     """Bundled model name (`tiny-qwen3`, `tiny-qwen3-moe`) or a local HF model directory; its tokenizer renders prompts."""
     device: str = "cpu"
@@ -122,7 +124,7 @@ def resolve(kind: str) -> Any:
 def make_engine(cfg: EngineConfig, tokenizer: Any = None) -> Engine:
     """Build the configured engine. `tokenizer` defaults to the model's."""
     target = resolve(cfg.kind)
-    if tokenizer is None and cfg.kind in ("scripted", "oracle"):
+    if tokenizer is None and cfg.kind in ("scripted", "oracle", "quickstart-expert"):
         from legorl.models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.model)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
@@ -47,6 +47,22 @@ class Harness(Protocol):
     """What the rollout needs from a harness adapter."""
 
     name: str
+
+    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun: ...
+
+
+@runtime_checkable
+class HostHarness(Protocol):
+    """A harness whose own process runs beside the sandboxes, warm across rollouts
+    (`warm_mini.py`): only its commands run in the agent sandbox. Its `run` gets the
+    session's host-side URL, and the sandbox gets no proxy socket (no network at all).
+    Started once by the worker (`start`), closed with it (`aclose`)."""
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
     async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun: ...
 

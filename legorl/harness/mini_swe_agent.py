@@ -79,25 +79,31 @@ class MiniSweAgent:
         info = traj.get("info") or {}
         exit_status = str(info.get("exit_status") or "")
         stats = info.get("model_stats") or {}
-        details = {"exit_status": exit_status, "api_calls": str(stats.get("api_calls", ""))}
-        if exit_status == "Submitted":
-            return Verdict(None, details)
-        if exit_status == "LimitsExceeded":
-            return Verdict(Status.MAX_TURNS, details)
-        if exit_status == "TimeExceeded":
-            return Verdict(Status.AGENT_TIMEOUT, details)
-        if exit_status == "RepeatedFormatError":
-            return Verdict(Status.FORMAT_ERROR, details)
         last = (traj.get("messages") or [{}])[-1]
-        details["error"] = str((last.get("extra") or {}).get("exception_str") or last.get("content") or tail)[:1500]
-        if "ContextWindowExceeded" in exit_status:
-            details["context_exhausted"] = "1"
-            return Verdict(None, details)
-        if any(e in exit_status for e in _ENGINE):
-            return Verdict(Status.ENGINE_ERROR, details)
-        return Verdict(Status.INFRA_ERROR, details)
+        error = str((last.get("extra") or {}).get("exception_str") or last.get("content") or tail)[:1500]
+        return verdict_of_exit(exit_status, error, {"api_calls": str(stats.get("api_calls", ""))})
 
     # The rollout's hooks, the same for every native adapter: the layers to mount read-only
     # at their own paths, and the run (launch, wait, read the outputs, interpret).
     readonly_mounts = property(mounts)
     run = run_native
+
+
+def verdict_of_exit(exit_status: str, error: str = "", details: dict[str, str] | None = None) -> Verdict:
+    """How a mini-swe-agent run ended (its `exit_status`), for the CLI and the warm driver alike."""
+    details = {"exit_status": exit_status, **(details or {})}
+    if exit_status == "Submitted":
+        return Verdict(None, details)
+    if exit_status == "LimitsExceeded":
+        return Verdict(Status.MAX_TURNS, details)
+    if exit_status == "TimeExceeded":
+        return Verdict(Status.AGENT_TIMEOUT, details)
+    if exit_status == "RepeatedFormatError":
+        return Verdict(Status.FORMAT_ERROR, details)
+    details["error"] = error[:1500]
+    if "ContextWindowExceeded" in exit_status:
+        details["context_exhausted"] = "1"
+        return Verdict(None, details)
+    if any(e in exit_status for e in _ENGINE):
+        return Verdict(Status.ENGINE_ERROR, details)
+    return Verdict(Status.INFRA_ERROR, details)

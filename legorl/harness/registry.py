@@ -18,8 +18,9 @@ HARNESSES: dict[str, str] = {
     "opencode": "legorl.harness.opencode:OpenCode",
     "openhands": "legorl.harness.openhands:OpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",
+    "mini-swe-agent-warm": "legorl.harness.warm_mini:WarmMiniSweAgent",
 }
-NATIVE = tuple(HARNESSES)
+NATIVE = tuple(n for n in HARNESSES if n != "mini-swe-agent-warm")  # harness programs (warm: a way to run one)
 
 
 def harness_class(name: str) -> type:
@@ -40,7 +41,7 @@ def make_harness(name: str, **options: Any) -> Any:
             raise ValueError("harness 'command' needs command_file (the shell script that is the agent)")
         return CommandHarness.from_file(Path(path))
     cls = harness_class(name)
-    fields = {f.name for f in dataclasses.fields(cls) if f.name not in ("name", "layers")}
+    fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "layers")}
     options = {k: v for k, v in options.items() if v is not None and k != "command_file"}
     bad = sorted(set(options) - fields)
     if bad:

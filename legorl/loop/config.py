@@ -18,7 +18,9 @@ from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
 from legorl.monitor.monitors import MonitorConfig
 from legorl.proxy.config import ProxyConfig
+from legorl.quickstart.source import CalcTasksSection
 from legorl.train.config import TrainerConfig
+from legorl.train.sft import SFTConfig
 
 
 class RunSection(Section):
@@ -27,7 +29,8 @@ class RunSection(Section):
     dir: Path = Path("runs/default")
     """Run directory: run.sqlite (the store), checkpoints, logs."""
     tasks: str = "shipped"
-    """Task JSONL (SWE-bench format + repo_path), or `shipped` for the bundled generated tasks."""
+    """Task JSONL (SWE-bench format + repo_path); `shipped` for the bundled generated tasks;
+    `quickstart-calc` for the quickstart's generated family (sized by `[calc_tasks]`)."""
     split: str | None = "train"
     """Task split used for training (`None`: every task in the file)."""
     eval_split: str | None = "heldout"
@@ -46,6 +49,8 @@ class RunSection(Section):
     """Serve the live UI while training (`ui_port`)."""
     ui_port: int = Field(8780, ge=0, le=65535)
     """Port of the live UI."""
+    time_budget_s: float | None = Field(None, gt=0)
+    """Wall-clock budget of the whole run; the held-out report says whether it stayed inside."""
 
 
 class SandboxSection(Section):
@@ -70,8 +75,10 @@ class SandboxSection(Section):
 class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
-    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent"] = "command"
-    """The harness; its adapter only writes config and a command line."""
+    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"] = "command"
+    """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
+    mini-swe-agent in one long-lived process beside the sandboxes, every command in the
+    rollout's sandbox (legorl/harness/warm_mini.py)."""
     command_file: Path | None = None
     """`command`: the shell script that is the agent."""
     max_turns: int = Field(8, ge=1)
@@ -114,6 +121,54 @@ class EvalSection(Section):
     """API key for `endpoint`."""
 
 
+class WarmStartSection(Section):
+    """`[warm_start]`: SFT on demonstrations before GSPO (off while `episodes = 0`)."""
+
+    episodes: int = Field(0, ge=0)
+    """Demonstrations to record: one rollout of the demonstrator per training task (0: no warm start)."""
+    engine: EngineConfig = Field(default_factory=lambda: EngineConfig(kind="quickstart-expert"))
+    """The demonstrator (`[warm_start.engine]`, same fields as `[engine]`)."""
+    keep: Literal["all", "resolved"] = "all"
+    """Which demonstrations are imitated (infrastructure errors never are)."""
+    steps: int = Field(200, ge=0)
+    """SFT optimizer steps."""
+    batch_size: int = Field(32, ge=1)
+    """Demonstrations per SFT step."""
+    lr: float = Field(3e-3, gt=0)
+    """Peak SFT learning rate (linear warm-up, cosine decay to `min_lr_ratio` of it)."""
+    warmup_steps: int = Field(20, ge=0)
+    """SFT warm-up steps."""
+    min_lr_ratio: float = Field(0.1, gt=0, le=1)
+    """Final SFT learning rate as a fraction of `lr`."""
+    control_steps: int = Field(0, ge=0)
+    """The control (needs `[heldout]`): from the same warm-start checkpoint, this many more SFT
+    steps (at the final SFT learning rate) instead of GSPO, evaluated on the same held-out
+    tasks — does more imitation do what GSPO did?"""
+
+    def sft_config(self, seed: int) -> SFTConfig:
+        return SFTConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
+                         min_lr_ratio=self.min_lr_ratio, seed=seed)  # fmt: skip
+
+    def control_config(self, seed: int) -> SFTConfig:
+        tail = self.lr * self.min_lr_ratio
+        return SFTConfig(steps=self.control_steps, batch_size=self.batch_size, lr=tail, warmup_steps=0,
+                         min_lr_ratio=1.0, seed=seed + 1)  # fmt: skip
+
+
+Point = Literal["start", "warm_start", "end"]
+
+
+class HeldoutSection(Section):
+    """`[heldout]`: held-out evaluations during `legorl train` (off while `tasks = 0`)."""
+
+    tasks: int = Field(0, ge=0)
+    """Held-out tasks per evaluation, one rollout each (the first N of the split)."""
+    split: str = "heldout"
+    """The task split evaluated."""
+    at: list[Point] = Field(default_factory=lambda: ["start", "warm_start", "end"])
+    """When: before anything is trained, after the warm start, after the last GSPO step."""
+
+
 class RunConfig(Section):
     """A whole run: every component's section."""
 
@@ -126,6 +181,9 @@ class RunConfig(Section):
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     eval: EvalSection = Field(default_factory=EvalSection)
+    calc_tasks: CalcTasksSection = Field(default_factory=CalcTasksSection)
+    warm_start: WarmStartSection = Field(default_factory=WarmStartSection)
+    heldout: HeldoutSection = Field(default_factory=HeldoutSection)
 
     @model_validator(mode="after")
     def _sampling_matches_recompute(self) -> RunConfig:
@@ -135,6 +193,8 @@ class RunConfig(Section):
         if p.temperature != t.temperature:
             raise ValueError(f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
                              f"({p.temperature}): logprobs are recomputed at the sampling temperature")
+        if self.warm_start.control_steps and not self.heldout.tasks:
+            raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")
         if p.top_p != 1.0 or p.top_k != -1:
             raise ValueError("proxy.top_p must be 1 and proxy.top_k -1 when training: the trainer's "
                              "recomputation has no nucleus/top-k truncation")
@@ -150,7 +210,7 @@ def load_run_config(path: Path) -> RunConfig:
     cfg = load(RunConfig, path)
     base = path.resolve().parent
     cfg.run.dir = _resolve(base, cfg.run.dir) or cfg.run.dir
-    if cfg.run.tasks != "shipped" and not Path(cfg.run.tasks).is_absolute():
+    if cfg.run.tasks not in ("shipped", "quickstart-calc") and not Path(cfg.run.tasks).is_absolute():
         cfg.run.tasks = str((base / cfg.run.tasks).resolve())
     cfg.harness.command_file = _resolve(base, cfg.harness.command_file) or cfg.harness.command_file
     return cfg

@@ -76,7 +76,7 @@ async def evaluate(
     console = console or Console(stderr=True)
     k = k or cfg.eval.k
     endpoint = endpoint or cfg.eval.endpoint
-    tasks = load_task_split(cfg.run.tasks, split or cfg.run.eval_split)
+    tasks = load_task_split(cfg, split or cfg.run.eval_split)
     limit = limit or cfg.eval.limit
     tasks = tasks[:limit] if limit else tasks
     engine = None if endpoint else make_engine(cfg.engine, load_tokenizer(cfg.engine.model))

@@ -241,7 +241,7 @@ def grading_check(cfg: RunConfig) -> Check:
         from legorl.verify.grade import grade
 
         try:
-            task = load_task_split(cfg.run.tasks, cfg.run.split)[0]
+            task = load_task_split(cfg, cfg.run.split)[0]
         except ValueError as e:  # TaskFileError and an empty split
             raise CheckFailed(str(e), fix="fix run.tasks / run.split (see the message)")
 

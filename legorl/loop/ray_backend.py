@@ -43,7 +43,7 @@ from legorl.config import ConfigError
 from legorl.engine.base import Engine
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.loop.config import RayConfig, RunConfig
-from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.loop.worker import OnRecord, RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.rollout import RolloutResult
 from legorl.trajectory import assemble
@@ -209,12 +209,17 @@ class RayRolloutPool:
         """One rollout on the least-loaded actor."""
         return await self._run(task, step, session_id=session_id, prefix=task.instance_id)
 
-    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore) -> list[RolloutRecord]:
-        """n rollouts of one task, spread over the actors (within the shared limit)."""
+    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
+                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]:
+        """n rollouts of one task, spread over the actors (within the shared limit); `on_record`
+        sees each one as it comes back graded."""
 
         async def one(k: int) -> RolloutRecord:
             async with limit:
-                return await self._run(task, step, session_id=None, prefix=f"s{step}-{task.instance_id}-{k}")
+                rec = await self._run(task, step, session_id=None, prefix=f"{tag or f's{step}'}-{task.instance_id}-{k}")
+            if on_record is not None:
+                on_record(rec)
+            return rec
 
         return list(await asyncio.gather(*(one(k) for k in range(n))))
 

@@ -16,6 +16,7 @@ the store holds every committed record.
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
 import time
@@ -28,20 +29,32 @@ from legorl.engine.base import Engine
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
 from legorl.loop.metrics import rollout_metrics
-from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.loop.heldout import evaluate_heldout
+from legorl.loop.report import Report
+from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
+from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.store import RunStore
-from legorl.tasks.loader import load_shipped, load_tasks
-from legorl.train.advantages import compute_advantages
+from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
+from legorl.sandbox.images import ImageStore
+from legorl.tasks.loader import TaskFileError, load_shipped, load_tasks
+from legorl.train.sft import sft
 from legorl.train.trainer import Trainer
-from legorl.types import Task
+from legorl.types import Status, Task
 
 
-def load_task_split(spec: str, split: str | None) -> list[Task]:
-    tasks = load_shipped(split) if spec == "shipped" else load_tasks(spec, split)
+def load_task_split(cfg: RunConfig, split: str | None) -> list[Task]:
+    """The tasks of `split` from `run.tasks`: a task file, `shipped`, or a generated source."""
+    spec = cfg.run.tasks
+    if spec == "shipped":
+        tasks = load_shipped(split)
+    elif spec == SOURCE_NAME:
+        tasks = load_tasks(ensure_task_file(ImageStore().root, cfg.calc_tasks), split)
+    else:
+        tasks = load_tasks(spec, split)
     if not tasks:
-        raise ValueError(f"no tasks in {spec!r} for split {split!r}")
+        raise TaskFileError(spec, [f"{spec}: no tasks of split {split!r} (set run.split / run.eval_split)"])
     return tasks
 
 
@@ -137,14 +150,17 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     console = console or Console(stderr=True)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 rolls out
         return await follow(cfg, resume=resume)
+    t_run = time.monotonic()
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    tasks = load_task_split(cfg, cfg.run.split)
+    heldout = load_task_split(cfg, cfg.heldout.split)[: cfg.heldout.tasks] if cfg.heldout.tasks else []
     store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
-    tasks = load_task_split(cfg.run.tasks, cfg.run.split)
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
     ranks = trainer.dist.world
+    report = Report.load(run_dir) if resume else Report(run_dir)
     start = 0
     if resume:
         start = await _resume(trainer)
@@ -157,50 +173,142 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
         ui.start()
         console.print(f"live UI: {ui.url}")
     limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
+
+    def on_record(rec: RolloutRecord) -> None:  # each rollout is stored the moment it is graded
+        record(store, [rec], tokenizer)
+
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": []}
     try:
         async with rollout_backend(cfg, engine) as worker:
+
+            async def evaluate(label: str) -> None:
+                ev = await evaluate_heldout(worker, heldout, label, limit, on_record)
+                report.add(ev, step=trainer.version)
+                store.log_metrics(trainer.step_count, {f"heldout/{label}/resolved_rate": ev.rate})
+                console.print(f"held-out {label}: {ev.resolved}/{ev.episodes} resolved ({ev.rate:.1%}), "
+                              f"{ev.masked} masked, {ev.wall_s:.0f}s")  # fmt: skip
+
+            control = None
+            if start == 0:  # the phases before GSPO (a resumed run has them in its checkpoint)
+                if heldout and "start" in cfg.heldout.at:
+                    await report.timed("eval_start", evaluate("start"))
+                if cfg.warm_start.episodes:
+                    control = await report.timed("warm_start", _warm_start(cfg, trainer, tasks, limit, on_record,
+                                                                            store, console))  # fmt: skip
+                    if heldout and "warm_start" in cfg.heldout.at:
+                        await report.timed("eval_warm_start", evaluate("warm_start"))
+            t_gspo = time.monotonic()
             for step in range(start, cfg.run.steps):
-                t0 = time.monotonic()
-                store.begin_step(step, policy_version=trainer.version)
-                batch = sample_tasks(tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
-                groups = await asyncio.gather(
-                    *(worker.group(t, cfg.run.group_size, step=step, limit=limit) for t in batch)
-                )
-                records = [r for g in groups for r in g]
-                t1 = time.monotonic()
-                record(store, records, tokenizer)
-                trajs = [r.trajectory for r in records]
-                adv = compute_advantages(trajs, scale_by_std=bool(trainer.cfg.scale_advantage_by_std),
-                                         eps=trainer.cfg.advantage_eps, zero_variance=trainer.cfg.zero_variance_groups)
-                store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values) if a is not None})
-                t2 = time.monotonic()
-                sampled_by = trainer.version  # the weights these rollouts were sampled with
-                if ranks > 1:
-                    _broadcast((trajs, step + 1))
-                metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1})
-                t3 = time.monotonic()
-                metrics.update(rollout_metrics(records, sampled_by))
-                metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "time/train_sync_s": t3 - t2,
-                                "time/step_s": t3 - t0, "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})
-                store.log_metrics(step, metrics)
-                store.end_step(step)
+                metrics = await _step(cfg, trainer, worker, tasks, step, limit, on_record, store, ranks)
                 verdict = run_monitors(store, cfg.monitor, step)
                 console.print(
                     f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
-                    f"loss {metrics.get('train/loss', 0):.4g} rollouts {len(records)} in {t1 - t0:.1f}s, "
-                    f"train+sync {t3 - t2:.1f}s, alerts {len(verdict.alerts)}"
+                    f"loss {metrics.get('train/loss', 0):.4g} rollouts {metrics['rollout/count']:.0f} in "
+                    f"{metrics['time/rollout_s']:.1f}s, train+sync {metrics['time/train_sync_s']:.1f}s, alerts {len(verdict.alerts)}"
                 )
                 summary["steps"].append({k: metrics[k] for k in sorted(metrics)})
                 if verdict.should_stop:
                     console.print(f"[red]stopping: {'; '.join(verdict.stop_reasons)}[/red]")
                     summary["stopped"] = verdict.stop_reasons
                     break
+            report.phase("gspo", time.monotonic() - t_gspo)
+            if heldout and "end" in cfg.heldout.at:
+                await report.timed("eval_end", evaluate("end"))
+            if heldout and control is not None:
+                trainer.save_checkpoint()  # the trained policy is kept; the control then starts from the warm start
+                await report.timed("control", _control(cfg, trainer, control, store))
+                await report.timed("eval_control", evaluate("control"))
     finally:
         if ranks > 1:
             _broadcast(None)  # followers leave their loop
         if ui is not None:
             ui.stop()
         await engine.close()
+        if report.rows:
+            report.finish(time.monotonic() - t_run, budget_s=cfg.run.time_budget_s)
+            store.add_event("heldout", report.as_dict())
+            console.print(report.text())
         store.close()
+    if report.rows:
+        summary["heldout"] = report.as_dict()
     return summary
+
+
+async def _step(
+    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
+    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
+) -> dict[str, float]:
+    """One GSPO step: groups of rollouts (each stored as graded) → advantages (once: stored
+    and trained on) → train → sync → metrics."""
+    t0 = time.monotonic()
+    store.begin_step(step, policy_version=trainer.version)
+    batch = sample_tasks(tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
+    groups = await asyncio.gather(
+        *(worker.group(t, cfg.run.group_size, step=step, limit=limit, on_record=on_record) for t in batch)
+    )
+    records = [r for g in groups for r in g]
+    t1 = time.monotonic()
+    trajs = [r.trajectory for r in records]
+    adv = trainer.advantages(trajs)
+    store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values, strict=True) if a is not None})
+    t2 = time.monotonic()
+    sampled_by = trainer.version  # the weights these rollouts were sampled with
+    if ranks > 1:
+        _broadcast((trajs, step + 1))
+    metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1}, advantages=adv)
+    t3 = time.monotonic()
+    metrics.update(rollout_metrics(records, sampled_by))
+    metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "time/train_sync_s": t3 - t2,
+                    "time/step_s": t3 - t0, "rollout/count": float(len(records)),
+                    "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})  # fmt: skip
+    store.log_metrics(step, metrics)
+    store.end_step(step)
+    return metrics
+
+
+async def _warm_start(
+    cfg: RunConfig, trainer: Trainer, tasks: list[Task], limit: asyncio.Semaphore, on_record: OnRecord,
+    store: RunStore, console: Console,
+) -> dict[str, Any] | None:
+    """Record demonstrations through a worker of the demonstrator, SFT on them, sync the
+    engine. Returns the warm-start snapshot the control starts from (None without one)."""
+    ws = cfg.warm_start
+    demonstrator = make_engine(ws.engine, load_tokenizer(ws.engine.model))
+    t0 = time.monotonic()
+    try:
+        async with RolloutWorker(cfg, demonstrator) as w:
+            recs = await record_demonstrations(w, demo_tasks(tasks, ws.episodes, cfg.run.seed), limit, on_record)
+    finally:
+        await demonstrator.close()
+    demos = imitated(recs, ws.keep)
+    resolved = sum(1 for r in recs if r.trajectory.outcome and r.trajectory.outcome.status is Status.RESOLVED)
+    console.print(f"warm start: {len(recs)} demonstrations in {time.monotonic() - t0:.0f}s "
+                  f"({resolved} resolved), imitating {len(demos)}")  # fmt: skip
+    if not demos:
+        raise RuntimeError(f"warm start: none of the {len(recs)} demonstrations can be imitated "
+                           f"(statuses: {sorted({r.trajectory.outcome.status.value for r in recs})})")  # fmt: skip
+
+    def log(step: int, m: dict[str, float]) -> None:
+        store.log_metrics(WARM_START_STEP, {**m, "sft/step": float(step)})
+
+    trainer.policy.train()
+    await asyncio.to_thread(sft, trainer.policy, demos, ws.sft_config(cfg.run.seed), trainer.optimizer,
+                            log=log, opts=trainer.opts)  # fmt: skip
+    trainer.version += 1  # new weights: turns sampled from now on say so
+    await trainer.sync_weights()
+    if not ws.control_steps:
+        return None
+    return {"lm": {k: v.detach().clone() for k, v in trainer.lm.state_dict().items()},
+            "optimizer": copy.deepcopy(trainer.optimizer.state_dict()), "demos": demos}  # fmt: skip
+
+
+async def _control(cfg: RunConfig, trainer: Trainer, snap: dict[str, Any], store: RunStore) -> None:
+    """The same budget spent on more SFT: back to the warm-start weights and optimizer,
+    `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
+    trainer.lm.load_state_dict(snap["lm"])
+    trainer.optimizer.load_state_dict(snap["optimizer"])
+    trainer.policy.train()
+    await asyncio.to_thread(sft, trainer.policy, snap["demos"], cfg.warm_start.control_config(cfg.run.seed),
+                            trainer.optimizer, opts=trainer.opts)  # fmt: skip
+    trainer.version += 1
+    await trainer.sync_weights()

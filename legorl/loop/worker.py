@@ -18,11 +18,13 @@ import asyncio
 import dataclasses
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from legorl.engine.base import Engine
+from legorl.harness.command import HostHarness
 from legorl.loop.config import HarnessSection, RunConfig
 from legorl.models import load_tokenizer
 from legorl.proxy.render import Renderer
@@ -57,6 +59,16 @@ class RolloutRecord:
     turns: list[Turn]
     result: RolloutResult
     timings: dict[str, float] = field(default_factory=dict)
+
+
+OnRecord = Callable[[RolloutRecord], None]
+
+
+class RolloutBackend(Protocol):
+    """Where rollouts run: one in-process worker, or a pool of Ray actors."""
+
+    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
+                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]: ...
 
 
 class RolloutWorker:
@@ -96,9 +108,16 @@ class RolloutWorker:
 
             self.relay = PassthroughApp(self.upstream or "", self.upstream_api_key, self.cfg.proxy.request_timeout_s)
         self.backend = open_backend(self.cfg.sandbox.backend, self.images.store)
+        if isinstance(self.harness, HostHarness):
+            if self.proxy is None:
+                raise ValueError(f"harness {self.harness.name!r} runs beside the sandboxes and needs our proxy; "
+                                 "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')")
+            await self.harness.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if isinstance(self.harness, HostHarness):
+            await self.harness.aclose()
         if self.proxy is not None:
             await self.proxy.stop()
         if self.relay is not None:
@@ -134,12 +153,17 @@ class RolloutWorker:
         if self.proxy is not None:
             session = self.proxy.open_session(sid, {"instance_id": task.instance_id, "step": step})
             app = self.proxy.app
-        sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
         turns: list[Turn] = []
         try:
-            async with SessionSocket(app, sid, sock):
+            if isinstance(self.harness, HostHarness):  # the harness calls the session over loopback
+                assert self.proxy is not None
                 result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg,
-                                           proxy_socket=str(sock))
+                                           host_proxy_url=self.proxy.session_url(sid))
+            else:  # the harness is in the sandbox: its only way out is this session's socket
+                sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
+                async with SessionSocket(app, sid, sock):
+                    result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg,
+                                               proxy_socket=str(sock))
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
@@ -154,11 +178,17 @@ class RolloutWorker:
         traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, result.harness, step, outcome
         return RolloutRecord(traj, turns, result, dict(result.timings))
 
-    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore) -> list[RolloutRecord]:
-        """n rollouts of one task, concurrently (within the shared limit)."""
+    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
+                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]:
+        """n rollouts of one task, concurrently (within the shared limit); `on_record` sees
+        each one the moment it is graded (the loop writes it to the run store then)."""
+        prefix = tag or f"s{step}"
 
         async def one(k: int) -> RolloutRecord:
             async with limit:
-                return await self.rollout(task, step=step, session_id=f"s{step}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}")
+                rec = await self.rollout(task, step=step, session_id=f"{prefix}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}")
+            if on_record is not None:
+                on_record(rec)
+            return rec
 
         return list(await asyncio.gather(*(one(k) for k in range(n))))

@@ -96,6 +96,15 @@ class ExpertEngine:
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls = 0
 
+    @classmethod
+    def from_config(cls, cfg: Any, tokenizer: Any) -> ExpertEngine:
+        """From `[engine] kind = "quickstart-expert"`, `options = {p_read = 0.3}`, `seed`."""
+        opts = dict(cfg.options)
+        bad = sorted(set(opts) - {"p_read"})
+        if bad:
+            raise ValueError(f"engine kind 'quickstart-expert': unknown option(s) {bad}; known: p_read")
+        return cls(tokenizer, float(opts.get("p_read", 0.3)), seed=int(cfg.seed or 0))
+
     def reply_for(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         last_user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]

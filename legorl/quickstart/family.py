@@ -37,25 +37,39 @@ POOL: dict[str, str] = {
 }
 TEST_FILE = "test_calc.py"
 SOURCE_FILE = "calc.py"
-TEST_CMD = f"python {TEST_FILE}"
+TEST_CMD = f"python3 {TEST_FILE}"  # what the agent runs: PASS/FAIL lines
+GRADE_CMD = f"pytest -q {TEST_FILE}"  # what grading runs (legorl.verify: pytest, tests restored)
 PROBLEM = "A test in test_calc.py fails. Fix calc.py."
 
-_TEST_SCRIPT = '''import calc
+_TEST_HEAD = """import calc
 
 CASES = {cases}
-failed = 0
-for name, a, b, want in CASES:
+
+
+def call(name, a, b):
     try:
-        got = getattr(calc, name)(a, b)
+        return getattr(calc, name)(a, b)
     except Exception as e:
-        got = type(e).__name__
-    if got == want:
-        print(f"PASS {{name}}")
-    else:
-        failed += 1
-        print(f"FAIL {{name}}: got {{got}}, expected {{want}}")
-raise SystemExit(1 if failed else 0)
-'''
+        return type(e).__name__
+
+"""
+_TEST_FN = """
+def test_{name}():
+    assert call({name!r}, {a}, {b}) == {want!r}
+"""
+_TEST_MAIN = """
+
+if __name__ == "__main__":
+    failed = 0
+    for name, a, b, want in CASES:
+        got = call(name, a, b)
+        if got == want:
+            print(f"PASS {name}")
+        else:
+            failed += 1
+            print(f"FAIL {name}: got {got}, expected {want}")
+    raise SystemExit(1 if failed else 0)
+"""
 
 
 def line(name: str, op: str) -> str:
@@ -86,8 +100,12 @@ class QuickTask:
         return "".join(line(n, ops[n]) + "\n" for n in self.names)
 
     def test_script(self) -> str:
+        """`test_calc.py`: one pytest test per function (what grading runs) that also runs
+        as a script printing `PASS add` / `FAIL mul: got 9, expected 18` (what the agent
+        runs: the observation it has to read)."""
         cases = [(n, a, b, apply_op(POOL[n], a, b)) for n, a, b in self.cases]
-        return _TEST_SCRIPT.format(cases=repr(cases))
+        fns = "".join(_TEST_FN.format(name=n, a=a, b=b, want=w) for n, a, b, w in cases)
+        return _TEST_HEAD.format(cases=repr(cases)) + fns + _TEST_MAIN
 
     def files(self) -> dict[str, str]:
         return {SOURCE_FILE: self.source(), TEST_FILE: self.test_script()}
@@ -109,9 +127,9 @@ class QuickTask:
             problem_statement=PROBLEM,
             patch=self.gold_patch(),
             test_patch="",
-            FAIL_TO_PASS=[f"test_{self.buggy}"],
-            PASS_TO_PASS=[f"test_{n}" for n in self.names if n != self.buggy],
-            test_cmd=TEST_CMD,
+            FAIL_TO_PASS=[f"{TEST_FILE}::test_{self.buggy}"],
+            PASS_TO_PASS=[f"{TEST_FILE}::test_{n}" for n in self.names if n != self.buggy],
+            test_cmd=GRADE_CMD,
             split=split,
         )
 

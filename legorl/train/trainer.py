@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from legorl.train import checkpoint as ckpt
-from legorl.train.advantages import compute_advantages
+from legorl.train.advantages import Advantages, compute_advantages
 from legorl.train.batch import MicroBatch, count_units, pack, split_balanced
 from legorl.train.config import TrainerConfig
 from legorl.train.fsdp import DistInfo, all_reduce_, full_state_dict, init_distributed, shard
@@ -125,14 +125,23 @@ class Trainer:
 
     # ---- one step ---------------------------------------------------------------------
 
-    def step(self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None) -> dict[str, float]:
-        """Train on one batch; returns the step's metrics (identical on every rank)."""
+    def advantages(self, trajectories: Sequence[Trajectory]) -> Advantages:
+        """Group-normalised advantages of a batch, as this trainer's config computes them."""
         c = self.cfg
-        t0 = time.perf_counter()
-        adv = compute_advantages(
+        return compute_advantages(
             trajectories, scale_by_std=bool(c.scale_advantage_by_std), eps=c.advantage_eps,
             zero_variance=c.zero_variance_groups,
         )  # fmt: skip
+
+    def step(
+        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None,
+        advantages: Advantages | None = None,
+    ) -> dict[str, float]:
+        """Train on one batch; returns the step's metrics (identical on every rank).
+        `advantages`: computed once by the caller (who also stored them); else computed here."""
+        c = self.cfg
+        t0 = time.perf_counter()
+        adv = advantages if advantages is not None else self.advantages(trajectories)
         items = [(i, t, a) for i, (t, a) in enumerate(zip(trajectories, adv.values, strict=True)) if a is not None]
         metrics: dict[str, float] = dict(adv.metrics)
         chunks = [items[k :: c.minibatches] for k in range(c.minibatches)]
@@ -248,10 +257,11 @@ class Trainer:
             await self.weight_sync.push(self.lm, state, self.version)
 
     async def train_step(
-        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None
+        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None,
+        advantages: Advantages | None = None,
     ) -> dict[str, float]:
         """`step` off the event loop, then `sync_weights`."""
-        metrics = await asyncio.to_thread(self.step, trajectories, data_state=data_state)
+        metrics = await asyncio.to_thread(self.step, trajectories, data_state=data_state, advantages=advantages)
         await self.sync_weights()
         return metrics
 

@@ -42,16 +42,14 @@ def newcombe_diff(s1: int, n1: int, s2: int, n2: int, z: float = Z95) -> tuple[f
 
 @dataclass
 class Evaluation:
-    """One checkpoint evaluated on held-out tasks."""
+    """One checkpoint evaluated on held-out tasks (masked infrastructure errors left out)."""
 
     label: str
     resolved: int
-    episodes: int
+    episodes: int  # graded episodes: the denominator
+    masked: int = 0  # infrastructure errors, not counted either way
     wall_s: float = 0.0
-    path: str = "in-process"  # or "harness"
     statuses: dict[str, int] = field(default_factory=dict)
-    choices: dict[str, int] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the harness rows' replay parity
 
     @property
     def rate(self) -> float:
@@ -61,27 +59,30 @@ class Evaluation:
         low, high = wilson(self.resolved, self.episodes) if self.episodes else (0.0, 0.0)
         return {
             "label": self.label, "resolved_rate": round(self.rate, 4), "resolved": self.resolved,
-            "episodes": self.episodes, "ci95": [round(low, 4), round(high, 4)], "wall_s": round(self.wall_s, 1),
-            "path": self.path, "statuses": dict(self.statuses), "choices": dict(self.choices), **self.extra,
+            "episodes": self.episodes, "masked": self.masked, "ci95": [round(low, 4), round(high, 4)],
+            "wall_s": round(self.wall_s, 1), "statuses": dict(self.statuses),
         }  # fmt: skip
 
 
-def summarize(label: str, outcomes: Iterable[tuple[bool, str, str]], wall_s: float, path: str) -> Evaluation:
-    """From (resolved, status, choice) per episode; `choice` names which function the
-    agent's fix rewrote relative to the task ("failing", "first", "other", "none")."""
+def summarize(label: str, outcomes: Iterable[tuple[bool, bool, str]], wall_s: float) -> Evaluation:
+    """From (resolved, masked, status) per episode."""
     items = list(outcomes)
-    return Evaluation(
-        label, sum(r for r, _, _ in items), len(items), wall_s, path,
-        dict(Counter(s for _, s, _ in items)), dict(Counter(c for _, _, c in items)),
-    )  # fmt: skip
+    graded = [(r, st) for r, m, st in items if not m]
+    return Evaluation(label, sum(r for r, _ in graded), len(graded), len(items) - len(graded), wall_s,
+                      dict(Counter(st for _, _, st in items)))  # fmt: skip
+
+
+def gain(before: Evaluation, after: Evaluation) -> dict[str, float]:
+    """after − before in points, with Newcombe's 95% interval."""
+    d, low, high = newcombe_diff(before.resolved, before.episodes, after.resolved, after.episodes)
+    return {"points": round(100 * d, 1), "ci95": [round(100 * low, 1), round(100 * high, 1)]}
 
 
 def table(rows: Sequence[Evaluation]) -> str:
     """The before/after table as text."""
-    lines = [f"{'checkpoint':<14} {'resolved':>9} {'95% CI':>17} {'episodes':>9} {'path':>11} {'wall':>7}"]
+    lines = [f"{'checkpoint':<16} {'resolved':>9} {'95% CI':>17} {'graded':>7} {'masked':>7} {'wall':>7}"]
     for r in rows:
-        low, high = wilson(r.resolved, r.episodes)
-        lines.append(
-            f"{r.label:<14} {r.rate:>8.1%} {f'[{low:.1%}, {high:.1%}]':>17} {r.episodes:>9} {r.path:>11} {r.wall_s:>6.0f}s"
-        )
+        low, high = wilson(r.resolved, r.episodes) if r.episodes else (0.0, 0.0)
+        lines.append(f"{r.label:<16} {r.rate:>8.1%} {f'[{low:.1%}, {high:.1%}]':>17} {r.episodes:>7} "
+                     f"{r.masked:>7} {r.wall_s:>6.0f}s")  # fmt: skip
     return "\n".join(lines)

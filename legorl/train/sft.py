@@ -1,14 +1,15 @@
-"""Warm start: supervised fine-tuning on the expert's recorded trajectories.
+"""Warm start: supervised fine-tuning on recorded demonstration trajectories.
 
-The data are `Trajectory`s assembled from the turns the proxy recorded while the real
-mini-swe-agent ran against the scripted expert: the exact prompt ids the engine saw and
-the exact completion ids it returned, nothing re-tokenised. The loss is the mean negative
+The data are `Trajectory`s assembled from the turns the proxy recorded while a harness
+ran against a demonstrator engine (`[warm_start]`, legorl/loop/warm_start.py): the exact
+prompt ids the engine saw and the exact completion ids it returned, nothing re-tokenised. The loss is the mean negative
 log-likelihood of the sampled (loss-mask 1) tokens — the same packed micro-batches and the
 same chunked log-prob head (`legorl.train.batch.pack`, `legorl.train.logprobs.PolicyModel`)
 the GSPO trainer uses, so SFT and RL read a trajectory identically.
 
-Every demonstration is imitated, right or wrong: the expert is imperfect on purpose (see
-expert.py) and filtering its episodes by outcome would already be a form of RL.
+It steps the trainer's own AdamW (its moments carry over into GSPO, so RL starts with a
+calibrated optimizer) under its own warm-up + cosine schedule, and puts the trainer's
+learning rates back afterwards.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -47,21 +47,21 @@ def sft(
     policy: PolicyModel,
     data: Sequence[Trajectory],
     cfg: SFTConfig,
+    optimizer: torch.optim.Optimizer,
     *,
-    optimizer_state: dict[str, Any] | None = None,
     log: Callable[[int, dict[str, float]], None] | None = None,
     log_every: int = 25,
-) -> torch.optim.Optimizer:
-    """Train `policy` on `data` for `cfg.steps` steps; returns the optimizer (its state
-    carries over to the RL phase, so RL starts with calibrated Adam moments).
-    `optimizer_state` continues an earlier run's AdamW moments (the SFT control)."""
+    opts: LogprobOptions | None = None,
+) -> dict[str, float]:
+    """Train `policy` on `data` for `cfg.steps` steps of `optimizer`; returns the last
+    logged metrics. The optimizer's learning rates are restored at the end."""
     if not data:
-        raise ValueError("SFT needs at least one trajectory")
+        raise ValueError("SFT needs at least one demonstration trajectory")
     rng = random.Random(cfg.seed)
-    opt = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    if optimizer_state is not None:
-        opt.load_state_dict(optimizer_state)
-    opts = LogprobOptions()
+    opt = optimizer
+    saved_lrs = [g["lr"] for g in opt.param_groups]
+    opts = opts or LogprobOptions()
+    last: dict[str, float] = {}
     order: list[int] = []
     policy.train()
     t0 = time.perf_counter()
@@ -84,7 +84,11 @@ def sft(
             loss_sum += float(loss.detach())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
         opt.step()
-        if log is not None and (step % log_every == 0 or step == cfg.steps - 1):
-            log(step, {"sft/loss": loss_sum, "sft/grad_norm": grad_norm, "sft/lr": lr_at(step, cfg),
-                       "sft/elapsed_s": time.perf_counter() - t0})  # fmt: skip
-    return opt
+        if step % log_every == 0 or step == cfg.steps - 1:
+            last = {"sft/loss": loss_sum, "sft/grad_norm": grad_norm, "sft/lr": lr_at(step, cfg),
+                    "sft/elapsed_s": time.perf_counter() - t0}  # fmt: skip
+            if log is not None:
+                log(step, last)
+    for g, lr in zip(opt.param_groups, saved_lrs, strict=True):
+        g["lr"] = lr
+    return last

@@ -1,0 +1,95 @@
+"""The held-out report of a run: the before/after table, the gains, where the time went.
+
+Written to `RUN_DIR/heldout_results.json` after every evaluation (so a crash or a resumed
+run keeps the rows it had), stored in the run store as a `heldout` event at the end, and
+printed. Gains: GSPO over its warm-start checkpoint (the number the quickstart is about),
+over the untrained start, and the control's (more SFT instead of GSPO) over the same
+warm-start checkpoint — each in points with Newcombe's 95% interval.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from legorl.loop.stats import Evaluation, gain, table
+
+RESULTS_FILE = "heldout_results.json"
+T = TypeVar("T")
+GAINS = (("gspo_over_warm_start", "warm_start", "end"), ("gspo_over_start", "start", "end"),
+         ("control_over_warm_start", "warm_start", "control"))  # fmt: skip
+
+
+class Report:
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / RESULTS_FILE
+        self.rows: dict[str, Evaluation] = {}
+        self.steps: dict[str, int] = {}
+        self.phases: dict[str, float] = {}
+        self.wall_s: float | None = None
+        self.budget_s: float | None = None
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Report:
+        """The report of an earlier (interrupted) attempt of this run, or a new one."""
+        rep = cls(run_dir)
+        if rep.path.exists():
+            data = json.loads(rep.path.read_text())
+            for label, row in data.get("evaluations", {}).items():
+                rep.rows[label] = Evaluation(label, row["resolved"], row["episodes"], row.get("masked", 0),
+                                             row.get("wall_s", 0.0), row.get("statuses", {}))  # fmt: skip
+                rep.steps[label] = row.get("policy_version", 0)
+            rep.phases = dict(data.get("phases_s", {}))
+        return rep
+
+    def add(self, ev: Evaluation, *, step: int) -> None:
+        self.rows[ev.label] = ev
+        self.steps[ev.label] = step
+        self.save()
+
+    def phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = round(self.phases.get(name, 0.0) + seconds, 1)
+
+    async def timed(self, name: str, work: Awaitable[T]) -> T:
+        t0 = time.monotonic()
+        try:
+            return await work
+        finally:
+            self.phase(name, time.monotonic() - t0)
+
+    def finish(self, wall_s: float, *, budget_s: float | None) -> None:
+        self.wall_s, self.budget_s = round(wall_s, 1), budget_s
+        self.save()
+
+    def gains(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for name, a, b in GAINS:
+            if a in self.rows and b in self.rows and self.rows[a].episodes and self.rows[b].episodes:
+                out[name] = gain(self.rows[a], self.rows[b])
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        evals = {k: {**v.as_dict(), "policy_version": self.steps.get(k, 0)} for k, v in self.rows.items()}
+        out: dict[str, Any] = {"evaluations": evals, "gains": self.gains(), "phases_s": dict(self.phases)}
+        if self.wall_s is not None:
+            out["wall_s"] = self.wall_s
+            if self.budget_s is not None:
+                out["time_budget_s"] = self.budget_s
+                out["within_budget"] = self.wall_s <= self.budget_s
+        return out
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.as_dict(), indent=1))
+        tmp.replace(self.path)
+
+    def text(self) -> str:
+        lines = [table(list(self.rows.values()))]
+        for name, g in self.gains().items():
+            lines.append(f"{name}: {g['points']:+.1f} points [{g['ci95'][0]:+.1f}, {g['ci95'][1]:+.1f}]")
+        if self.wall_s is not None:
+            lines.append(f"wall {self.wall_s:.0f}s" + (f" (budget {self.budget_s:.0f}s)" if self.budget_s else ""))
+        return "\n".join(lines)
