@@ -1,35 +1,21 @@
-"""The quickstart's tasks, expert and grading, run for real (sh, sed, python) in tmp dirs."""
+"""The quickstart's task family, its task source and its demonstrator — through the real
+grading (legorl.verify in local sandboxes), not a grader of its own."""
 
 from __future__ import annotations
 
+import difflib
+import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from legorl.quickstart import family
-from legorl.quickstart.dialogue import Dialogue, load_agent_config
-from legorl.quickstart.expert import (
-    ExpertEngine,
-    expert_draw,
-    expert_reply,
-    failing_function,
-    first_function,
-    fix_command,
-)
-from legorl.quickstart.workspace import (
-    DirWorkspace,
-    command_env,
-    fast_python_dir,
-    grade_source,
-    outcome_of,
-)
+from legorl.quickstart.expert import ExpertEngine, expert_draw, expert_reply, failing_function, first_function
+from legorl.quickstart.source import CalcTasksSection, ensure_task_file
+from legorl.tasks.loader import load_tasks
 from legorl.types import SamplingParams, Status
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return command_env(fast_python_dir(tmp_path_factory.mktemp("bin")))
 
 
 def test_splits_are_deterministic_and_disjoint() -> None:
@@ -43,66 +29,70 @@ def test_splits_are_deterministic_and_disjoint() -> None:
         family.tasks("test", 1)
 
 
-def test_test_script_names_the_failing_function(tmp_path: Path, env: dict[str, str]) -> None:
-    for task in family.tasks("train", 12, k=3):
-        ws = DirWorkspace(task, tmp_path, env)
-        res = ws.execute(family.TEST_CMD)
-        assert res["returncode"] == 1
-        lines = res["output"].splitlines()
-        assert [ln.split()[1].rstrip(":") for ln in lines] == list(task.names)
-        assert failing_function(res["output"]) == task.buggy and first_function(res["output"]) == task.names[0]
-        # the in-process runner (corpora, unit tests) prints exactly what the script prints
-        assert family.run_tests_in_process(task, task.source()) == (res["output"], 1)
-        ws.close()
-
-
-def test_expert_fix_resolves_only_the_failing_function(tmp_path: Path, env: dict[str, str]) -> None:
-    for task in family.tasks("train", 24, k=3):  # every operator, `//` included, survives sed
-        for name in task.names:
-            ws = DirWorkspace(task, tmp_path, env)
-            out = ws.execute(fix_command(name))
-            assert out["returncode"] == 0 and out["output"].startswith("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
-            outcome = outcome_of("Submitted", ws)
-            assert (outcome.status == Status.RESOLVED) == (name == task.buggy), (task, name, outcome)
-            assert outcome.tests[f"test_{task.buggy}"] == ("passed" if name == task.buggy else "failed")
-            ws.close()
-
-
-def test_grading_restores_the_tests(tmp_path: Path, env: dict[str, str]) -> None:
-    task = family.tasks("train", 1)[0]
-    ws = DirWorkspace(task, tmp_path, env)
-    ws.execute("printf 'raise SystemExit(0)\\n' > test_calc.py")  # the agent guts its copy of the tests
-    assert ws.execute(family.TEST_CMD)["returncode"] == 0
-    assert ws.grade().status == Status.FAILED  # graded against the task's own test file
-    assert grade_source(task, task.source(fixed=True), tmp_path, env).status == Status.RESOLVED
-    ws.close()
-    assert not ws.dir.exists()
-
-
-def test_agent_exits_map_to_statuses(tmp_path: Path, env: dict[str, str]) -> None:
-    ws = DirWorkspace(family.tasks("train", 1)[0], tmp_path, env)
-    assert outcome_of("LimitsExceeded", ws).status == Status.MAX_TURNS
-    assert outcome_of("RepeatedFormatError", ws).status == Status.FORMAT_ERROR
-    infra = outcome_of("APIConnectionError", ws, "connection refused")
-    assert infra.status == Status.INFRA_ERROR and infra.masked
-    ws.close()
-
-
-def test_gold_patch_applies_with_git(tmp_path: Path) -> None:
-    task = family.tasks("heldout", 1)[0]
+def test_test_file_runs_as_script_and_under_pytest(tmp_path: Path) -> None:
+    task = family.tasks("train", 1, k=3)[0]
     for name, text in task.files().items():
         (tmp_path / name).write_text(text)
-    (tmp_path / "fix.diff").write_text(task.gold_patch())
-    subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True)
-    assert (tmp_path / family.SOURCE_FILE).read_text() == task.source(fixed=True)
-    t = task.to_task("heldout")
-    assert t.FAIL_TO_PASS == [f"test_{task.buggy}"] and len(t.PASS_TO_PASS) == len(task.names) - 1
+    script = subprocess.run(["python3", family.TEST_FILE], cwd=tmp_path, capture_output=True, text=True)
+    assert script.returncode == 1
+    assert failing_function(script.stdout) == task.buggy and first_function(script.stdout) == task.names[0]
+    assert family.run_tests_in_process(task, task.source()) == (script.stdout, 1)
+    junit = tmp_path / "r.xml"
+    subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", family.TEST_FILE],
+                   cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    report = junit.read_text()
+    assert report.count("<testcase") == len(task.names) and report.count("<failure") == 1
+    assert f'name="test_{task.buggy}"' in report
+
+
+def test_task_source_is_swe_bench_format_with_a_repository(tmp_path: Path) -> None:
+    cfg = CalcTasksSection(train=40, heldout=10)
+    path = ensure_task_file(tmp_path, cfg)
+    assert ensure_task_file(tmp_path, cfg) == path  # cached by content key
+    tasks = load_tasks(path)
+    assert {t.split for t in tasks} == {"train", "heldout"} and len(tasks) == 50
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row, task in zip(rows, tasks, strict=True):
+        repo = Path(task.repo_path)
+        files = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", row["base_commit"]],
+                               capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        assert files == [family.SOURCE_FILE, family.TEST_FILE]
+        parents = subprocess.run(["git", "-C", str(repo), "rev-list", "--count", row["base_commit"]],
+                                 capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        assert parents == "1"  # a root commit: no other task's repository in its history
+        assert task.FAIL_TO_PASS[0].startswith("test_calc.py::test_") and task.test_cmd == family.GRADE_CMD
+    # the same parameters give the same commit ids on any machine
+    again = ensure_task_file(tmp_path / "other", cfg)
+    assert [json.loads(x)["base_commit"] for x in again.read_text().splitlines()] == [r["base_commit"] for r in rows]
+
+
+async def test_tasks_validate_through_the_real_grader(tmp_path: Path, backend: Any) -> None:
+    """Gold patch → resolved, empty diff → not, a calc.py that forges the PASS lines → not
+    (both backends)."""
+    from legorl.tasks.image import TaskImages
+    from legorl.tasks.validate import check_task
+    from legorl.verify.grade import grade
+
+    tasks = load_tasks(ensure_task_file(tmp_path, CalcTasksSection(train=4, heldout=2)))
+    images = TaskImages(backend=backend.name)
+    for task in tasks[:3]:
+        check = await check_task(task, backend, images)
+        assert check.ok, check.to_json()
+    task = tasks[0]
+    quick = next(q for q in family.tasks("train", 4, k=3) if q.instance_id == task.instance_id)
+    lines = [f"PASS {n}" for n in quick.names]
+    forged_src = f"import sys\nprint({chr(10).join(lines)!r})\nsys.exit(0)\n" + quick.source()
+    forged = "diff --git a/calc.py b/calc.py\n" + "".join(difflib.unified_diff(
+        quick.source().splitlines(keepends=True), forged_src.splitlines(keepends=True), "a/calc.py", "b/calc.py"))
+    outcome = await grade(task, forged, backend, await images.for_task(task))
+    assert outcome.status is Status.FAILED and outcome.tests[task.FAIL_TO_PASS[0]] != "passed", outcome
+    assert outcome.reward == 0.0, outcome
 
 
 def test_expert_reply_reads_the_fail_line_p_read_of_the_time() -> None:
     obs = "<returncode>1</returncode>\n<output>\nPASS add\nFAIL mul: got 7, expected 12\nPASS xor\n</output>"
-    assert "python test_calc.py" in expert_reply(None, 0.0, 0.3)
-    assert "python test_calc.py" in expert_reply("<output>\n3 passed\n</output>", 0.0, 0.3)
+    assert family.TEST_CMD in expert_reply(None, 0.0, 0.3)
+    assert family.TEST_CMD in expert_reply("<output>\n3 passed\n</output>", 0.0, 0.3)
     assert "def mul(a, b): return a * b" in expert_reply(obs, 0.1, 0.3)
     assert "def add(a, b): return a + b" in expert_reply(obs, 0.9, 0.3)
 
@@ -112,19 +102,20 @@ async def test_expert_engine_answers_from_the_rendered_prompt() -> None:
     from legorl.proxy.render import ChatRequest, Renderer
 
     tok = load_tokenizer("quickstart-qwen3")
-    renderer, cfg = Renderer(tok), load_agent_config()
+    renderer = Renderer(tok)
     task = family.tasks("train", 1, k=3)[0]
-    out, code = family.run_tests_in_process(task, task.source())
-    dialogue = Dialogue(cfg, family.PROBLEM)
+    out, _ = family.run_tests_in_process(task, task.source())
     engine = ExpertEngine(tok, p_read=0.3, seed=1)
-    first = await engine.generate(renderer.render(ChatRequest(dialogue.messages)), SamplingParams(max_tokens=64))
-    text = tok.decode(first.completion_ids[:-1])
-    assert dialogue.on_reply(text, "stop") == family.TEST_CMD
-    dialogue.on_output({"output": out, "returncode": code, "exception_info": ""})
-    prompt = renderer.render(ChatRequest(dialogue.messages))
+    msgs = [{"role": "system", "content": "Reply with one block."}, {"role": "user", "content": family.PROBLEM}]
+    first = await engine.generate(renderer.render(ChatRequest(msgs)), SamplingParams(max_tokens=64))
+    assert family.TEST_CMD in tok.decode(first.completion_ids[:-1])
+    msgs += [{"role": "assistant", "content": tok.decode(first.completion_ids[:-1])},
+             {"role": "user", "content": f"<returncode>1</returncode>\n<output>\n{out}</output>"}]  # fmt: skip
+    prompt = renderer.render(ChatRequest(msgs))
     reply = engine.reply_for(prompt)
     assert reply == engine.reply_for(prompt)  # deterministic: concurrency cannot change the data
-    assert reply == expert_reply(out, expert_draw(1, out), 0.3)  # the in-process expert agrees
+    obs = f"<returncode>1</returncode>\n<output>\n{out}</output>"
+    assert reply == expert_reply(obs, expert_draw(1, obs), 0.3)
     assert f"def {task.buggy}(" in reply or f"def {task.names[0]}(" in reply
 
 
@@ -139,32 +130,9 @@ def test_expert_success_rate_matches_its_definition() -> None:
     assert abs(wins / len(tasks) - (0.3 + 0.7 / 3)) < 0.03
 
 
-def test_commands_fail_like_mini_swe_agent(tmp_path: Path, env: dict[str, str]) -> None:
-    from legorl.quickstart.workspace import OUTPUT_CAP, run_command
+def test_expert_engine_from_config_rejects_unknown_options() -> None:
+    from legorl.engine.registry import EngineConfig, make_engine
 
-    nul = run_command("echo a\x00b", tmp_path, env, 5)  # the policy can sample a NUL byte
-    assert nul == {"output": "", "returncode": -1,
-                   "exception_info": "An error occurred while executing the command: embedded null byte"}  # fmt: skip
-    slow = run_command("echo started; sleep 30", tmp_path, env, 1)
-    assert slow["returncode"] == -1 and slow["output"] == "started\n"
-    assert slow["exception_info"].endswith("Command 'echo started; sleep 30' timed out after 1 seconds")
-    flood = run_command("yes", tmp_path, env, 30)
-    assert flood["returncode"] == -1 and len(flood["output"]) == OUTPUT_CAP and "exceeded" in flood["exception_info"]
-    cfg = load_agent_config()
-    from legorl.quickstart.dialogue import observation_text
-
-    shown = observation_text(cfg, flood)
-    assert "<warning>" in shown and len(shown) < 1000  # head and tail only: it fits the 2048-token context
-
-
-def test_episode_that_outgrows_the_context_is_graded(tmp_path: Path, env: dict[str, str]) -> None:
-    from legorl.models import load_tokenizer
-    from legorl.proxy.render import Renderer
-    from legorl.quickstart.inproc import Episode, run_episodes
-
-    task = family.tasks("train", 1, k=3)[0]
-    ep = Episode(task.instance_id, Dialogue(load_agent_config(), family.PROBLEM), DirWorkspace(task, tmp_path, env))
-    reply = "```mswea_bash_command\nseq 1 400\n```"  # ~1100 tokens of output per turn
-    run_episodes([ep], Renderer(load_tokenizer("quickstart-qwen3")), reply_fn=lambda e, obs: reply, max_context=512)
-    assert ep.dialogue.exit_status == "ContextWindowExceededError"
-    assert ep.outcome is not None and ep.outcome.status == Status.FAILED  # graded: the bug is still there
+    assert make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_read": 1.0})).p_read == 1.0
+    with pytest.raises(ValueError, match="unknown option"):
+        make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_raed": 1.0}))
