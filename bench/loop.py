@@ -1,24 +1,25 @@
-"""Where a training step's wall time goes, in-process and on Ray (1 and 2 worker actors).
+"""Throughput of the one loop with a real harness: where a rollout's time and CPU go.
 
-Runs `--steps` steps of the real loop (`legorl.loop.train` helpers: the tiny hf engine, the
-command harness, local sandboxes, GSPO, in-process weight sync) once per backend:
-`inproc` (one RolloutWorker in the driver) and `ray1`, `ray2` (RolloutActors on a local
-Ray cluster, the driver's engine served to them over the vLLM protocol). Per step it
-measures, from timestamps collected during the step:
+Runs the quickstart's own loop (`examples/quickstart.toml`: the warm mini-swe-agent,
+local sandboxes from the cached task images, the `hf` engine with the 0.46M quickstart
+model behind the proxy, grading by legorl.verify in fresh sandboxes, the run store, GSPO)
+through the same functions `legorl train` calls: a short warm start first (so the policy
+acts like a trained one: run the tests, fix, submit, get graded — an untrained model only
+makes format errors, which would be a flattering, meaningless throughput), then
+`--steps` GSPO steps. Per step: rollouts/min over the rollout phase, and per rollout
 
-- wall split: `rollout_s` (all groups, agent stages and grading overlapped), `store_s`
-  (run store + advantages), `train_s` (the optimizer step), `sync_s` (weights → engine);
-  `grading_busy_s` (wall time with >= 1 grade running) and `grading_tail_s` (from the last
-  agent stage's end to the end of the rollout phase: grading nothing overlaps);
-- `rollouts_per_min` over the whole step and over the rollout phase;
-- utilisation over the step: `sandbox_busy` / `engine_busy` = fraction of the step's wall
-  time with >= 1 sandbox (agent stage or grade) / >= 1 engine request in flight (from the
-  proxy's turn start/end times), and the same over the rollout phase only.
+- `sandbox_start_s`: the agent sandbox's start (cached image, backend warm);
+- `startup_s`: sandbox start → the harness's first model request (the issue's "start-up");
+- `model_s`: wall time inside model calls (proxy + engine), summed over the turns;
+- `command_s`: wall time of its commands in the sandbox;
+- `grade_s`: grading (fresh sandbox, apply, pytest);
+- `harness_s`: the whole agent stage; `diff_s`: extracting the diff;
 
-The first step also builds task images and warms caches; `mean_after_first` excludes it.
-`setup_s` is the backend's start (Ray cluster + actors + their proxies). One JSON object.
+and where the machine's CPU went during the GSPO steps (from /proc: this process — proxy,
+engine, trainer, store —, the mini-swe-agent driver, and the rest: sandboxes, their
+commands, the zygote, grading's git and pytest), per rollout. One JSON object.
 
-    .venv/bin/python bench/loop.py [--steps 4] [--tasks-per-step 2] [--group-size 4] [--modes inproc,ray1,ray2]
+    .venv/bin/python bench/loop.py [--steps 4] [--config examples/quickstart.toml]
 """
 
 from __future__ import annotations
@@ -27,177 +28,140 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
+from collections import Counter
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from legorl.engine.registry import make_engine
-from legorl.loop.config import RunConfig
-from legorl.loop.train import build_trainer, record, rollout_backend, sample_tasks
-from legorl.loop.worker import RolloutRecord
+from legorl.loop.config import load_run_config
+from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, warm_start_phase
+from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.monitor.store import RunStore
-from legorl.tasks.loader import load_shipped
-from legorl.train.advantages import compute_advantages
 
-AGENT = """#!/bin/bash
-# Asks the policy twice through the proxy (OpenAI dialect), then applies the known fix, so
-# every rollout has an agent stage with engine calls and a grading stage (same work each step).
-python3 - <<'PY'
-import json, os, urllib.request
-base = os.environ["OPENAI_BASE_URL"]
-msgs = [{"role": "user", "content": open(os.environ["LEGORL_PROBLEM_FILE"]).read()[:400]}]
-for _ in range(2):
-    body = {"model": "policy", "messages": msgs, "max_tokens": 64}
-    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    reply = json.load(urllib.request.urlopen(req, timeout=300))
-    msgs += [reply["choices"][0]["message"], {"role": "user", "content": "continue"}]
-PY
-case "$LEGORL_INSTANCE_ID" in
-__CASES__
-esac
-"""
+ROOT = Path(__file__).resolve().parents[1]
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def agent_script() -> str:
-    """AGENT with the gold patch of every training task, picked by the task's instance id."""
-    cases = []
-    for i, t in enumerate(load_shipped("train")):
-        patch = t.patch if t.patch.endswith("\n") else t.patch + "\n"
-        cases.append(f"{t.instance_id}) git apply <<'PATCH{i}'\n{patch}PATCH{i}\n;;")
-    return AGENT.replace("__CASES__", "\n".join(cases))
-
-
-def union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Length of the union of intervals, clipped to [lo, hi]."""
-    spans = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
-    total, end = 0.0, lo
-    for a, b in spans:
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
-def stamp(worker: Any) -> None:
-    """Give the in-process worker's records the wall-clock start/end the Ray actors stamp."""
-    inner = worker.rollout
-
-    async def rollout(task: Any, **kw: Any) -> RolloutRecord:
-        t0 = time.time()
-        rec = await inner(task, **kw)
-        rec.timings.update(t_start=t0, t_end=time.time())
-        return rec
-
-    worker.rollout = rollout
-
-
-def step_figures(records: list[RolloutRecord], t: list[float]) -> dict[str, float]:
-    """t = wall-clock [start, rollouts done, stored, trained, synced]."""
-    agent, grading, engine = [], [], []
-    for r in records:
-        end, g, a = r.timings["t_end"], r.timings.get("grade_s", 0.0), r.timings.get("agent_s", 0.0)
-        grading.append((end - g, end))
-        agent.append((end - g - a, end - g))
-        engine += [(turn.t_start, turn.t_end) for turn in r.turns]
-    wall, roll = t[4] - t[0], t[1] - t[0]
-    last_agent = max((b for _, b in agent), default=t[0])
-    return {
-        "wall_s": wall, "rollout_s": roll, "store_s": t[2] - t[1], "train_s": t[3] - t[2], "sync_s": t[4] - t[3],
-        "grading_busy_s": union(grading, t[0], t[1]), "grading_tail_s": max(t[1] - last_agent, 0.0),
-        "rollouts": len(records), "rollouts_per_min": 60 * len(records) / wall,
-        "rollouts_per_min_rollout_phase": 60 * len(records) / roll,
-        "sandbox_busy": union(agent + grading, t[0], t[4]) / wall, "engine_busy": union(engine, t[0], t[4]) / wall,
-        "sandbox_busy_rollout_phase": union(agent + grading, t[0], t[1]) / roll,
-        "engine_busy_rollout_phase": union(engine, t[0], t[1]) / roll,
-        "turns": sum(len(r.turns) for r in records),
-    }  # fmt: skip
-
-
-async def run_mode(cfg: RunConfig) -> dict[str, Any]:
-    tokenizer = load_tokenizer(cfg.engine.model)
-    engine = make_engine(cfg.engine, tokenizer)
-    trainer = build_trainer(cfg, engine)
-    store = RunStore(cfg.run.dir, run_name=cfg.run.dir.name)
-    tasks = load_shipped(cfg.run.split)
-    limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
-    steps: list[dict[str, float]] = []
+def proc_cpu(pid: int | str = "self") -> float:
+    """CPU seconds (user + system) of a process and its reaped children."""
     try:
-        t_setup = time.time()
-        async with rollout_backend(cfg, engine) as backend:
-            setup_s = time.time() - t_setup
-            if not cfg.ray.enabled:
-                stamp(backend)
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in f[11:15]) / TICK
+
+
+def machine_cpu() -> float:
+    """CPU seconds the whole machine spent busy (all cores)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def per_rollout(recs: list[RolloutRecord]) -> dict[str, dict[str, float]]:
+    rows: dict[str, list[float]] = {}
+    for r in recs:
+        t = dict(r.timings)
+        turns = sorted((x for x in r.turns if not x.side_call), key=lambda x: x.t_start)
+        if turns and "t_harness_start" in t:
+            t["startup_s"] = turns[0].t_start - t["t_harness_start"]
+        t["model_s"] = sum(x.t_end - x.t_start for x in turns)
+        t.pop("t_harness_start", None)
+        for k, v in t.items():
+            rows.setdefault(k, []).append(v)
+    return {k: {"p50": round(statistics.median(v), 4), "p90": round(pct(v, 0.9), 4), "mean": round(statistics.fmean(v), 4),
+                "n": len(v)} for k, v in sorted(rows.items())}  # fmt: skip
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = load_run_config(args.config)
+    root = Path(tempfile.mkdtemp(prefix="legorl-bench-loop-"))
+    cfg.run.dir = root / "run"
+    cfg.run.steps = args.steps
+    cfg.warm_start.episodes, cfg.warm_start.steps, cfg.warm_start.control_steps = args.demos, args.sft_steps, 0
+    cfg.run.dir.mkdir(parents=True)
+    tasks = load_task_split(cfg, cfg.run.split)
+    tok = load_tokenizer(cfg.engine.model)
+    store = RunStore(cfg.run.dir, run_name="bench-loop")
+    engine = make_engine(cfg.engine, tok)
+    trainer = build_trainer(cfg, engine)
+    limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
+    out: dict[str, Any] = {"config": str(args.config), "harness": cfg.harness.name, "backend": cfg.sandbox.backend,
+                           "model": cfg.engine.model, "cores": os.cpu_count(), "load_before": os.getloadavg(),
+                           "steps": []}  # fmt: skip
+    recs: list[RolloutRecord] = []
+
+    def on_record(rec: RolloutRecord) -> None:
+        record(store, [rec], tok)
+        recs.append(rec)
+
+    try:
+        t0 = time.monotonic()
+        await warm_start_phase(cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, _Quiet())
+        out["warm_start_s"] = round(time.monotonic() - t0, 1)
+        t_up = time.monotonic()
+        async with RolloutWorker(cfg, engine) as worker:
+            out["worker_start_s"] = round(time.monotonic() - t_up, 2)
+            driver = worker.harness._proc.pid if getattr(worker.harness, "_proc", None) else None
+            cpu = {"main": 0.0, "driver": 0.0, "rest": 0.0, "machine": 0.0}
+            wall = 0.0
             for step in range(cfg.run.steps):
-                t = [time.time()]
-                store.begin_step(step, policy_version=trainer.version)
-                batch = sample_tasks(tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
-                groups = await asyncio.gather(*(backend.group(x, cfg.run.group_size, step=step, limit=limit) for x in batch))
-                records = [r for g in groups for r in g]
-                t.append(time.time())
-                record(store, records, tokenizer)
-                trajs = [r.trajectory for r in records]
-                adv = compute_advantages(trajs, eps=trainer.cfg.advantage_eps, zero_variance=trainer.cfg.zero_variance_groups)
-                store.set_advantages({x.session_id: a for x, a in zip(trajs, adv.values) if a is not None})
-                t.append(time.time())
-                await asyncio.to_thread(trainer.step, trajs, data_state={"next_step": step + 1})
-                t.append(time.time())
-                await trainer.sync_weights()
-                t.append(time.time())
-                store.end_step(step)
-                fig = step_figures(records, t)
-                fig["statuses"] = sorted({r.trajectory.outcome.status.value for r in records})  # type: ignore[assignment]
-                steps.append(fig)
+                recs.clear()
+                c0 = (machine_cpu(), proc_cpu(), proc_cpu(driver) if driver else 0.0)
+                m = await gspo_step(cfg, trainer, worker, tasks, step, limit, on_record, store, 1)
+                c1 = (machine_cpu(), proc_cpu(), proc_cpu(driver) if driver else 0.0)
+                d_machine, d_main, d_driver = c1[0] - c0[0], c1[1] - c0[1], c1[2] - c0[2]
+                if step > 0:  # the first step warms caches (task images, the engine's kernels)
+                    cpu["machine"] += d_machine
+                    cpu["main"] += d_main
+                    cpu["driver"] += d_driver
+                    cpu["rest"] += d_machine - d_main - d_driver
+                    wall += m["time/step_s"]
+                out["steps"].append({
+                    "rollouts": len(recs), "rollout_s": round(m["time/rollout_s"], 2),
+                    "train_sync_s": round(m["time/train_sync_s"], 2),
+                    "rollouts_per_min": round(m["rollout/rollouts_per_min"], 1),
+                    "rollouts_per_min_whole_step": round(60 * len(recs) / m["time/step_s"], 1),
+                    "resolved_rate": round(m["resolved_rate"], 3), "per_rollout": per_rollout(recs),
+                    "statuses": dict(Counter(r.trajectory.outcome.status.value for r in recs)),
+                    "cpu_s": {"machine": round(d_machine, 1), "main": round(d_main, 1), "driver": round(d_driver, 1)},
+                })  # fmt: skip
+            later = out["steps"][1:] or out["steps"]
+            n = sum(s["rollouts"] for s in later)
+            out["mean_after_first"] = {
+                "rollouts_per_min": round(statistics.fmean(s["rollouts_per_min"] for s in later), 1),
+                "rollouts_per_min_whole_step": round(statistics.fmean(s["rollouts_per_min_whole_step"] for s in later), 1),
+                "cpu_s_per_rollout": {k: round(v / max(n, 1), 4) for k, v in cpu.items()},
+                "machine_cpu_utilisation": round(cpu["machine"] / max(wall, 1e-9) / (os.cpu_count() or 1), 3),
+            }  # fmt: skip
     finally:
         await engine.close()
         store.close()
-    later = steps[1:] or steps
-    keys = [k for k, v in steps[0].items() if isinstance(v, float | int)]
-    mean = {k: round(sum(s[k] for s in later) / len(later), 3) for k in keys}
-    return {"setup_s": round(setup_s, 2), "steps": [{k: (round(v, 3) if isinstance(v, float) else v)
-                                                     for k, v in s.items()} for s in steps], "mean_after_first": mean}
+    out["load_after"] = os.getloadavg()
+    return out
 
 
-def config(mode: str, root: Path, args: argparse.Namespace) -> RunConfig:
-    workers = int(mode[3:]) if mode.startswith("ray") else 1
-    return RunConfig.model_validate({
-        "run": {"dir": str(root / mode), "tasks": "shipped", "split": "train", "steps": args.steps,
-                "tasks_per_step": args.tasks_per_step, "group_size": args.group_size,
-                "max_concurrent_rollouts": args.tasks_per_step * args.group_size},
-        "engine": {"kind": "hf", "model": "tiny-qwen3", "seed": 0},
-        "proxy": {"max_tokens": args.max_tokens},
-        "sandbox": {"agent_timeout_s": 300},
-        "harness": {"name": "command", "command_file": str(root / "agent.sh")},
-        "trainer": {"lr": 1e-4, "zero_variance_groups": "keep", "checkpoint_dir": str(root / mode / "checkpoints"), "checkpoint_every": 1000},
-        "ray": {"enabled": mode.startswith("ray"), "workers": workers, "num_cpus_per_worker": 0.5},
-    })  # fmt: skip
+class _Quiet:
+    def print(self, *a: Any, **k: Any) -> None:
+        return None
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
     p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--tasks-per-step", type=int, default=2)
-    p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=24, help="completion tokens per engine call")
-    p.add_argument("--modes", default="inproc,ray1,ray2")
+    p.add_argument("--demos", type=int, default=384, help="warm-start demonstrations (expert, through the loop)")
+    p.add_argument("--sft-steps", type=int, default=200)
     args = p.parse_args()
-    out: dict[str, Any] = {
-        "workload": {"steps": args.steps, "tasks_per_step": args.tasks_per_step, "group_size": args.group_size,
-                     "engine": "hf tiny-qwen3 (CPU), served to Ray actors over the vLLM protocol",
-                     "harness": "command: 2 chat calls, then the gold patch (every rollout is graded)",
-                     "max_tokens": args.max_tokens, "sandbox": "local"},
-        "machine": {"cores": os.cpu_count(), "loadavg_start": os.getloadavg()},
-        "modes": {},
-    }  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="legorl-bench-loop-") as tmp:
-        root = Path(tmp)
-        (root / "agent.sh").write_text(agent_script())
-        for mode in args.modes.split(","):
-            out["modes"][mode] = asyncio.run(run_mode(config(mode, root, args)))
-    out["machine"]["loadavg_end"] = os.getloadavg()
-    print(json.dumps(out))
+    print(json.dumps(asyncio.run(bench(args)), indent=1))
 
 
 if __name__ == "__main__":

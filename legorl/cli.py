@@ -32,12 +32,17 @@ def friendly(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from legorl.config import ConfigError
+        from legorl.harness.install import HarnessNotInstalled
+        from legorl.loop.errors import RunError
         from legorl.models import ModelNotFound
+        from legorl.tasks.loader import TaskFileError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, ModelNotFound, FileNotFoundError) as e:
+        except (ConfigError, ModelNotFound, FileNotFoundError, TaskFileError, RunError) as e:
             fail(str(e))
+        except HarnessNotInstalled as e:
+            fail(f"{e} (scripts/setup_harnesses.sh builds the harness layers)")
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 fail(f"address already in use: {e}. Pick another --port.")

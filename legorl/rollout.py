@@ -96,7 +96,7 @@ async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
 
 async def _agent_stage(
     task: Task, harness: Harness, backend: Backend, image: str, cfg: RolloutConfig, proxy_socket: str | None,
-    host_proxy_url: str | None,
+    host_proxy_url: str | None, timings: dict[str, float],
 ) -> tuple[AgentRun, str, Outcome | None]:
     """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
     on_host = isinstance(harness, HostHarness)  # its process is beside the sandbox: no socket, no mounts
@@ -104,14 +104,19 @@ async def _agent_stage(
     mounts = {} if on_host else dict(getattr(harness, "readonly_mounts", None) or {})
     spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir,
                        proxy_socket=None if on_host else proxy_socket, readonly_mounts=mounts)  # fmt: skip
+    t0 = time.monotonic()
     try:
         sb: Sandbox = await backend.start(spec)
     except SandboxError as exc:
         raise _Infra(Status.SANDBOX_START_FAILED, str(exc)) from None
+    timings["sandbox_start_s"] = time.monotonic() - t0
+    timings["t_harness_start"] = time.time()  # wall clock, comparable with the turns' t_start
     proxy_url = host_proxy_url if on_host else (f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None)
     async with sb:
         try:
+            t1 = time.monotonic()
             run = await harness.run(sb, task, proxy_url, cfg.repo_dir, cfg.agent_timeout_s)
+            timings["harness_s"] = time.monotonic() - t1
         except SandboxError as exc:
             if await _probe(backend, image, cfg.repo_dir):  # the machinery works: the agent broke its sandbox
                 run = AgentRun(exit_code=-1, details={"error": str(exc)})
@@ -122,7 +127,9 @@ async def _agent_stage(
         if run.status is None and run.timed_out:
             run.status = Status.AGENT_TIMEOUT
         try:
+            t2 = time.monotonic()
             diff = await sb.diff(task.base_commit)
+            timings["diff_s"] = time.monotonic() - t2
         except DiffError as exc:
             flags = ["resource_exhausted"] if run.resource_exhausted else []
             return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=flags + ["no_diff"], evidence={"error": str(exc)})
@@ -154,7 +161,8 @@ async def run_rollout(
     ended: Outcome | None = None
     for attempt in range(cfg.retries + 1):
         try:
-            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url)
+            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url,
+                                                  timings)
             break
         except _Infra as exc:
             errors.append(f"{exc.status.value}: {exc}")

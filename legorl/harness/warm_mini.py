@@ -78,6 +78,8 @@ class _Rollout:
     done: asyncio.Future[dict[str, Any]]
     exhausted: bool = False
     sandbox_error: str = ""
+    command_s: float = 0.0  # wall time of its commands in the sandbox
+    commands: int = 0
     closed: bool = False
 
 
@@ -204,11 +206,14 @@ class WarmMiniSweAgent:
         if r is None or r.closed:
             reply["error"] = "the rollout has ended; its sandbox is closed"
         else:
+            t0 = time.monotonic()
             try:
                 res = await r.sb.exec("exec 2>&1\n" + msg["command"], timeout_s=float(msg["timeout"]),
                                       cwd=msg.get("cwd") or r.repo_dir, env=msg.get("env") or None)  # fmt: skip
                 reply.update(output=res.stdout, returncode=res.exit_code, timed_out=res.timed_out)
                 r.exhausted = r.exhausted or res.resource_exhausted
+                r.command_s += time.monotonic() - t0
+                r.commands += 1
             except SandboxError as e:
                 r.sandbox_error = str(e)
                 reply["error"] = f"sandbox error: {e}"
@@ -257,7 +262,8 @@ class WarmMiniSweAgent:
         if r.sandbox_error:  # the sandbox died under a command: the rollout decides whose fault
             raise SandboxError(r.sandbox_error)
         verdict = verdict_of_exit(str(msg.get("exit_status") or ""), str(msg.get("error") or ""),
-                                  {"api_calls": str(msg.get("n_calls", "")), "harness": self.name})  # fmt: skip
+                                  {"api_calls": str(msg.get("n_calls", "")), "harness": self.name,
+                                   "command_s": f"{r.command_s:.4f}", "commands": str(r.commands)})  # fmt: skip
         return AgentRun(0, resource_exhausted=r.exhausted, duration_s=time.monotonic() - t0,
                         stdout_tail=str(msg.get("submission") or "")[-4000:], status=verdict.status,
                         details=verdict.details)  # fmt: skip

@@ -29,6 +29,7 @@ from legorl.engine.base import Engine
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
 from legorl.loop.metrics import rollout_metrics
+from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.report import Report
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
@@ -193,13 +194,13 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 if heldout and "start" in cfg.heldout.at:
                     await report.timed("eval_start", evaluate("start"))
                 if cfg.warm_start.episodes:
-                    control = await report.timed("warm_start", _warm_start(cfg, trainer, tasks, limit, on_record,
+                    control = await report.timed("warm_start", warm_start_phase(cfg, trainer, tasks, limit, on_record,
                                                                             store, console))  # fmt: skip
                     if heldout and "warm_start" in cfg.heldout.at:
                         await report.timed("eval_warm_start", evaluate("warm_start"))
             t_gspo = time.monotonic()
             for step in range(start, cfg.run.steps):
-                metrics = await _step(cfg, trainer, worker, tasks, step, limit, on_record, store, ranks)
+                metrics = await gspo_step(cfg, trainer, worker, tasks, step, limit, on_record, store, ranks)
                 verdict = run_monitors(store, cfg.monitor, step)
                 console.print(
                     f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
@@ -216,7 +217,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 await report.timed("eval_end", evaluate("end"))
             if heldout and control is not None:
                 trainer.save_checkpoint()  # the trained policy is kept; the control then starts from the warm start
-                await report.timed("control", _control(cfg, trainer, control, store))
+                await report.timed("control", control_phase(cfg, trainer, control, store))
                 await report.timed("eval_control", evaluate("control"))
     finally:
         if ranks > 1:
@@ -234,7 +235,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     return summary
 
 
-async def _step(
+async def gspo_step(
     cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
     limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
 ) -> dict[str, float]:
@@ -266,7 +267,7 @@ async def _step(
     return metrics
 
 
-async def _warm_start(
+async def warm_start_phase(
     cfg: RunConfig, trainer: Trainer, tasks: list[Task], limit: asyncio.Semaphore, on_record: OnRecord,
     store: RunStore, console: Console,
 ) -> dict[str, Any] | None:
@@ -285,7 +286,7 @@ async def _warm_start(
     console.print(f"warm start: {len(recs)} demonstrations in {time.monotonic() - t0:.0f}s "
                   f"({resolved} resolved), imitating {len(demos)}")  # fmt: skip
     if not demos:
-        raise RuntimeError(f"warm start: none of the {len(recs)} demonstrations can be imitated "
+        raise RunError(f"warm start: none of the {len(recs)} demonstrations can be imitated "
                            f"(statuses: {sorted({r.trajectory.outcome.status.value for r in recs})})")  # fmt: skip
 
     def log(step: int, m: dict[str, float]) -> None:
@@ -302,7 +303,7 @@ async def _warm_start(
             "optimizer": copy.deepcopy(trainer.optimizer.state_dict()), "demos": demos}  # fmt: skip
 
 
-async def _control(cfg: RunConfig, trainer: Trainer, snap: dict[str, Any], store: RunStore) -> None:
+async def control_phase(cfg: RunConfig, trainer: Trainer, snap: dict[str, Any], store: RunStore) -> None:
     """The same budget spent on more SFT: back to the warm-start weights and optimizer,
     `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
     trainer.lm.load_state_dict(snap["lm"])

@@ -31,7 +31,8 @@ from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
 from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
-from legorl.sandbox.base import Limits
+from legorl.loop.errors import RunError
+from legorl.sandbox.base import Limits, SandboxError, SandboxSpec
 from legorl.tasks.image import TaskImages, close_backend, open_backend
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
@@ -108,12 +109,34 @@ class RolloutWorker:
 
             self.relay = PassthroughApp(self.upstream or "", self.upstream_api_key, self.cfg.proxy.request_timeout_s)
         self.backend = open_backend(self.cfg.sandbox.backend, self.images.store)
+        await self._probe_backend()
         if isinstance(self.harness, HostHarness):
             if self.proxy is None:
                 raise ValueError(f"harness {self.harness.name!r} runs beside the sandboxes and needs our proxy; "
                                  "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')")
-            await self.harness.start()
+            try:
+                await self.harness.start()
+            except RuntimeError as e:  # DriverGone
+                raise RunError(f"harness {self.harness.name!r} could not start: {e}") from None
         return self
+
+    async def _probe_backend(self) -> None:
+        """One sandbox from the base image, started and closed: a backend that cannot start
+        sandboxes at all is the operator's to fix (one message, before any rollout), not
+        thousands of masked rollouts."""
+        try:
+            base = await self.images.base()
+            if self.cfg.sandbox.backend == "docker":
+                from legorl.sandbox.docker_images import ensure_docker_image
+
+                await ensure_docker_image(self.images.store, base.key)
+            async with await self.backend.start(SandboxSpec(image=base.key, workdir="/")) as sb:
+                res = await sb.exec("true", timeout_s=30)
+            if res.exit_code != 0:
+                raise SandboxError(f"`true` exited {res.exit_code}: {res.stderr[-300:]}")
+        except (SandboxError, OSError) as e:
+            raise RunError(f"the {self.cfg.sandbox.backend!r} sandbox backend cannot start a sandbox: {e} "
+                           "(run `legorl doctor`; scripts/setup_sandbox.sh sets the machine up)") from None
 
     async def __aexit__(self, *exc: object) -> None:
         if isinstance(self.harness, HostHarness):
@@ -174,9 +197,13 @@ class RolloutWorker:
                               evidence={**outcome.evidence, "cause": "engine_error", "engine_errors": engine_errors})
             result = dataclasses.replace(result, outcome=outcome)
         outcome.evidence.setdefault("diff", result.diff)
+        timings = dict(result.timings)
+        if result.agent is not None and "command_s" in result.agent.details:  # a HostHarness's commands
+            timings["command_s"] = float(result.agent.details["command_s"])
+        outcome.evidence.setdefault("timings", {k: round(v, 4) for k, v in timings.items()})
         traj = assemble(turns, sid)
         traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, result.harness, step, outcome
-        return RolloutRecord(traj, turns, result, dict(result.timings))
+        return RolloutRecord(traj, turns, result, timings)
 
     async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
                     on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]:
