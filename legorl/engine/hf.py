@@ -63,7 +63,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_model(model: str, device: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
-    """An HF causal LM from a bundled name or a local directory, on `device`, in eval mode."""
+    """An HF causal LM from a bundled name or a local directory, on `device`, in eval mode.
+
+    An architecture without an SDPA implementation (gpt-oss: attention sinks) is loaded with
+    `eager` attention when `sdpa` was asked for, rather than refused."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -72,7 +75,12 @@ def load_model(model: str, device: str, dtype: str, attn_implementation: str) ->
     transformers.utils.logging.disable_progress_bar()
     try:
         torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
-        net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        try:
+            net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        except ValueError as exc:
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager")
     finally:
         if bar:
             transformers.utils.logging.enable_progress_bar()
