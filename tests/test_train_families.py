@@ -166,3 +166,28 @@ def test_a_router_without_adapter_is_refused_by_name() -> None:
         moe_routers(model)
     with pytest.raises(ValueError, match=r"\(Linear\)"):  # an MoE block whose gate is a bare linear layer
         moe_routers(Block())
+
+
+def test_trainer_step_on_qwen3_5_moe_replays_routing_with_and_without_checkpointing(tmp_path) -> None:
+    """The paper's architecture through a whole GSPO step: packed rows through Gated-DeltaNet
+    and attention layers, a replay that differs from the router's choice, and gradient
+    checkpointing (recomputed layers must route and keep segments apart as the forward did)."""
+    import argparse
+
+    from legorl.train import minimal
+    from legorl.train.trainer import Trainer
+
+    path = str(save("qwen3_5_moe", tmp_path / "m"))
+    args = argparse.Namespace(prompts_per_step=1, group_size=4, prompt_len=8, new_tokens=8, target_tokens=256, seed=0)
+    results = []
+    for gc in (False, True):
+        trainer = Trainer(TrainerConfig(model=path, lr=1e-2, gradient_checkpointing=gc, seed=1))
+        trajs, _ = minimal.rollouts(trainer.lm, 0, args)
+        for t in trajs:
+            routing = torch.tensor(t.segments[0].routed_experts)
+            t.segments[0].routed_experts = ((routing + 1) % 8).tolist()
+        m = trainer.step(trajs)
+        assert m["mismatch/routing_mismatch"] == 0.0 and m["mismatch/router_disagreement"] > 0.5
+        results.append([p.detach().clone() for p in trainer.lm.parameters()])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
