@@ -38,7 +38,9 @@ async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) 
             return await engine.generate(prompt, params)
 
         prompts = PROMPTS + PROMPTS[:2]
-        gens = await asyncio.gather(*[engine.generate(p, params) for p in PROMPTS], late(PROMPTS[0], 0.05), late(PROMPTS[1], 0.1))
+        gens = await asyncio.gather(
+            *[engine.generate(p, params) for p in PROMPTS], late(PROMPTS[0], 0.05), late(PROMPTS[1], 0.1)
+        )
         for prompt, g in zip(prompts, gens, strict=True):
             ids = prompt + g.completion_ids
             with torch.no_grad():

@@ -25,7 +25,9 @@ MOE_LAYERS = {"qwen3_5_moe": 4, "gpt_oss": 2, "glm4_moe": 2, "qwen3_5": None}
 async def test_proxy_serves_the_family_and_records_routing(family: str, tmp_path) -> None:
     engine = HFEngine(str(save(family, tmp_path / family)), tokenizer(), seed=0, num_threads=1)
     try:
-        async with ProxyServer(ProxyConfig(port=0, max_tokens=12), engine, Renderer(tokenizer()), standalone=True) as srv:
+        async with ProxyServer(
+            ProxyConfig(port=0, max_tokens=12), engine, Renderer(tokenizer()), standalone=True
+        ) as srv:
 
             async def session(sid: str) -> None:
                 o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=sid, max_retries=0)

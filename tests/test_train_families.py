@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 import torch
+from test_train_logprobs import engine_session, pearson
 from torch import nn
 
 from legorl.engine.hf import HFEngine
@@ -19,7 +20,6 @@ from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.trainer import load_lm
 from legorl.types import AlignmentStats, Segment, Trajectory
-from test_train_logprobs import engine_session, pearson
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
@@ -110,7 +110,9 @@ def test_adapter_replays_selection_with_live_gate_weights(family: str) -> None:
     # another selection: used exactly, weights = the model's own rule at the replayed experts
     g = torch.Generator().manual_seed(1)
     E, K = routers[0].weight.shape[0], routers[0].top_k
-    replay = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(15 * len(routers))]).view(15, len(routers), K)
+    replay = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(15 * len(routers))]).view(
+        15, len(routers), K
+    )
     replay[4] = -1  # not recorded: the router decides
     seen, handles = experts_inputs(lm)
     router_in: list[torch.Tensor] = []
@@ -140,7 +142,9 @@ def test_router_still_learns_under_replay(family: str) -> None:
     routers = moe_routers(lm)
     E, K = routers[0].weight.shape[0], routers[0].top_k
     g = torch.Generator().manual_seed(4)
-    replay = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(12 * len(routers))]).view(12, len(routers), K)
+    replay = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(12 * len(routers))]).view(
+        12, len(routers), K
+    )
     ids = torch.randint(3, 4096, (1, 12), generator=g)
     with moe_routing(lm, replay):
         lm(input_ids=ids).logits.float().logsumexp(-1).sum().backward()

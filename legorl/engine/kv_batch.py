@@ -75,7 +75,7 @@ class BatchedForward:
         types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         unknown = types - {"full_attention", "sliding_attention", "linear_attention"}
         if unknown:
-            raise ValueError(f"hf engine: layer types {sorted(unknown)} are not supported (full, sliding, linear attention)")
+            raise ValueError(f"hf engine: layer types {sorted(unknown)} are not supported (full, sliding, linear)")
         self.layer_types = types
         self.window = getattr(text_config, "sliding_window", None) if "sliding_attention" in types else None
         self._config = model.config if "linear_attention" in types else None  # hybrid: per-layer cache types
@@ -156,7 +156,8 @@ def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
     valid_B_S = torch.cat([cut(b.valid_B_S, rows) for b, rows in parts], dim=0)
     cache = DynamicCache()
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in parts[0][0].cache.layers):
-        cache.layers = [_regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) for i in range(num_layers)]
+        cache.layers = [_regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) 
+                        for i in range(num_layers)]  # fmt: skip
         return KVBatch(cache, valid_B_S)
     for layer in range(num_layers):
         keys = torch.cat([cut(b.cache.layers[layer].keys, rows) for b, rows in parts], dim=0)
@@ -170,7 +171,8 @@ def _regroup_layer(parts, cut):  # type: ignore[no-untyped-def]
     first = parts[0][0]
     if not isinstance(first, LinearAttentionCacheLayerMixin):
         out = DynamicLayer()
-        out.update(torch.cat([cut(la.keys, rows) for la, rows in parts]), torch.cat([cut(la.values, rows) for la, rows in parts]))
+        keys = torch.cat([cut(la.keys, rows) for la, rows in parts])
+        out.update(keys, torch.cat([cut(la.values, rows) for la, rows in parts]))
         return out
     out = LinearAttentionLayer(number_of_states=first.number_of_states)
     for i in range(first.number_of_states):

@@ -79,7 +79,10 @@ def causal_mask(q_len: int, k_len: int, window: int | None, dtype: torch.dtype, 
 
 def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):  # type: ignore[no-untyped-def]
     """The model's own eager attention (sinks, sliding window), per segment when packed."""
-    eager = sys.modules[type(module).__module__].eager_attention_forward
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"legorl_varlen: {type(module).__name__} needs its eager attention (sinks or a window), "
+                         "but its module defines no eager_attention_forward; use attn_implementation = 'eager'")  # fmt: skip
     window = kwargs.pop("sliding_window", None)
     kwargs.pop("is_causal", None)
     bounds = cu.tolist() if cu is not None and query.shape[2] == key.shape[2] else [0, key.shape[2]]
@@ -89,7 +92,8 @@ def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):
     for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         q = query[:, :, s:e] if len(bounds) > 2 else query
         mask = causal_mask(q.shape[2], e - s, window, query.dtype, query.device)
-        outs.append(eager(module, q, key[:, :, s:e], value[:, :, s:e], mask, dropout=dropout, scaling=scaling, **kwargs)[0])
+        k, v = key[:, :, s:e], value[:, :, s:e]
+        outs.append(eager(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)[0])
     return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), None
 
 
