@@ -6,6 +6,7 @@ and regrouped generations must equal a fresh unpadded forward: logprobs and rout
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -37,9 +38,11 @@ async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) 
             await asyncio.sleep(delay)  # joins a running batch: a regroup
             return await engine.generate(prompt, params)
 
-        prompts = PROMPTS + PROMPTS[:2]
+        prompts = PROMPTS + PROMPTS[:2]  # rows leave at 4, 8, 12, 16 tokens: regroups
         gens = await asyncio.gather(
-            *[engine.generate(p, params) for p in PROMPTS], late(PROMPTS[0], 0.05), late(PROMPTS[1], 0.1)
+            *[engine.generate(p, dataclasses.replace(params, max_tokens=4 + 4 * i)) for i, p in enumerate(PROMPTS)],
+            late(PROMPTS[0], 0.05),
+            late(PROMPTS[1], 0.1),
         )
         for prompt, g in zip(prompts, gens, strict=True):
             ids = prompt + g.completion_ids
