@@ -195,3 +195,64 @@ def test_trainer_step_on_qwen3_5_moe_replays_routing_with_and_without_checkpoint
         results.append([p.detach().clone() for p in trainer.lm.parameters()])
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5"])
+def test_fused_packed_gated_deltanet_equals_per_segment_forwards(family: str) -> None:
+    """The GPU path (one pass over the row, varlen rule) re-states the layer's forward; on CPU
+    its rule runs per segment, and the whole must equal the layer's own per-segment forwards,
+    values and gradients (segments of 1 and 3 tokens, shorter than the conv kernel, included)."""
+    from legorl.train.linear_varlen import fusable, fused_packed_forward, linear_attention_layers, per_segment_forward
+
+    layer = linear_attention_layers(build(family))[0]
+    assert fusable(layer)
+    bounds = [0, 3, 20, 21, 50]
+    h = torch.randn(1, 50, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    up = torch.randn(1, 50, 64, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for fn in (fused_packed_forward, per_segment_forward):
+        h.grad = None
+        layer.zero_grad()
+        out = fn(layer, h, bounds)
+        (out * up).sum().backward()
+        grads.append((out.detach(), h.grad.clone(), layer.in_proj_qkv.weight.grad.clone(), layer.A_log.grad.clone()))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_path_is_checked_once_and_falls_back_when_wrong(monkeypatch, caplog) -> None:
+    """What a GPU run takes (forced here on CPU): the fused path, verified against per-segment
+    forwards at its first packed call; a fused result that disagrees is dropped for good."""
+    from legorl.train import linear_varlen
+
+    lm = build("qwen3_5_moe")
+    from legorl.train import varlen
+
+    lm.set_attn_implementation(varlen.register())
+    g = torch.Generator().manual_seed(5)
+    segs = [Segment([0], torch.randint(3, 4096, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4), [0.0] * n, [0])
+            for n in (9, 14, 6)]  # fmt: skip
+    (mb,) = pack([(0, Trajectory("x", segs, AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)
+    policy = PolicyModel(lm)
+    with torch.no_grad():
+        want = policy(mb, LogprobOptions(packing="per_segment")).logprobs_N
+    monkeypatch.setattr(linear_varlen, "fused_wanted", lambda h: True)
+    monkeypatch.setattr(linear_varlen, "_fused_ok", {})
+    calls = []
+    real = linear_varlen.fused_packed_forward
+    monkeypatch.setattr(linear_varlen, "fused_packed_forward", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        got = policy(mb, LogprobOptions(packing="packed")).logprobs_N
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert len(calls) == 3 and linear_varlen._fused_ok == {("Qwen3_5MoeGatedDeltaNet", "cpu"): True}
+    # a fused kernel that mixed segments up: reported once, per-segment forwards from then on
+    monkeypatch.setattr(linear_varlen, "_fused_ok", {})
+    monkeypatch.setattr(
+        linear_varlen, "fused_packed_forward", lambda layer, h, b: calls.append(1) or real(layer, h, [0, h.shape[1]])
+    )
+    calls.clear()
+    with torch.no_grad():
+        got = policy(mb, LogprobOptions(packing="packed")).logprobs_N
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert len(calls) == 1 and linear_varlen._fused_ok == {("Qwen3_5MoeGatedDeltaNet", "cpu"): False}
+    assert "using per-segment forwards" in caplog.text
