@@ -23,6 +23,11 @@ What each request gets back (see `sampling.py` for the exact distribution):
   (`routing.py`). The last sampled token is forwarded once more so that it, too, has
   its routing — the shape is exactly (prompt + completion, MoE layers, top-k).
 
+Architectures: besides full attention, the batch handles sliding-window layers (gpt-oss, which
+loads with eager attention for its sinks) and hybrid models whose linear-attention layers
+(Qwen3.5's Gated-DeltaNet) keep a per-row conv + recurrent state instead of KV columns
+(`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`).
+
 Seeds: a request with `seed` samples with its own generator, so its completion does not
 depend on the other requests in the batch (up to floating-point effects of batch shape).
 
