@@ -19,12 +19,12 @@ from legorl.types import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
-MOE = {"qwen3_5_moe": 4, "gpt_oss": 2, "glm4_moe": 2, "deepseek_v3": 2}  # family → MoE layers
+MOE = {"qwen3_5_moe": 4, "gpt_oss": 2, "glm4_moe": 2, "deepseek_v3": 2, "qwen2_moe": 2}  # family → MoE layers
 # lengths around gpt-oss's window (8) and the prefill chunk (5), and one shorter than the conv kernel (4)
 PROMPTS = [torch.randint(3, 4096, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 17, 3, 30)]
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "glm4_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen2_moe"])
 async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) -> None:
     engine = HFEngine(str(save(family, tmp_path / family)), seed=0, prefill_chunk=5)
     try:
