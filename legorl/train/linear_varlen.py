@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import sys
 import types
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -101,7 +102,7 @@ def per_segment_forward(
         return forward(layer, hidden_states, *args, attention_mask=None, **kwargs)
     outs = [
         forward(layer, hidden_states[:, s:e], *args, attention_mask=None, **kwargs)
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True)
+        for s, e in pairwise(bounds)
     ]
     return torch.cat(outs, dim=1)
 
@@ -118,7 +119,7 @@ def fused_packed_forward(layer: nn.Module, h_1_N_H: torch.Tensor, bounds: list[i
     without cache or padding): per-segment convolution, one varlen gated-delta-rule call."""
     ns = sys.modules[type(layer).__module__]
     n = h_1_N_H.shape[1]
-    segments = list(zip(bounds[:-1], bounds[1:], strict=True))
+    segments = list(pairwise(bounds))
     qkv_1_C_N = layer.in_proj_qkv(h_1_N_H).transpose(1, 2)
     z = layer.in_proj_z(h_1_N_H).reshape(1, n, -1, layer.head_v_dim)
     b, a = layer.in_proj_b(h_1_N_H), layer.in_proj_a(h_1_N_H)

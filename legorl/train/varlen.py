@@ -23,6 +23,7 @@ again exactly the computation of an unpadded single-sequence forward.
 from __future__ import annotations
 
 import sys
+from itertools import pairwise
 
 import torch
 from transformers import AttentionInterface
@@ -89,7 +90,7 @@ def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):
     if cu is not None and query.shape[0] != 1:
         raise ValueError("legorl_varlen attention expects one packed row (batch size 1)")
     outs = []
-    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+    for s, e in pairwise(bounds):
         q = query[:, :, s:e] if len(bounds) > 2 else query
         mask = causal_mask(q.shape[2], e - s, window, query.dtype, query.device)
         k, v = key[:, :, s:e], value[:, :, s:e]
