@@ -125,7 +125,7 @@ def fused_packed_forward(layer: nn.Module, h_1_N_H: torch.Tensor, bounds: list[i
     b, a = layer.in_proj_b(h_1_N_H), layer.in_proj_a(h_1_N_H)
     weight = layer.conv1d.weight.squeeze(1)
     conv_1_C_N = torch.cat(
-        [ns.causal_conv1d_fn(qkv_1_C_N[:, :, s:e], weight, layer.conv1d.bias, activation=layer.activation)
+        [ns.causal_conv1d_fn(qkv_1_C_N[:, :, s:e].contiguous(), weight, layer.conv1d.bias, activation=layer.activation)
          for s, e in segments], dim=2,
     )  # fmt: skip
     query, key, value = torch.split(conv_1_C_N.transpose(1, 2), [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
