@@ -16,6 +16,13 @@ its H200 baseline. Rows:
 
     python bench/mismatch.py            # CPU sizes (the probe's small ones)
     python bench/mismatch.py --size gpu # the probe's GPU sizes (H200; not measured here)
+    python bench/mismatch.py --family qwen3_moe,qwen3_5_moe,gpt_oss,glm4_moe,qwen3_5
+
+`--family` measures the tiny model of each named architecture family (legorl/model_families.py:
+Qwen3.5's Gated-DeltaNet + attention 3:1 with a shared expert, gpt-oss's sinks and sliding
+window, GLM-4.5's grouped router, ...; lm_head ×40 as above) instead of the probe's two, and
+adds `pipeline = "hf_engine"` rows: the `hf` engine (batched, left-padded, the engine a proxy
+serves) as the rollout side, the same packed recompute as the trainer.
 
 Prints one JSON object.
 """
@@ -30,6 +37,9 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from legorl.engine.routing import moe_gates
+from legorl.model_families import FAMILIES, TOKENIZER_DIR
+from legorl.model_families import build as build_family
 from legorl.train import varlen
 from legorl.train.batch import pack
 from legorl.train.logprobs import LogprobOptions, PolicyModel
@@ -88,14 +98,15 @@ def sig(x: torch.Tensor | float) -> float:
 
 def probe_row(m: torch.nn.Module, kind: str, B: int, P: int, T: int, device: str) -> dict:
     """mismatch_probe.run, condensed: HF generate vs one full forward."""
-    gates = [layer.mlp.gate for layer in m.model.layers] if kind == "moe" else []
+    gates = moe_gates(m) if kind == "moe" else []
     calls: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(gates))}
     hooks = [
         gt.register_forward_hook(lambda mod, a, o, i=i: calls[i].append(o[2].detach().cpu()))
         for i, gt in enumerate(gates)
     ]
     g = torch.Generator(device="cpu").manual_seed(1)
-    prompt = torch.randint(0, 32000, (B, P), generator=g).to(device)
+    vocab = m.get_input_embeddings().weight.shape[0]
+    prompt = torch.randint(0, vocab, (B, P), generator=g).to(device)
     torch.manual_seed(2)
     with torch.no_grad():
         gen = m.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0,
@@ -133,7 +144,7 @@ def legorl_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: in
         variants = sorted({(head, False) for head, _ in variants})
     rows = []
     g = torch.Generator(device="cpu").manual_seed(1)
-    prompts = torch.randint(0, 32000, (B, P), generator=g).tolist()
+    prompts = torch.randint(0, m.get_input_embeddings().weight.shape[0], (B, P), generator=g).tolist()
     for head_fp32, router_fp32 in variants:
         torch.manual_seed(2)
         t0 = time.perf_counter()
@@ -146,34 +157,89 @@ def legorl_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: in
                 [0], prompts[i] + s.completion_ids, [0] * P + [1] * n, [0.0] * P + s.logprobs, [0], s.routed_experts
             )
             trajs.append(Trajectory(f"r{i}", [seg], AlignmentStats(), instance_id="t"))
-        (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 30)
-        for replay in [False, True] if kind == "moe" else [False]:
-            opts = LogprobOptions(
-                temperature=1.0, lm_head_fp32=head_fp32, router_fp32=router_fp32, routing_replay=replay
-            )
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                out = PolicyModel(m)(mb.to(device), opts)
-            fwd_s = time.perf_counter() - t0
-            sel = mb.mask_N > 0
-            row = {"lm_head_fp32": head_fp32, "router_fp32": router_fp32 if kind == "moe" else None,
-                   "replay": replay if kind == "moe" else None}  # fmt: skip
-            row.update(
-                summarise(
-                    mb.rollout_logprobs_N[sel], out.logprobs_N.cpu()[sel], [len(s.completion_ids) for s in samples]
-                )
-            )
-            row["route_mismatch"] = None
-            if out.used_N_L_K is not None:
-                valid = (mb.replay_N_L_K >= 0).all(-1).all(-1)
-                used, tot = routing_mismatch(out.used_N_L_K.cpu(), mb.replay_N_L_K, valid)
-                nat, _ = routing_mismatch(out.natural_N_L_K.cpu(), mb.replay_N_L_K, valid)
-                row["route_mismatch"] = round(used / tot, 5)
-                row["router_disagreement"] = round(nat / tot, 5)
+        for row in trainer_rows(m, kind, trajs, head_fp32, router_fp32, device):
             row["gen_tok_per_s"] = round(B * T / gen_s, 1)
-            row["fwd_s"] = round(fwd_s, 3)
             rows.append(row)
     return rows
+
+
+def trainer_rows(
+    m: torch.nn.Module, kind: str, trajs: list[Trajectory], head_fp32: bool, router_fp32: bool, device: str
+) -> list[dict]:
+    """The trainer's packed recompute of recorded trajectories, replay off and on (MoE)."""
+    rows = []
+    (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 30)
+    lengths = [sum(t.segments[0].loss_mask) for t in trajs]
+    for replay in [False, True] if kind == "moe" else [False]:
+        opts = LogprobOptions(temperature=1.0, lm_head_fp32=head_fp32, router_fp32=router_fp32, routing_replay=replay)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = PolicyModel(m)(mb.to(device), opts)
+        fwd_s = time.perf_counter() - t0
+        sel = mb.mask_N > 0
+        row = {"lm_head_fp32": head_fp32, "router_fp32": router_fp32 if kind == "moe" else None,
+               "replay": replay if kind == "moe" else None}  # fmt: skip
+        row.update(summarise(mb.rollout_logprobs_N[sel], out.logprobs_N.cpu()[sel], lengths))
+        row["route_mismatch"] = None
+        if out.used_N_L_K is not None:
+            valid = (mb.replay_N_L_K >= 0).all(-1).all(-1)
+            used, tot = routing_mismatch(out.used_N_L_K.cpu(), mb.replay_N_L_K, valid)
+            nat, _ = routing_mismatch(out.natural_N_L_K.cpu(), mb.replay_N_L_K, valid)
+            row["route_mismatch"] = round(used / tot, 5)
+            row["router_disagreement"] = round(nat / tot, 5)
+        row["fwd_s"] = round(fwd_s, 3)
+        rows.append(row)
+    return rows
+
+
+def engine_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: int, T: int, device: str) -> list[dict]:
+    """The `hf` engine as the rollout side (B concurrent requests, left-padded batches), the
+    trainer's packed recompute as the other; the engine loads the same weights from disk."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    from legorl.engine.hf import HFEngine
+    from legorl.types import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    vocab = m.get_input_embeddings().weight.shape[0]
+    prompts = [torch.randint(3, vocab, (P - (i % 3),), generator=g).tolist() for i in range(B)]  # unequal: padding
+    with tempfile.TemporaryDirectory() as tmp:
+        m.save_pretrained(tmp, safe_serialization=True)
+        for f in TOKENIZER_DIR.iterdir():
+            if f.name.startswith("tokenizer"):
+                shutil.copy(f, f"{tmp}/{f.name}")
+
+        async def run() -> tuple[list, float]:
+            engine = HFEngine(tmp, device=device, dtype=str(dtype).split(".")[-1], seed=2)
+            try:
+                params = SamplingParams(temperature=1.0, max_tokens=T, seed=None)
+                t0 = time.perf_counter()
+                gens = await asyncio.gather(*[engine.generate(p, params) for p in prompts])
+                return gens, time.perf_counter() - t0
+            finally:
+                await engine.close()
+
+        gens, gen_s = asyncio.run(run())
+    trajs = []
+    for i, (p, gen) in enumerate(zip(prompts, gens, strict=True)):
+        n = len(gen.completion_ids)
+        seg = Segment([0], p + gen.completion_ids, [0] * len(p) + [1] * n, [0.0] * len(p) + gen.logprobs, [0],
+                      gen.routed_experts)  # fmt: skip
+        trajs.append(Trajectory(f"e{i}", [seg], AlignmentStats(), instance_id="t"))
+    rows = trainer_rows(m, kind, trajs, True, False, device)
+    for row in rows:
+        row["gen_tok_per_s"] = round(sum(len(x.completion_ids) for x in gens) / gen_s, 1)
+    return rows
+
+
+def family_model(family: str, dtype: torch.dtype, device: str) -> tuple[torch.nn.Module, int]:
+    """The tiny model of an architecture family, lm_head ×40 as in `build`."""
+    m = build_family(family)
+    with torch.no_grad():
+        m.get_output_embeddings().weight.mul_(40.0)
+    return m.to(device, dtype=dtype).eval(), sum(p.numel() for p in m.parameters())
 
 
 def main() -> None:
@@ -183,6 +249,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--skip-probe", action="store_true", help="only the legorl rows")
     ap.add_argument("--kinds", default="dense,moe")
+    ap.add_argument("--family", default="", help=f"comma-separated families instead of --kinds: {', '.join(FAMILIES)}")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--bpt", default="", help="override batch,prompt_len,new_tokens (e.g. 4,64,128)")
     args = ap.parse_args()
@@ -196,15 +263,26 @@ def main() -> None:
            "size": "cpu" if small else "gpu", "B": B, "P": P, "T": T, "rows": []}  # fmt: skip
     if args.device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
-    for kind in args.kinds.split(","):
+    models = args.family.split(",") if args.family else args.kinds.split(",")
+    for name in models:
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
-            m, nparams = build(kind, dtype, small, args.device)
-            base = {"kind": kind, "dtype": str(dtype).split(".")[-1], "params_M": round(nparams / 1e6, 1)}
+            if args.family:
+                m, nparams = family_model(name, dtype, args.device)
+                kind = "moe" if moe_gates(m) else "dense"
+                base = {"family": name, "kind": kind, "dtype": str(dtype).split(".")[-1],
+                        "params_M": round(nparams / 1e6, 2)}  # fmt: skip
+            else:
+                kind = name
+                m, nparams = build(kind, dtype, small, args.device)
+                base = {"kind": kind, "dtype": str(dtype).split(".")[-1], "params_M": round(nparams / 1e6, 1)}
             if not args.skip_probe:
                 out["rows"].append({**base, "pipeline": "probe", **probe_row(m, kind, B, P, T, args.device)})
             m.set_attn_implementation(varlen.register())  # the trainer's default kernel
             for row in legorl_rows(m, kind, dtype, B, P, T, args.device):
                 out["rows"].append({**base, "pipeline": "legorl", **row})
+            if args.family:
+                for row in engine_rows(m, kind, dtype, B, P, T, args.device):
+                    out["rows"].append({**base, "pipeline": "hf_engine", **row})
             del m
     print(json.dumps(out))
 

@@ -23,6 +23,11 @@ What each request gets back (see `sampling.py` for the exact distribution):
   (`routing.py`). The last sampled token is forwarded once more so that it, too, has
   its routing — the shape is exactly (prompt + completion, MoE layers, top-k).
 
+Architectures: besides full attention, the batch handles sliding-window layers (gpt-oss, which
+loads with eager attention for its sinks) and hybrid models whose linear-attention layers
+(Qwen3.5's Gated-DeltaNet) keep a per-row conv + recurrent state instead of KV columns
+(`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`).
+
 Seeds: a request with `seed` samples with its own generator, so its completion does not
 depend on the other requests in the batch (up to floating-point effects of batch shape).
 
@@ -63,7 +68,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_model(model: str, device: str, dtype: str, attn_implementation: str) -> torch.nn.Module:
-    """An HF causal LM from a bundled name or a local directory, on `device`, in eval mode."""
+    """An HF causal LM from a bundled name or a local directory, on `device`, in eval mode.
+
+    An architecture without an SDPA implementation (gpt-oss: attention sinks) is loaded with
+    `eager` attention when `sdpa` was asked for, rather than refused."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -72,7 +80,12 @@ def load_model(model: str, device: str, dtype: str, attn_implementation: str) ->
     transformers.utils.logging.disable_progress_bar()
     try:
         torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
-        net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        try:
+            net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=attn_implementation)
+        except ValueError as exc:
+            if attn_implementation != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                raise
+            net = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager")
     finally:
         if bar:
             transformers.utils.logging.enable_progress_bar()

@@ -10,6 +10,16 @@ nothing extra, which is why requests that finish or arrive do not slow the other
 Attention uses our own 4-D additive mask (0 = attend, dtype-min = masked), so padding is
 handled identically by the eager and SDPA kernels, and a padded query row (which sees no
 valid key) stays finite instead of producing NaNs.
+
+Models whose layers are not all full attention get one mask per layer type, as transformers
+builds them itself: `sliding_attention` layers (gpt-oss) the same mask cut to their window
+(the cache keeps every column; the mask, not the cache, bounds what they see), and
+`linear_attention` layers (Qwen3.5's Gated-DeltaNet) the 2-D padding mask of the columns being
+fed, which zeroes padded inputs before the convolution and the recurrence. Zero inputs leave
+a zero recurrent state zero and are what the causal convolution pads with anyway, so a
+left-padded row's state after its padding is exactly that of an unpadded prefill. Those
+layers cache a fixed-size (conv, recurrent) state per row, not columns: regrouping selects
+their rows and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
 
 @dataclass
@@ -39,10 +50,13 @@ def cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def additive_mask(valid_B_S: torch.Tensor, q_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B, 1, q_len, S) mask: query i (the i-th of the last q_len columns) sees valid keys ≤ it."""
+def additive_mask(valid_B_S: torch.Tensor, q_len: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """(B, 1, q_len, S) mask: query i (the i-th of the last q_len columns) sees valid keys ≤ it
+    (and, with `window`, only the last `window` of them, itself included)."""
     S = valid_B_S.shape[1]
     causal_Q_S = torch.ones(q_len, S, dtype=torch.bool, device=valid_B_S.device).tril(diagonal=S - q_len)
+    if window is not None:
+        causal_Q_S &= ~torch.ones_like(causal_Q_S).tril(diagonal=S - q_len - window)
     allowed_B_Q_S = causal_Q_S[None] & valid_B_S[:, None, :]
     mask = torch.zeros(allowed_B_Q_S.shape, dtype=dtype, device=valid_B_S.device)
     return mask.masked_fill_(~allowed_B_Q_S, torch.finfo(dtype).min)[:, None]
@@ -57,12 +71,37 @@ class BatchedForward:
         self.dtype = next(model.parameters()).dtype
         self._cache_kw = cache_kwarg(model)
         self.forward_calls = 0
+        text_config = model.config.get_text_config(decoder=True)
+        types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
+        unknown = types - {"full_attention", "sliding_attention", "linear_attention"}
+        if unknown:
+            raise ValueError(f"hf engine: layer types {sorted(unknown)} are not supported (full, sliding, linear)")
+        self.layer_types = types
+        self.window = getattr(text_config, "sliding_window", None) if "sliding_attention" in types else None
+        self._config = model.config if "linear_attention" in types else None  # hybrid: per-layer cache types
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache: linear-attention layers need their own (state) layer type."""
+        return DynamicCache(config=self._config) if self._config is not None else DynamicCache()
+
+    def masks(self, valid_B_S: torch.Tensor, q_len: int) -> torch.Tensor | dict[str, torch.Tensor | None]:
+        """The attention mask of a forward of the last `q_len` columns (one per layer type)."""
+        full = additive_mask(valid_B_S, q_len, self.dtype)
+        if self.layer_types == {"full_attention"}:
+            return full
+        out: dict[str, torch.Tensor | None] = {"full_attention": full}
+        if "sliding_attention" in self.layer_types:
+            out["sliding_attention"] = additive_mask(valid_B_S, q_len, self.dtype, self.window)
+        if "linear_attention" in self.layer_types:
+            fed_B_Q = valid_B_S[:, -q_len:]
+            out["linear_attention"] = None if q_len == 1 or bool(fed_B_Q.all()) else fed_B_Q.to(self.dtype)
+        return out
 
     def _run(self, ids_B_T: torch.Tensor, valid_B_S: torch.Tensor, pos_B_T: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         self.forward_calls += 1
         out = self.model(
             input_ids=ids_B_T,
-            attention_mask=additive_mask(valid_B_S, ids_B_T.shape[1], self.dtype),
+            attention_mask=self.masks(valid_B_S, ids_B_T.shape[1]),
             position_ids=pos_B_T,
             use_cache=True,
             logits_to_keep=1,
@@ -81,7 +120,7 @@ class BatchedForward:
             valid_B_S[r, P - len(p) :] = True
         ids_B_T, valid_B_S = ids_B_T.to(self.device), valid_B_S.to(self.device)
         pos_B_T = (valid_B_S.long().cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        cache = self.new_cache()
         for start in range(0, P, chunk):
             end = min(P, start + chunk)
             logits_B_V = self._run(ids_B_T[:, start:end], valid_B_S[:, :end], pos_B_T[:, start:end], cache)
@@ -116,8 +155,36 @@ def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
 
     valid_B_S = torch.cat([cut(b.valid_B_S, rows) for b, rows in parts], dim=0)
     cache = DynamicCache()
+    if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in parts[0][0].cache.layers):
+        cache.layers = [_regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) 
+                        for i in range(num_layers)]  # fmt: skip
+        return KVBatch(cache, valid_B_S)
     for layer in range(num_layers):
         keys = torch.cat([cut(b.cache.layers[layer].keys, rows) for b, rows in parts], dim=0)
         values = torch.cat([cut(b.cache.layers[layer].values, rows) for b, rows in parts], dim=0)
         cache.update(keys, values, layer)
     return KVBatch(cache, valid_B_S)
+
+
+def _regroup_layer(parts, cut):  # type: ignore[no-untyped-def]
+    """One layer of a hybrid cache: a state layer's rows, or a KV layer's rows cut to S columns."""
+    first = parts[0][0]
+    if not isinstance(first, LinearAttentionCacheLayerMixin):
+        out = DynamicLayer()
+        keys = torch.cat([cut(la.keys, rows) for la, rows in parts])
+        out.update(keys, torch.cat([cut(la.values, rows) for la, rows in parts]))
+        return out
+    out = LinearAttentionLayer(number_of_states=first.number_of_states)
+    for i in range(first.number_of_states):
+        conv = [la.conv_states[i] for la, _ in parts]
+        recurrent = [la.recurrent_states[i] for la, _ in parts]
+        if all(t is not None for t in conv):
+            out.conv_states[i] = torch.cat([t[rows] for t, (_, rows) in zip(conv, parts, strict=True)])
+            out.is_conv_states_initialized[i] = True
+        if all(t is not None for t in recurrent):
+            out.recurrent_states[i] = torch.cat([t[rows] for t, (_, rows) in zip(recurrent, parts, strict=True)])
+            out.is_recurrent_states_initialized[i] = True
+        out.has_previous_state[i] = all(la.has_previous_state[i] for la, _ in parts)
+        out.conv_kernel_size[i] = first.conv_kernel_size[i]
+    out.device, out.dtype = first.device, first.dtype
+    return out

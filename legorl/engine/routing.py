@@ -2,9 +2,10 @@
 
 Rollout Routing Replay (R3) needs, for every token the policy saw, the top-k expert
 indices chosen in every MoE layer (notes/algorithms.md §2.6). We record them by a
-forward hook on each router: `model.model.layers[i].mlp.gate`. In transformers ≥ 5 the
-Qwen3-MoE / Qwen2-MoE router (`Qwen3MoeTopKRouter`) returns
-`(router_logits, router_scores, router_indices)`; older routers are an `nn.Linear`
+forward hook on each router: `model.model.layers[i].mlp.gate` (`.mlp.router` for gpt-oss).
+In transformers ≥ 5 every MoE router (Qwen2/3/3.5-MoE, gpt-oss, GLM-4.5, DeepSeek-V3) returns
+`(router_logits, router_scores, router_indices)` — the indices being the experts the block
+then runs, whatever the selection rule (softmax, biased logits, grouped sigmoid); older routers are an `nn.Linear`
 returning logits, and the top-k is then recomputed here from those logits (softmax is
 monotone, so the selection is the same). Layers without experts (`mlp_only_layers`,
 `decoder_sparse_step`) are skipped: "layer l" means the l-th MoE layer.
@@ -35,6 +36,8 @@ def moe_gates(model: nn.Module) -> list[nn.Module]:
     for layer in layers:
         mlp = getattr(layer, "mlp", None)
         gate = getattr(mlp, "gate", None) if mlp is not None else None
+        if gate is None and mlp is not None:
+            gate = getattr(mlp, "router", None)  # gpt-oss
         if gate is not None and hasattr(mlp, "experts"):
             gates.append(gate)
     return gates

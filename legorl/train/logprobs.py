@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from legorl.train.batch import MicroBatch
+from legorl.train.linear_varlen import segment_aware
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
 from legorl.train.varlen import varlen_kwargs
 
@@ -119,13 +120,15 @@ class PolicyModel(nn.Module):
     """An HF causal LM plus the chunked logprob head: forward(micro-batch) → logprobs, entropy.
 
     MoE routing is captured on every forward and replayed from `mb.replay_N_L_K` when
-    `routing_replay` is on; see routing.py.
+    `routing_replay` is on; see routing.py. Linear-attention layers are made segment-aware
+    (linear_varlen.py), so packed rows equal per-segment forwards in every layer type.
     """
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
         self.is_moe = bool(moe_routers(lm))
+        segment_aware(lm)  # linear-attention layers (Qwen3.5) keep packed segments apart
 
     def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """Decoder output of one row holding segments of `lengths` (varlen kwargs let

@@ -1,17 +1,19 @@
-"""MoE routing capture and replay (R3) for transformers' softmax-top-k routers.
+"""MoE routing capture and replay (R3) for transformers' MoE routers (adapters in `routers/`).
 
 The engine records, for every token and MoE layer, the top-k experts it routed to. In the
 trainer's forward `moe_routing(model, replay_N_L_K)` makes every router *select* those
-experts, while the gate weights are recomputed from the live router logits — softmax over
-all experts, gathered at the replayed indices, renormalised when the model normalises its
-top-k — so gradients still reach the router (verl/slime/Megatron do the same).
+experts, while the gate weights are recomputed from the live router logits — by the model's
+own rule (softmax over all experts, softmax over the k, or biased sigmoid), evaluated at the
+replayed indices — so gradients still reach the router (verl/slime/Megatron do the same).
 
 It works by giving each router instance its own `forward` for the duration of the context
 (an instance attribute shadowing the class method; nothing in site-packages is edited, and
-the original is restored on exit even on error). The replacement computes exactly what the
-installed transformers router computes (modeling_qwen3_moe.Qwen3MoeTopKRouter.forward), so
-with nothing to replay, or a replay equal to the router's own choice, outputs are bitwise
-unchanged. Rows whose recorded experts are -1 (not recorded) keep the router's own choice.
+the original is restored on exit even on error). The replacement is the router family's
+adapter (`routers/`: softmax top-k for Qwen2/3/3.5-MoE, gpt-oss's biased top-k, the grouped
+sigmoid top-k of GLM-4.5 and DeepSeek-V3), which computes exactly what the installed
+transformers router computes, so with nothing to replay, or a replay equal to the router's
+own choice, outputs are bitwise unchanged. Rows whose recorded experts are -1 (not
+recorded) keep the router's own choice.
 
 Every call is recorded (experts used, and what the router itself would have chosen), which
 also serves the reference sampler; gradient checkpointing re-runs a layer's forward and
@@ -26,32 +28,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# Routers whose forward is: logits = x Wᵀ; p = softmax(logits, fp32); top-k of p; optional
-# renormalisation; cast to the logits dtype; returns (logits, weights, indices).
-SOFTMAX_TOPK_ROUTERS = frozenset(
-    {
-        "Qwen2MoeTopKRouter",
-        "Qwen3MoeTopKRouter",
-        "Qwen3NextTopKRouter",
-        "Qwen3_5MoeTopKRouter",
-        "Qwen3VLMoeTextTopKRouter",
-        "Qwen3OmniMoeThinkerTextTopKRouter",
-    }
-)
+from legorl.train.routers import adapter, moe_routers
 
-
-def moe_routers(model: nn.Module) -> list[nn.Module]:
-    """The model's routers in layer order (one per MoE layer); [] for a dense model."""
-    found = [m for m in model.modules() if type(m).__name__ in SOFTMAX_TOPK_ROUTERS]
-    if not found and any(type(m).__name__.endswith(("Router", "TopkRouter")) for m in model.modules()):
-        raise ValueError(
-            "this MoE architecture's router is not supported for routing capture/replay; "
-            f"supported: {', '.join(sorted(SOFTMAX_TOPK_ROUTERS))}"
-        )
-    return found
+__all__ = ["RoutingRecord", "moe_routers", "moe_routing", "routing_mismatch"]
 
 
 @dataclass
@@ -65,39 +46,6 @@ class RoutingRecord:
         """(N, L, K) from the first call of every layer (a full-sequence forward)."""
         calls = self.used if which == "used" else self.natural
         return torch.stack([c[0] for c in calls], dim=1)
-
-
-def _routing_forward(
-    router: nn.Module,
-    hidden_states: torch.Tensor,
-    *,
-    layer: int,
-    replay_N_L_K: torch.Tensor | None,
-    router_fp32: bool,
-    record: RoutingRecord,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    h_N_H = hidden_states.reshape(-1, router.weight.shape[1])
-    if router_fp32:
-        logits_N_E = F.linear(h_N_H.float(), router.weight.float())
-    else:
-        logits_N_E = F.linear(h_N_H, router.weight)
-    probs_N_E = F.softmax(logits_N_E, dtype=torch.float, dim=-1)
-    top_val_N_K, natural_N_K = torch.topk(probs_N_E, router.top_k, dim=-1)
-    idx_N_K = natural_N_K
-    if replay_N_L_K is not None:
-        rows_N_K = replay_N_L_K[:, layer]
-        if rows_N_K.shape[0] != h_N_H.shape[0]:
-            raise RuntimeError(
-                f"routing replay has {rows_N_K.shape[0]} token rows but MoE layer {layer} sees {h_N_H.shape[0]} tokens"
-            )
-        known_N_1 = (rows_N_K >= 0).all(dim=-1, keepdim=True)
-        idx_N_K = torch.where(known_N_1, rows_N_K, natural_N_K)
-        top_val_N_K = probs_N_E.gather(1, idx_N_K)
-    if getattr(router, "norm_topk_prob", True):
-        top_val_N_K = top_val_N_K / top_val_N_K.sum(dim=-1, keepdim=True)
-    record.used[layer].append(idx_N_K.detach())
-    record.natural[layer].append(natural_N_K.detach())
-    return logits_N_E, top_val_N_K.to(logits_N_E.dtype), idx_N_K
 
 
 @contextmanager
@@ -123,12 +71,17 @@ def moe_routing(
         if int(replay_N_L_K.max()) >= experts:
             raise ValueError(f"routing replay names expert {int(replay_N_L_K.max())}; the model has {experts}")
     for layer, router in enumerate(routers):
+        route = adapter(router)
 
-        def fwd(self: nn.Module, hidden_states: torch.Tensor, _layer: int = layer):
-            return _routing_forward(
-                self, hidden_states, layer=_layer, replay_N_L_K=replay_N_L_K,
-                router_fp32=router_fp32, record=record,
-            )  # fmt: skip
+        def fwd(self: nn.Module, hidden_states: torch.Tensor, _layer: int = layer, _route=route):
+            rows_N_K = replay_N_L_K[:, _layer] if replay_N_L_K is not None else None
+            try:
+                routed = _route(self, hidden_states, rows_N_K, router_fp32)
+            except RuntimeError as exc:  # name the layer
+                raise RuntimeError(f"MoE layer {_layer}: {exc}") from exc
+            record.used[_layer].append(routed.outputs[2].detach())
+            record.natural[_layer].append(routed.natural_N_K.detach())
+            return routed.outputs
 
         router.forward = types.MethodType(fwd, router)
     try:

@@ -13,9 +13,17 @@ included — and concatenates. Without them (KV-cache decoding in the reference 
 plain causal `sdpa`. No attention-mask function is registered for it, so transformers builds
 no mask: it is meant for the trainer's model, whose inputs are packed or unpadded, never for
 left-padded batches (the engines keep their own model on `sdpa`).
+
+Attention that SDPA cannot express — gpt-oss's sinks (`s_aux`, an extra per-head logit in the
+softmax) and its sliding-window layers — runs through the model family's own
+`eager_attention_forward` instead, per segment, with a causal (and windowed) mask built here:
+again exactly the computation of an unpadded single-sequence forward.
 """
 
 from __future__ import annotations
+
+import sys
+from itertools import pairwise
 
 import torch
 from transformers import AttentionInterface
@@ -37,6 +45,8 @@ def varlen_attention(
     cu = kwargs.pop("cu_seq_lens_q", None)
     for k in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
         kwargs.pop(k, None)
+    if kwargs.get("s_aux") is not None or kwargs.get("sliding_window") is not None:
+        return _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs)
     if cu is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -54,6 +64,38 @@ def varlen_attention(
         for s, e in zip(bounds[:-1], bounds[1:], strict=True)
     ]  # fmt: skip
     return torch.cat(outs, dim=1), None  # (1, N, heads, head_dim)
+
+
+def causal_mask(q_len: int, k_len: int, window: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(1, 1, q_len, k_len) additive mask: the queries are the last q_len of k_len positions;
+    each sees keys at or before it (and, with `window`, fewer than `window` positions back)."""
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= q_pos - k_pos < window
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):  # type: ignore[no-untyped-def]
+    """The model's own eager attention (sinks, sliding window), per segment when packed."""
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None:
+        raise ValueError(f"legorl_varlen: {type(module).__name__} needs its eager attention (sinks or a window), "
+                         "but its module defines no eager_attention_forward; use attn_implementation = 'eager'")  # fmt: skip
+    window = kwargs.pop("sliding_window", None)
+    kwargs.pop("is_causal", None)
+    bounds = cu.tolist() if cu is not None and query.shape[2] == key.shape[2] else [0, key.shape[2]]
+    if cu is not None and query.shape[0] != 1:
+        raise ValueError("legorl_varlen attention expects one packed row (batch size 1)")
+    outs = []
+    for s, e in pairwise(bounds):
+        q = query[:, :, s:e] if len(bounds) > 2 else query
+        mask = causal_mask(q.shape[2], e - s, window, query.dtype, query.device)
+        k, v = key[:, :, s:e], value[:, :, s:e]
+        outs.append(eager(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)[0])
+    return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), None
 
 
 def register() -> str:
