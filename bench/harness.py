@@ -36,7 +36,7 @@ from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 
-NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent"]
+NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
 
 
 class CgroupPeaks:
@@ -164,7 +164,7 @@ def bench_harness(harness: str, max_n: int) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--harness", action="append", choices=NATIVE, help="default: all four")
+    ap.add_argument("--harness", action="append", choices=NATIVE, help="default: all of them")
     ap.add_argument("--max-n", type=int, default=4, help="largest concurrency tried")
     args = ap.parse_args()
     import os

@@ -19,7 +19,9 @@ and where the machine's CPU went during the GSPO steps (from /proc: this process
 engine, trainer, store —, the mini-swe-agent driver, and the rest: sandboxes, their
 commands, the zygote, grading's git and pytest), per rollout. One JSON object.
 
-    .venv/bin/python bench/loop.py [--steps 4] [--config examples/quickstart.toml]
+    .venv/bin/python bench/loop.py [--steps 4] [--config examples/quickstart.toml] [--ray-workers N]
+
+(with `--ray-workers`, the driver's CPU is inside "rest": the actors are other processes)
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from typing import Any
 
 from legorl.engine.registry import make_engine
 from legorl.loop.config import load_run_config
-from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, warm_start_phase
-from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, rollout_backend, warm_start_phase
+from legorl.loop.worker import RolloutRecord
 from legorl.models import load_tokenizer
 from legorl.monitor.store import RunStore
 
@@ -87,6 +89,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     cfg.run.dir = root / "run"
     cfg.run.steps = args.steps
     cfg.warm_start.episodes, cfg.warm_start.steps, cfg.warm_start.control_steps = args.demos, args.sft_steps, 0
+    if args.ray_workers:
+        cfg.ray.enabled, cfg.ray.workers = True, args.ray_workers
     cfg.run.dir.mkdir(parents=True)
     tasks = load_task_split(cfg, cfg.run.split)
     tok = load_tokenizer(cfg.engine.model)
@@ -108,9 +112,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         await warm_start_phase(cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, _Quiet())
         out["warm_start_s"] = round(time.monotonic() - t0, 1)
         t_up = time.monotonic()
-        async with RolloutWorker(cfg, engine) as worker:
+        async with rollout_backend(cfg, engine) as worker:  # one in-process worker, or Ray actors
             out["worker_start_s"] = round(time.monotonic() - t_up, 2)
-            driver = worker.harness._proc.pid if getattr(worker.harness, "_proc", None) else None
+            harness = getattr(worker, "harness", None)  # in-process: its driver's CPU is counted apart
+            driver = harness._proc.pid if getattr(harness, "_proc", None) else None
             cpu = {"main": 0.0, "driver": 0.0, "rest": 0.0, "machine": 0.0}
             wall = 0.0
             for step in range(cfg.run.steps):
@@ -160,6 +165,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--demos", type=int, default=384, help="warm-start demonstrations (expert, through the loop)")
     p.add_argument("--sft-steps", type=int, default=200)
+    p.add_argument("--ray-workers", type=int, default=0, help="rollouts on N Ray actors (0: in process)")
     args = p.parse_args()
     print(json.dumps(asyncio.run(bench(args)), indent=1))
 

@@ -1,16 +1,17 @@
-"""The learning quickstart end to end (issue 7): SFT warm start, then GSPO, on 2 CPU cores.
+"""The quickstart end to end: `legorl train examples/quickstart.toml`, from a cold process.
 
-Runs `examples/quickstart.toml` (or --config) from a cold process and prints one JSON
-object: the three held-out resolved rates (start, after SFT, after GSPO) with episode
-counts and 95% Wilson intervals — for the in-process evaluation of every held-out episode
-and for the subset run through the real mini-swe-agent + proxy + hf engine — GSPO's gain
-over its own SFT checkpoint with Newcombe's 95% interval, the control (more SFT instead of
-GSPO, from the same checkpoint) when configured, wall time per phase, the total
-wall time from process start (imports included), the CPU seconds this run used, and the
-machine's load average before and after (the machine is shared; a loaded machine makes
-the same run slower, not different).
+The one loop (legorl/loop/train.py) on the quickstart config: held-out evaluation of the
+untrained policy, demonstrations through the warm mini-swe-agent + proxy + expert engine
+in local sandboxes, SFT, held-out evaluation, GSPO, held-out evaluation, the control (more
+SFT instead of GSPO) and its evaluation — every episode a real rollout, graded by
+legorl.verify. Prints one JSON object: the held-out table (resolved rates, graded and
+masked counts, 95% Wilson intervals), the gains with Newcombe's 95% intervals, wall time
+per phase, the total wall time from process start (imports included), the CPU seconds
+this run used (its own and its children's: sandboxes, the harness driver, grading) and
+the machine's load average before and after (a loaded machine makes the same run slower,
+not different).
 
-    .venv/bin/python bench/quickstart.py [--config examples/quickstart.toml] [--out DIR]
+    .venv/bin/python bench/quickstart.py [--config examples/quickstart.toml] [--seed N] [--out DIR]
 """
 
 from __future__ import annotations
@@ -38,34 +39,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart.toml")
     ap.add_argument("--out", type=Path, default=None, help="run directory (default: a fresh temp dir)")
-    ap.add_argument("--seed", type=int, default=None, help="override [quickstart] seed")
+    ap.add_argument("--seed", type=int, default=None, help="override [run] seed (and the engines' seeds)")
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="legorl-quickstart-"))
     load_before = os.getloadavg()
 
-    from legorl.quickstart.config import load_quickstart
-    from legorl.quickstart.run import run_with_config
+    import asyncio
 
-    cfg = load_quickstart(args.config)
+    from rich.console import Console
+
+    from legorl.loop.config import load_run_config
+    from legorl.loop.train import train
+
+    cfg = load_run_config(args.config)
+    cfg.run.dir = out
     if args.seed is not None:
-        cfg.seed = args.seed
-    res = run_with_config(cfg, out)
+        cfg.run.seed = cfg.engine.seed = cfg.warm_start.engine.seed = cfg.trainer.seed = args.seed
+    summary = asyncio.run(train(cfg, console=Console(stderr=True)))
     total = time.perf_counter() - T_PROCESS
-    rows = {}
-    keep = ("resolved_rate", "resolved", "episodes", "ci95", "wall_s", "replay_parity_turns",
-            "in_process_resolved_same_tasks")  # fmt: skip
-    for name, by_path in res["table"].items():
-        rows[name] = {path: {k: ev[k] for k in keep if k in ev} for path, ev in by_path.items()}
+    rep = summary.get("heldout", {})
     print(json.dumps({
         "bench": "quickstart",
         "config": str(args.config),
         "run_dir": str(out),
-        "resolved": rows,
-        "gspo_gain_over_sft": res["gspo_gain_over_sft"],
-        "control_more_sft": res.get("control_more_sft"),
-        "seed": cfg.seed,
-        # imports (torch, transformers), model load and Python start-up: outside the phases
-        "phases_s": {"process_start_and_imports": round(total - res["wall_s"], 1), **res["phases_s"]},
+        "seed": cfg.run.seed,
+        "evaluations": rep.get("evaluations"),
+        "gains": rep.get("gains"),
+        "phases_s": {"process_start_and_imports": round(total - rep.get("wall_s", total), 1), **rep.get("phases_s", {})},
+        "gspo_steps": len(summary["steps"]),
         "wall_s_total": round(total, 1),
         "within_15_min": total <= 900,
         "cpu_s": round(cpu_seconds(), 1),

@@ -12,15 +12,15 @@ Failure classes (DESIGN.md, "Rules that keep the pillars honest"):
   (`agent_crash`: its repository yields no diff, or it took its sandbox down while a fresh
   one from the same image works, or it exhausted memory, pids or disk), and visible tamper
   attempts (`hack_detected`).
-- infrastructure, retried with a fresh sandbox `retries` times, then `infra_error` with
-  `masked=True` (left out of the loss and of the group's statistics): the sandbox did not
-  start, the sandbox machinery failed, the engine failed (`engine_error` reported by the
-  harness/proxy), the grader failed.
+- infrastructure: `infra_error` with `masked=True` (left out of the loss and of the group's
+  statistics) and the cause in the evidence: the sandbox did not start, the sandbox
+  machinery failed, the engine failed (`engine_error` reported by the harness/proxy), the
+  grader failed. One attempt here: the rollout worker (loop/worker.py) is the one owner of
+  retries, each in a fresh sandbox *and* a fresh proxy session.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -39,7 +39,6 @@ class RolloutConfig:
     """Limits and retry policy of one rollout."""
 
     agent_timeout_s: float = 1800.0  # wall-clock budget of the harness run
-    retries: int = 2  # fresh-sandbox retries of an infrastructure fault (per stage)
     limits: Limits = field(default_factory=Limits)  # of the agent sandbox
     repo_dir: str = "/repo"
     grade_empty_diff: bool = False  # an empty diff is `no_patch` without running the tests
@@ -154,38 +153,30 @@ async def run_rollout(
     `host_proxy_url` is the session's URL for a `HostHarness`."""
     cfg = cfg or RolloutConfig()
     timings: dict[str, float] = {}
-    errors: list[str] = []
     t0 = time.monotonic()
     run: AgentRun | None = None
     diff = ""
     ended: Outcome | None = None
-    for attempt in range(cfg.retries + 1):
-        try:
-            run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url,
-                                                  timings)
-            break
-        except _Infra as exc:
-            errors.append(f"{exc.status.value}: {exc}")
-            await asyncio.sleep(min(2.0**attempt, 10.0) * 0.1)
-    else:
-        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": errors[-1].split(":")[0], "errors": errors})
-        return RolloutResult(task.instance_id, harness.name, outcome, attempts=len(errors), timings={"agent_s": time.monotonic() - t0})
+    try:
+        run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url, timings)
+    except _Infra as exc:  # retried by the caller (RolloutWorker) in a fresh sandbox and session
+        errors = [f"{exc.status.value}: {exc}"]
+        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": exc.status.value, "errors": errors})
+        return RolloutResult(task.instance_id, harness.name, outcome, timings={"agent_s": time.monotonic() - t0})
     timings["agent_s"] = time.monotonic() - t0
     assert run is not None
     agent_ev = {"agent_exit_code": run.exit_code, "agent_duration_s": round(run.duration_s, 3)}
-    if errors:
-        agent_ev["agent_retried_after"] = errors
     if ended is not None:
         ended.evidence.update(agent_ev)
-        return RolloutResult(task.instance_id, harness.name, ended, diff, run, len(errors) + 1, timings)
+        return RolloutResult(task.instance_id, harness.name, ended, diff, run, 1, timings)
     if run.status in AGENT_STATUSES_WITHOUT_GRADING:
         flags = ["resource_exhausted"] if run.resource_exhausted else []
         outcome = Outcome(0.0, run.status, flags=flags, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
-        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)
+        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
     if not diff.strip() and not cfg.grade_empty_diff:
         flags = ["resource_exhausted"] if run.resource_exhausted else []
         outcome = Outcome(0.0, Status.NO_PATCH, flags=flags, evidence=agent_ev)
-        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)
+        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
     t1 = time.monotonic()
     gcfg = cfg.grade if cfg.grade.repo_dir == cfg.repo_dir else dataclasses.replace(cfg.grade, repo_dir=cfg.repo_dir)
     outcome = await grade(task, diff, backend, image, gcfg)
@@ -195,4 +186,4 @@ async def run_rollout(
         outcome.flags.append("resource_exhausted")
     if not diff.strip() and outcome.status is Status.FAILED:
         outcome.status = Status.NO_PATCH
-    return RolloutResult(task.instance_id, harness.name, outcome, diff, run, len(errors) + 1, timings)
+    return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)

@@ -34,7 +34,7 @@ from harness_util import (
 from legorl.types import Status
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
-NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent"]
+NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
 _calibration: dict[str, object] = {}  # harness -> a finished oracle rollout (prompt sizes per turn)
 
 

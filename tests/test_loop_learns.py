@@ -33,7 +33,7 @@ LEGORL = [sys.executable, "-m", "legorl.cli"]
 
 def slice_config(tmp_path: Path, **over: int) -> Path:
     """examples/quickstart.toml, smaller: the same sections and values, fewer of everything."""
-    values = {"steps": 6, "tasks_per_step": 8, "heldout_tasks": 64, "episodes": 192, "sft_steps": 150,
+    values = {"steps": 12, "tasks_per_step": 16, "heldout_tasks": 128, "episodes": 192, "sft_steps": 150,
               "control_steps": 0, **over}  # fmt: skip
     where = {"steps": ("run", "steps"), "tasks_per_step": ("run", "tasks_per_step"), "heldout_tasks": ("heldout", "tasks"),
              "episodes": ("warm_start", "episodes"), "sft_steps": ("warm_start", "steps"),
@@ -64,14 +64,19 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     res = json.loads((tmp_path / "run" / "heldout_results.json").read_text())
     ev = res["evaluations"]
     start, warm, end = (ev[k]["resolved_rate"] for k in ("start", "warm_start", "end"))
-    assert ev["end"]["episodes"] == 64 and ev["end"]["masked"] == 0
+    assert ev["end"]["episodes"] == 128 and ev["end"]["masked"] == 0
     assert start <= 0.05  # the untrained policy does not solve these
     assert warm >= start + 0.15  # the warm start taught the commands
-    assert end >= warm + 0.10, res  # and GSPO taught where to apply them (full run: +31 points)
-    # every rollout of every phase is in the run store, graded
+    # and GSPO taught where to apply them: on held-out tasks (this slice measured +22 points,
+    # the full quickstart +31) and on its own training rollouts (384 per side)
+    assert end >= warm + 0.05, res
     with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        rate = dict(db.execute("SELECT step, value FROM metrics WHERE key = 'resolved_rate'"))
+        first, last = sum(rate[s] for s in (0, 1, 2)) / 3, sum(rate[s] for s in (9, 10, 11)) / 3
+        assert last >= first + 0.08, rate
+        # every rollout of every phase is in the run store, graded
         rows = dict(db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0"))
-    assert rows[1] == 192 + 3 * 64 and rows[0] == 6 * 8 * 8
+    assert rows[1] == 192 + 3 * 128 and rows[0] == 12 * 16 * 8
 
 
 def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:

@@ -125,6 +125,7 @@ HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
     "opencode": ("opencode",),
     "openhands": ("python312", "openhands"),
     "mini-swe-agent": ("python312", "mini-swe-agent"),
+    "mini-swe-agent-warm": ("python312", "mini-swe-agent"),  # the same layers, run beside the sandbox
 }
 
 

@@ -125,7 +125,10 @@ class WarmStartSection(Section):
     """`[warm_start]`: SFT on demonstrations before GSPO (off while `episodes = 0`)."""
 
     episodes: int = Field(0, ge=0)
-    """Demonstrations to record: one rollout of the demonstrator per training task (0: no warm start)."""
+    """Demonstrations to record: one rollout of the demonstrator per training task (0: none)."""
+    checkpoint: Path | None = None
+    """Instead of demonstrations: start from these weights (a `step_XXXXXXXX` checkpoint, a
+    checkpoint directory (its newest) or an HF model directory; relative to the config file)."""
     engine: EngineConfig = Field(default_factory=lambda: EngineConfig(kind="quickstart-expert"))
     """The demonstrator (`[warm_start.engine]`, same fields as `[engine]`)."""
     keep: Literal["all", "resolved"] = "all"
@@ -144,6 +147,18 @@ class WarmStartSection(Section):
     """The control (needs `[heldout]`): from the same warm-start checkpoint, this many more SFT
     steps (at the final SFT learning rate) instead of GSPO, evaluated on the same held-out
     tasks — does more imitation do what GSPO did?"""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WarmStartSection:
+        if self.episodes and self.checkpoint is not None:
+            raise ValueError("warm_start: set either episodes (demonstrations + SFT) or checkpoint, not both")
+        if self.control_steps and not self.episodes:
+            raise ValueError("warm_start.control_steps needs demonstrations (warm_start.episodes > 0)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.episodes) or self.checkpoint is not None
 
     def sft_config(self, seed: int) -> SFTConfig:
         return SFTConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
@@ -213,4 +228,5 @@ def load_run_config(path: Path) -> RunConfig:
     if cfg.run.tasks not in ("shipped", "quickstart-calc") and not Path(cfg.run.tasks).is_absolute():
         cfg.run.tasks = str((base / cfg.run.tasks).resolve())
     cfg.harness.command_file = _resolve(base, cfg.harness.command_file) or cfg.harness.command_file
+    cfg.warm_start.checkpoint = _resolve(base, cfg.warm_start.checkpoint) or cfg.warm_start.checkpoint
     return cfg

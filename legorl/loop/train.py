@@ -40,6 +40,7 @@ from legorl.monitor.store import RunStore
 from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
 from legorl.sandbox.images import ImageStore
 from legorl.tasks.loader import TaskFileError, load_shipped, load_tasks
+from legorl.train.checkpoint import load_weights
 from legorl.train.sft import sft
 from legorl.train.trainer import Trainer
 from legorl.types import Status, Task
@@ -161,6 +162,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
     ranks = trainer.dist.world
+    if ranks > 1 and cfg.warm_start.enabled:
+        raise RunError("[warm_start] runs in one process; under torchrun, warm-start first (one process), "
+                       "then set trainer.model to the resulting checkpoint's model/ directory")
     report = Report.load(run_dir) if resume else Report(run_dir)
     start = 0
     if resume:
@@ -193,7 +197,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
             if start == 0:  # the phases before GSPO (a resumed run has them in its checkpoint)
                 if heldout and "start" in cfg.heldout.at:
                     await report.timed("eval_start", evaluate("start"))
-                if cfg.warm_start.episodes:
+                if cfg.warm_start.enabled:
                     control = await report.timed("warm_start", warm_start_phase(cfg, trainer, tasks, limit, on_record,
                                                                             store, console))  # fmt: skip
                     if heldout and "warm_start" in cfg.heldout.at:
@@ -274,6 +278,15 @@ async def warm_start_phase(
     """Record demonstrations through a worker of the demonstrator, SFT on them, sync the
     engine. Returns the warm-start snapshot the control starts from (None without one)."""
     ws = cfg.warm_start
+    if ws.checkpoint is not None:
+        try:
+            loaded = await asyncio.to_thread(load_weights, trainer.lm, ws.checkpoint)
+        except ValueError as e:
+            raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
+        console.print(f"warm start: weights from {loaded}")
+        trainer.version += 1
+        await trainer.sync_weights()
+        return None
     demonstrator = make_engine(ws.engine, load_tokenizer(ws.engine.model))
     t0 = time.monotonic()
     try:

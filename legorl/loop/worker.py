@@ -93,9 +93,9 @@ class RolloutWorker:
         self.images = TaskImages(backend=cfg.sandbox.backend)
         self.harness = make_harness(cfg.harness, cfg.proxy.served_model)
         s = cfg.sandbox
-        self.retries = s.retries  # done here, one proxy session per attempt (run_rollout: 0)
+        self.retries = s.retries  # the one owner of infrastructure retries: a fresh sandbox and session each
         self.rollout_cfg = RolloutConfig(
-            agent_timeout_s=s.agent_timeout_s, retries=0,
+            agent_timeout_s=s.agent_timeout_s,
             limits=Limits(memory_mb=s.memory_mb, pids=s.pids, cpus=s.cpus, disk_mb=s.disk_mb),
         )  # fmt: skip
 

@@ -165,7 +165,6 @@ def rollout_command(
     command_file: Path | None = None,
     sandbox: str = "local",
     agent_timeout_s: float = 1800.0,
-    retries: int = 2,
     proxy_socket: str | None = None,
 ) -> int:
     """`legorl rollout --tasks FILE --instance ID --harness command --command-file SCRIPT`.
@@ -195,7 +194,7 @@ def rollout_command(
         backend = open_backend(sandbox)
         try:
             image = await TaskImages(sandbox).for_task(task)
-            cfg = RolloutConfig(agent_timeout_s=agent_timeout_s, retries=retries)
+            cfg = RolloutConfig(agent_timeout_s=agent_timeout_s)
             res = await run_rollout(task, CommandHarness.from_file(command_file), backend, image, cfg, proxy_socket)
             return res.to_json()
         finally:

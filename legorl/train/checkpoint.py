@@ -177,6 +177,35 @@ def _read_hf_weights(model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Ten
     return {k: v.detach() for k, v in fresh.state_dict().items()}
 
 
+def load_weights(lm: nn.Module, path: str | Path) -> Path:
+    """Load only the model weights of a checkpoint (`step_XXXXXXXX/`, a directory holding
+    them: the newest) or of an HF model directory into `lm`. ValueError naming what does not
+    fit when the architecture differs."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if not (path / "config.json").exists():
+        step = path if (path / "trainer.pt").exists() else latest_checkpoint(path)
+        if step is None or not (step / "model" / "config.json").exists():
+            raise ValueError(f"{path} is neither an HF model directory nor a checkpoint (step_XXXXXXXX/model/)")
+        path = step / "model"
+    ours = lm.state_dict()
+    try:
+        theirs = _read_hf_weights(path, next(iter(ours.values())).dtype)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: cannot be loaded as a model: {e}") from None
+    missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in ours.items()
+              if k in theirs and theirs[k].shape != v.shape]  # fmt: skip
+    if missing or extra or shapes:
+        parts = [f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
+                 f"{len(extra)} unexpected (e.g. {extra[0]})" if extra else "",
+                 f"{len(shapes)} of another shape (e.g. {shapes[0]})" if shapes else ""]  # fmt: skip
+        raise ValueError(f"{path} does not match the model: weights " + ", ".join(p for p in parts if p))
+    lm.load_state_dict(theirs, strict=True)
+    return path
+
+
 def _barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
