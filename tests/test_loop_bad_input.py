@@ -1,0 +1,74 @@
+"""`legorl train` on foreseeable mistakes: one message naming what and how to fix it, a
+non-zero exit, no traceback — a broken task source, a missing harness layer, a sandbox
+backend that cannot start a sandbox, a warm-start checkpoint that does not fit the model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LEGORL = [sys.executable, "-m", "legorl.cli"]
+
+
+def config(tmp_path: Path, **sections: str) -> Path:
+    base = {
+        "run": f'dir = "{tmp_path / "run"}"\ntasks = "quickstart-calc"\nsteps = 1\ntasks_per_step = 1\ngroup_size = 2',
+        "calc_tasks": "train = 8\nheldout = 4",
+        "engine": 'kind = "hf"\nmodel = "quickstart-qwen3"',
+        "proxy": "max_tokens = 16",
+        "harness": 'name = "mini-swe-agent-warm"\nmax_turns = 2\noptions = { config = "quickstart" }',
+        "trainer": 'model = "quickstart-qwen3"',
+    }
+    base.update(sections)
+    path = tmp_path / "run.toml"
+    path.write_text("\n".join(f"[{k}]\n{v}\n" for k, v in base.items()))
+    return path
+
+
+def train(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LEGORL, "train", str(path)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})  # fmt: skip
+
+
+def one_message(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for n in needles:
+        assert n in proc.stderr, proc.stderr[-2000:]
+
+
+def test_missing_and_broken_task_files(tmp_path: Path) -> None:
+    one_message(train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "missing.jsonl"')),
+                "missing.jsonl", "no such file")  # fmt: skip
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"instance_id": "a"}\nnot json\n')
+    one_message(train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "{bad}"')),
+                "tasks.jsonl:1: missing field", "tasks.jsonl:2: not valid JSON")  # fmt: skip
+    assert not (tmp_path / "run" / "run.sqlite").exists()  # refused before a run store was opened
+
+
+def test_missing_harness_layer(tmp_path: Path) -> None:
+    empty = tmp_path / "no-harnesses"
+    empty.mkdir()
+    one_message(train(config(tmp_path), LEGORL_HARNESS_ROOT=str(empty)), "mini-swe-agent", "setup_harnesses.sh")
+
+
+@pytest.mark.docker
+def test_a_backend_that_cannot_start_a_sandbox(tmp_path: Path) -> None:
+    proc = train(config(tmp_path, sandbox='backend = "docker"'), DOCKER_SOCKET=str(tmp_path / "no.sock"))
+    one_message(proc, "'docker' sandbox backend cannot start a sandbox", "legorl doctor")
+
+
+def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
+    from legorl.models import resolve_model
+
+    other = resolve_model("tiny-qwen3")  # same family, other sizes
+    proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"'))
+    one_message(proc, "warm_start.checkpoint", "does not match the model", "of another shape")
+    proc = train(config(tmp_path, warm_start=f'checkpoint = "{tmp_path / "nowhere"}"'))
+    one_message(proc, "warm_start.checkpoint", "does not exist")
