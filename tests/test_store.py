@@ -241,3 +241,24 @@ def test_exports_jsonl_and_parquet(store: RunStore, tmp_path: Path) -> None:
     assert table.column("completion_ids").to_pylist() == [x.completion_ids for x in turns]
     assert json.loads(table.column("request").to_pylist()[1]) == turns[1].request
     assert pq.read_table(tmp_path / "pq" / "trajectories.parquet").column("status").to_pylist() == [t.outcome.status.value]
+
+
+def test_abandoned_attempt_is_kept_apart_from_its_rerun(store: RunStore) -> None:
+    """A resume re-runs an interrupted step: the first attempt's rollouts stay, flagged and
+    detached, and never count in the re-run's group."""
+    for step in (0, 1):
+        store.begin_step(step)
+        for k in range(2):
+            sid = f"s{step}-{k}"
+            store.start_session(sid, step=step, instance_id="t")
+            store.set_outcome(sid, Outcome(1.0, Status.RESOLVED))
+        store.log_metrics(step, {"reward/mean": 1.0})
+    store.end_step(0)
+    assert store.abandon_steps(1) == 2
+    with store._read() as c:  # noqa: SLF001
+        steps = dict(c.execute("SELECT session_id, step FROM trajectories"))
+        flagged = {r[0] for r in c.execute("SELECT t.session_id FROM flags f JOIN trajectories t ON t.id = f.traj_id "
+                                           "WHERE f.flag = 'abandoned'")}  # fmt: skip
+        metric_steps = {r[0] for r in c.execute("SELECT DISTINCT step FROM metrics")}
+    assert steps == {"s0-0": 0, "s0-1": 0, "s1-0": None, "s1-1": None}
+    assert flagged == {"s1-0", "s1-1"} and metric_steps == {0}

@@ -169,7 +169,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     start = 0
     if resume:
         start = await _resume(trainer)
-        console.print(f"resumed at step {start}")
+        abandoned = store.abandon_steps(start)
+        console.print(f"resumed at step {start}" + (f" ({abandoned} rollouts of the interrupted attempt "
+                                                    "kept as abandoned)" if abandoned else ""))  # fmt: skip
     ui = None
     if cfg.run.ui:
         from legorl.monitor.ui.server import UIServerThread
@@ -260,14 +262,20 @@ async def gspo_step(
     sampled_by = trainer.version  # the weights these rollouts were sampled with
     if ranks > 1:
         _broadcast((trajs, step + 1))
-    metrics = await trainer.train_step(trajs, data_state={"next_step": step + 1}, advantages=adv)
-    t3 = time.monotonic()
+    metrics = await asyncio.to_thread(trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv,
+                                      checkpoint=False)  # fmt: skip
     metrics.update(rollout_metrics(records, sampled_by))
-    metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "time/train_sync_s": t3 - t2,
-                    "time/step_s": t3 - t0, "rollout/count": float(len(records)),
+    metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "rollout/count": float(len(records)),
                     "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})  # fmt: skip
     store.log_metrics(step, metrics)
-    store.end_step(step)
+    store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
+    if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
+        await asyncio.to_thread(trainer.save_checkpoint)
+    await trainer.sync_weights()
+    t3 = time.monotonic()
+    timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0}
+    store.log_metrics(step, timing)
+    metrics.update(timing)
     return metrics
 
 

@@ -161,6 +161,20 @@ class RunStore(StoreQueries):
                 (int(step), policy_version, time.time(), dumps(dict(info or {}))),
             )
 
+    def abandon_steps(self, from_step: int) -> int:
+        """An interrupted attempt that a resume re-runs: trajectories of steps >= `from_step`
+        are kept but flagged `abandoned` and detached from their step (so they are never
+        mixed with the re-run's), and those steps' rows and metrics are cleared. Returns how
+        many trajectories were abandoned."""
+        with self._write() as c:
+            ids = [r[0] for r in c.execute("SELECT id FROM trajectories WHERE step >= ?", (int(from_step),))]
+            for tid in ids:
+                c.execute("INSERT OR IGNORE INTO flags(flag, traj_id) VALUES ('abandoned', ?)", (tid,))
+                self._touch(c, tid, "step=NULL, n_flags=n_flags+1")
+            c.execute("DELETE FROM steps WHERE step >= ?", (int(from_step),))
+            c.execute("DELETE FROM metrics WHERE step >= ?", (int(from_step),))
+        return len(ids)
+
     def end_step(self, step: int) -> None:
         """Close a step; also refreshes the query planner's statistics (bounded work, ~0.1 s at
         10k trajectories) so filtered UI queries pick the selective index as the run grows."""

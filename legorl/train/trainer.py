@@ -135,10 +135,12 @@ class Trainer:
 
     def step(
         self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None,
-        advantages: Advantages | None = None,
+        advantages: Advantages | None = None, checkpoint: bool = True,
     ) -> dict[str, float]:
         """Train on one batch; returns the step's metrics (identical on every rank).
-        `advantages`: computed once by the caller (who also stored them); else computed here."""
+        `advantages`: computed once by the caller (who also stored them); else computed here.
+        `checkpoint=False`: the caller saves (`checkpoint_due`, `save_checkpoint`) once it has
+        recorded the step, so a published checkpoint never runs ahead of the run store."""
         c = self.cfg
         t0 = time.perf_counter()
         adv = advantages if advantages is not None else self.advantages(trajectories)
@@ -157,9 +159,12 @@ class Trainer:
         if data_state is not None:
             self.data_state = dict(data_state)
         metrics.update(acc.finish(self, time.perf_counter() - t0, trained=bool(plans)))
-        if c.checkpoint_dir and self.step_count % c.checkpoint_every == 0:
+        if checkpoint and self.checkpoint_due():
             self.save_checkpoint()
         return metrics
+
+    def checkpoint_due(self) -> bool:
+        return bool(self.cfg.checkpoint_dir) and self.step_count % self.cfg.checkpoint_every == 0
 
     def _mine(self, mbs: list[MicroBatch]) -> list[MicroBatch | None]:
         """This rank's micro-batches, padded with None (a zero-loss forward) to the busiest rank."""
