@@ -72,3 +72,12 @@ def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
     one_message(proc, "warm_start.checkpoint", "does not match the model", "of another shape")
     proc = train(config(tmp_path, warm_start=f'checkpoint = "{tmp_path / "nowhere"}"'))
     one_message(proc, "warm_start.checkpoint", "does not exist")
+
+
+def test_rollout_with_an_unknown_instance(tmp_path: Path) -> None:
+    from legorl.tasks.loader import shipped_tasks_dir
+
+    proc = subprocess.run([*LEGORL, "rollout", "--tasks", str(shipped_tasks_dir() / "train.jsonl"), "--instance", "nope",
+                           "--harness", "command", "--command-file", "/dev/null"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    one_message(proc, "--instance: no task 'nope'")

@@ -8,6 +8,7 @@ from typing import Any
 
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
+from legorl.loop.errors import RunError
 from legorl.loop.worker import RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.tasks.loader import get_task, load_tasks
@@ -17,7 +18,10 @@ async def run_one(
     cfg: RunConfig, tasks: Path, instance: str, *, harness: str, command_file: Path | None, engine: str,
     model: str, sandbox: str, max_turns: int, out: Path | None = None,
 ) -> str:
-    task = get_task(load_tasks(tasks, None), instance)
+    try:
+        task = get_task(load_tasks(tasks, None), instance)
+    except KeyError as e:
+        raise RunError(f"--instance: {e.args[0]}") from None
     cfg = cfg.model_copy(deep=True)
     engine_cfg = cfg.engine.model_dump()
     engine_cfg.update(kind=engine, model=model)
