@@ -25,7 +25,7 @@ from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp, ProxyContext
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
+from legorl.proxy.render import Renderer, make_renderer
 from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
 from legorl.types import Turn
 
@@ -141,7 +141,7 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        srv = ProxyServer(proxy_cfg, engine, Renderer(tokenizer), out_dir=out, standalone=True)
+        srv = ProxyServer(proxy_cfg, engine, make_renderer(tokenizer), out_dir=out, standalone=True)
         try:
             await srv.start()
         except OSError as e:  # port in use, address not available: a message, not a traceback
