@@ -96,6 +96,8 @@ class RenderState:
         self.sampled: dict[tuple, list[int]] = {}
         self.snapshots: list[Snapshot] = []
         self._texts: OrderedDict[int, tuple[list[int], str]] = OrderedDict()
+        self.canon: tuple[str, list[int], list[tuple[int, int]]] | None = None  # last canonical rendering
+        self.last_request: tuple | None = None  # (add_generation_prompt, messages, tools, text)
 
     def note_prompt(self, prompt_ids: list[int], text: str) -> None:
         """The text a prompt was rendered from (kept until its turn is remembered)."""
