@@ -223,3 +223,23 @@ def test_unknown_template_shape_is_refused(source: str, words: str) -> None:
     tok = load_tokenizer("tiny-qwen3")
     with pytest.raises(TemplateError, match=words):
         TemplateRenderer(tok, chat_template=source)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("seed", range(4))
+def test_growing_conversation_reuses_prefix_ids_exactly(toks, name: str, seed: int) -> None:
+    """One session rendering a conversation as it grows (and once shrunk, like a
+    compaction): each prompt equals `apply_chat_template` although only new pieces are
+    tokenised, and a repeated request gives the same ids."""
+    rng = random.Random(100 + seed)
+    tok = toks[name]
+    r = TemplateRenderer(tok, chat_template=template(name))
+    msgs = _conversation(rng, name)
+    state = RenderState()
+    cuts = [k for k in range(2, len(msgs) + 1) if msgs[k - 1]["role"] in ("user", "tool")
+            and (k == len(msgs) or msgs[k]["role"] != "tool")]
+    for k in [*cuts, *cuts[:1]]:
+        req = ChatRequest(msgs[:k], TOOLS)
+        ids = r.render(req, state)
+        assert ids == _reference(tok, name, msgs[:k], TOOLS), k
+        assert r.render(req, state) == ids
