@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import lzma
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -24,7 +24,7 @@ def template(name: str) -> str:
     return (TEMPLATES / name).read_text()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _qwen_dir() -> Path:
     import tempfile
 

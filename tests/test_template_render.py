@@ -139,12 +139,12 @@ def _turn(r: TemplateRenderer, state: RenderState, msgs: list[dict], tools: list
      '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>',
      {"command": "ls"}),
     ("qwen3.5-35b-a3b.jinja",
-     'look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n'
-     '</tool_call><|im_end|>', {"command": "ls"}),
-    ("glm-4.5.jinja", "\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls</arg_value>\n"
-     "</tool_call><|observation|>", {"command": "ls"}),
-    ("gpt-oss-20b.jinja", '<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary '
-     'to=functions.bash <|constrain|>json<|message|>{"command":"ls"}<|call|>', {"command": "ls"}),
+     ('look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n'
+      '</tool_call><|im_end|>'), {"command": "ls"}),
+    ("glm-4.5.jinja", ("\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n"
+                       "<arg_value>ls</arg_value>\n</tool_call><|observation|>"), {"command": "ls"}),
+    ("gpt-oss-20b.jinja", ('<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary '
+                           'to=functions.bash <|constrain|>json<|message|>{"command":"ls"}<|call|>'), {"command": "ls"}),
 ])
 def test_agent_loop_splices_sampled_ids(toks, name: str, completion: str, call_args: dict) -> None:
     """A tool round trip whose template keeps the reply: the next prompt extends
@@ -216,8 +216,8 @@ def test_continue_final_message(toks) -> None:
 
 @pytest.mark.parametrize("source,words", [
     ("{% for m in messages %}{{ m.content }}{% endfor %}", "does not append a generation prompt"),
-    ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
-     "{% if add_generation_prompt %}assistant:{% endif %}", "none of the tool-call formats"),
+    (("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+      "{% if add_generation_prompt %}assistant:{% endif %}"), "none of the tool-call formats"),
 ])
 def test_unknown_template_shape_is_refused(source: str, words: str) -> None:
     tok = load_tokenizer("tiny-qwen3")

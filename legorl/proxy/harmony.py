@@ -21,8 +21,15 @@ from __future__ import annotations
 import json
 import re
 
-from legorl.proxy.toolcalls import (ParsedCompletion, ReasoningDelta, StreamEvent, TextDelta, ToolCall,
-                                    call_deltas, new_call_id)
+from legorl.proxy.toolcalls import (
+    ParsedCompletion,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    call_deltas,
+    new_call_id,
+)
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -56,8 +63,7 @@ def _split_messages(text: str) -> list[str]:
     """Messages of a completion, each HEADER<|message|>BODY without its end token."""
     out: list[str] = []
     for part in text.split(START):
-        if part.startswith("assistant"):
-            part = part[len("assistant"):]
+        part = part.removeprefix("assistant")
         for end in ENDS:
             if part.endswith(end):
                 part = part[: -len(end)]
@@ -132,10 +138,8 @@ class HarmonyStreamParser:
         while True:
             if self.header is None:
                 buf = self.buf
-                if buf.startswith(START):
-                    buf = buf[len(START):]
-                if buf.startswith("assistant"):
-                    buf = buf[len("assistant"):]
+                buf = buf.removeprefix(START)
+                buf = buf.removeprefix("assistant")
                 i = buf.find(MESSAGE)
                 if i < 0:
                     return events

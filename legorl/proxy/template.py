@@ -45,9 +45,10 @@ import json
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
-from legorl.proxy.render import ChatRequest, RenderState, TOOLS_POSTAMBLE, TOOLS_PREAMBLE, assistant_key
+from legorl.proxy.render import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatRequest, RenderState, assistant_key
 from legorl.proxy.toolcalls import ParsedCompletion, parse_completion
 
 _TAG = "\ue000LEGORL_CONTINUE\ue001"  # marks the continued final message (private-use code points)
@@ -190,7 +191,7 @@ class TemplateRenderer:
         cache = self._cache
         offs = self.pieces(text, start)
         offs.append(len(text))
-        for a, b in zip(offs, offs[1:]):
+        for a, b in pairwise(offs):
             piece = text[a:b]
             if not piece:
                 continue
@@ -330,7 +331,7 @@ def probe_shape(r: TemplateRenderer) -> TemplateShape:
     def render(msgs: list[dict[str, Any]], gen: bool, tools: list | None = None) -> str:
         try:
             return tpl.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **special)
-        except Exception as e:  # noqa: BLE001 - any template failure is a refusal with its text
+        except Exception as e:
             raise TemplateError(f"chat template failed on a probe conversation: {type(e).__name__}: {e}") from e
 
     closed, opened = render(_PROBE, False), render(_PROBE, True)
@@ -406,7 +407,7 @@ def round_trip(tokenizer: Any) -> str:
     shape = getattr(r, "shape", None)
     ours = r.render(ChatRequest(msgs, tools))
     if shape is not None and not (shape.renders_tools and shape.renders_tool_calls):
-        ref_msgs, ref_tools = r._prepare(ChatRequest(msgs, tools))  # the shim's input is the reference's
+        ref_msgs, _ = r._prepare(ChatRequest(msgs, tools))  # the shim's input is the reference's
         theirs = tokenizer.apply_chat_template(ref_msgs, add_generation_prompt=True, tokenize=True)
         how = "tools shimmed into the system prompt"
     else:

@@ -33,7 +33,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _XML_FN = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
 @dataclass
@@ -180,7 +180,7 @@ def parse_completion(text: str, fmt: str = "hermes", starts_in_reasoning: bool =
 class StreamParser:
     """Incremental version of `parse_completion` that emits events as text arrives."""
 
-    def __new__(cls, fmt: str = "hermes", starts_in_reasoning: bool = False):  # noqa: D102
+    def __new__(cls, fmt: str = "hermes", starts_in_reasoning: bool = False):  # harmony: its own parser
         if fmt == "harmony" and cls is StreamParser:
             from legorl.proxy.harmony import HarmonyStreamParser
 
