@@ -243,3 +243,25 @@ def test_growing_conversation_reuses_prefix_ids_exactly(toks, name: str, seed: i
         ids = r.render(req, state)
         assert ids == _reference(tok, name, msgs[:k], TOOLS), k
         assert r.render(req, state) == ids
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_doctor_round_trip_per_family(toks, name: str) -> None:
+    from legorl.proxy.template import round_trip
+
+    tok = toks[name]
+    saved = tok.chat_template
+    tok.chat_template = template(name)
+    try:
+        assert "ids equal" in round_trip(tok)
+    finally:
+        tok.chat_template = saved
+
+
+def test_doctor_round_trip_refuses_an_unknown_shape() -> None:
+    from legorl.proxy.template import round_trip
+
+    tok = load_tokenizer("tiny-qwen3")
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    with pytest.raises(TemplateError, match="refuses to guess"):
+        round_trip(tok)
