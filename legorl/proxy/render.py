@@ -1,7 +1,11 @@
 """Messages → prompt token ids, incrementally, with the policy's own tokens spliced back.
 
+`make_renderer(tokenizer)` picks the renderer: this module's `Renderer` for the bundled
+models' template, `legorl.proxy.template.TemplateRenderer` (the model's own Jinja chat
+template, any supported family; `docs/chat-templates.md`) for every other model.
+
 The proxy renders every request itself (the engine only ever sees ids). Two things make
-that both exact and cheap:
+this module's renderer both exact and cheap:
 
 1. **Piece-wise rendering.** The chat template (Qwen-style, `assets/tokenizer`) puts a
    special token at the start of every message block, and special tokens are split off
