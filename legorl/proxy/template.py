@@ -62,10 +62,47 @@ class TemplateError(ValueError):
 
 
 def compile_template(source: str) -> Any:
-    """The template compiled in transformers' own sandboxed environment (same filters)."""
+    """The template compiled in transformers' own sandboxed environment (same filters,
+    globals and extensions), with attribute lookups made cheap where that cannot change
+    their result (`_fast_getattr`)."""
+    import functools
+    import types
+
+    import jinja2.runtime
+    import jinja2.utils
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    return _compile_jinja_template(source)
+    env = _compile_jinja_template(source).environment.overlay()
+    safe = {jinja2.runtime.LoopContext, jinja2.utils.Namespace, str}
+    if isinstance(env.globals.get("namespace"), type):  # transformers' own Namespace subclass
+        safe.add(env.globals["namespace"])
+    # generated code calls environment.getattr: an instance attribute takes precedence
+    env.getattr = types.MethodType(functools.partial(_fast_getattr, safe=frozenset(safe)), env)
+    return env.from_string(source)
+
+
+_DICT_ATTRS = frozenset(dir(dict))
+
+
+def _fast_getattr(env: Any, obj: Any, attribute: str, *, safe: frozenset[type]) -> Any:
+    """The sandbox's `getattr` without its cost on the objects a chat template reads most.
+
+    For a plain dict the sandbox first tries the attribute (only dict's own methods exist),
+    fails with an exception, then returns the item: for any other name this goes straight
+    to the item. A str, loop or namespace attribute not starting with `_` is safe by the
+    sandbox's own rules (immutable, or Jinja's own types), so it is read directly. Any other
+    object or name takes the sandbox's path. About a fifth of a render."""
+    kind = type(obj)
+    if kind is dict and attribute not in _DICT_ATTRS:
+        if attribute in obj:
+            return obj[attribute]
+        return env.undefined(obj=obj, name=attribute)
+    if kind in safe and not attribute.startswith("_"):
+        try:
+            return getattr(obj, attribute)
+        except AttributeError:
+            return env.undefined(obj=obj, name=attribute)
+    return type(env).getattr(env, obj, attribute)
 
 
 @dataclass
