@@ -161,7 +161,6 @@ class TemplateRenderer:
         self.shape = probe_shape(self)
         self.tool_format = self.shape.family
         self.starts_in_reasoning = self.shape.starts_in_reasoning
-        self.gen_prompt_text = self.shape.gen_prompt
         self._chunked = self._chunking_is_exact()
 
     # -- text -----------------------------------------------------------------------
