@@ -157,3 +157,17 @@ def test_real_harness_against_smollm2_fails_as_the_agent() -> None:
     assert o is not None and not o.status.is_infra and not o.masked, summary(rec)
     assert o.status in (Status.NO_PATCH, Status.FAILED, Status.MAX_TURNS, Status.FORMAT_ERROR), summary(rec)
     assert rec.turns and all(len(t.logprobs) == len(t.completion_ids) for t in rec.turns)
+
+
+def test_doctor_template_check_on_smollm2() -> None:
+    """`legorl doctor`'s "chat template round trip" on the real model: parity with
+    apply_chat_template, then a real generation and the next turn's rule."""
+    from legorl.loop.config import RunConfig
+    from legorl.loop.preflight import template_check
+    from legorl.monitor.doctor import run_one
+
+    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": "/bin/true"},
+                                    "engine": {"kind": "hf", "model": NAME, "seed": 0}})
+    res = run_one(template_check(cfg))
+    assert res.ok, (res.detail, res.fix)
+    assert "ids equal" in res.detail and "tools shimmed" in res.detail

@@ -265,3 +265,18 @@ def test_doctor_round_trip_refuses_an_unknown_shape() -> None:
     tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     with pytest.raises(TemplateError, match="refuses to guess"):
         round_trip(tok)
+
+
+def test_doctor_refuses_an_unknown_template(tmp_path) -> None:
+    from legorl.loop.config import RunConfig
+    from legorl.loop.preflight import template_check
+    from legorl.monitor.doctor import run_one
+
+    tok = load_tokenizer("tiny-qwen3")
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": "/bin/true"},
+                                    "engine": {"kind": "scripted", "model": str(tmp_path), "scripted_completions": ["x"]}})
+    res = run_one(template_check(cfg))
+    assert not res.ok and "unknown chat template shape" in res.detail and "supported families" in res.fix
