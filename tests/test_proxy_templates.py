@@ -108,3 +108,41 @@ async def test_rewritten_history_is_the_templates_own_and_a_new_segment() -> Non
     assert "thinking hard" not in tok.decode(turns[1].prompt_ids)
     traj = assemble(turns)
     assert len(traj.segments) == 2 and traj.stats.sampled_tokens == sum(len(t.completion_ids) for t in turns)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_family_in_the_anthropic_and_responses_dialects(name: str) -> None:
+    import anthropic
+
+    tok = _tokenizer(name)
+    engine = ScriptedEngine([CASES[name]], tok, append_eos=False)
+    async with ProxyServer(ProxyConfig(port=0), engine, make_renderer(tok), standalone=True) as srv:
+        a = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="an", max_retries=0)
+        tools = [{"name": "bash", "description": "Run a command.", "input_schema": TOOLS[0]["function"]["parameters"]}]
+        async with a.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "List."}],
+                                     tools=tools) as s:
+            m = await s.get_final_message()
+        assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("bash", {"command": "ls -la"})]
+        assert "".join(b.thinking for b in m.content if b.type == "thinking").strip() == "look first"
+        o = openai.AsyncOpenAI(base_url=f"{srv.base_url}/s/rs/v1", api_key="x", max_retries=0)
+        r = None
+        async for ev in await o.responses.create(model="m", input="List.", stream=True, tools=[
+                {"type": "function", "name": "bash", "description": "Run a command.",
+                 "parameters": TOOLS[0]["function"]["parameters"]}]):
+            if ev.type == "response.completed":
+                r = ev.response
+        assert r is not None
+        assert [(i.name, json.loads(i.arguments)) for i in r.output if i.type == "function_call"] == [
+            ("bash", {"command": "ls -la"})]
+
+
+async def test_a_request_the_template_refuses_is_a_400_with_its_reason() -> None:
+    """gpt-oss's template needs a tool description: a 400 naming the template's reason,
+    not a 500 (the harness sent something this model's template cannot render)."""
+    name = "gpt-oss-20b.jinja"
+    tok = _tokenizer(name)
+    async with ProxyServer(ProxyConfig(port=0), ScriptedEngine(["x"], tok), make_renderer(tok), standalone=True) as srv:
+        o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="bad", max_retries=0)
+        nodesc = [{"type": "function", "function": {"name": "bash", "parameters": TOOLS[0]["function"]["parameters"]}}]
+        with pytest.raises(openai.BadRequestError, match="chat template cannot render this request"):
+            await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=nodesc)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from legorl.proxy.errors import bad_request
 from legorl.proxy.render import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatRequest, RenderState, assistant_key
 from legorl.proxy.toolcalls import ParsedCompletion, parse_completion
 
@@ -183,8 +184,13 @@ class TemplateRenderer:
         return msgs, tools
 
     def _render(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
-        return self._tpl.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen,
-                                **self._special)
+        import jinja2
+
+        try:
+            return self._tpl.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen,
+                                    **self._special)
+        except (jinja2.TemplateError, TypeError) as e:  # the template refuses this request (as transformers would)
+            raise bad_request(f"the model's chat template cannot render this request: {type(e).__name__}: {e}") from e
 
     def render_text(self, req: ChatRequest) -> str:
         msgs, tools = self._prepare(req)
