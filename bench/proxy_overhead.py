@@ -19,6 +19,14 @@ window, which keeps memory bounded like real episodes do.
 
     .venv/bin/python bench/proxy_overhead.py                 # full: ~10 min on 2 busy cores
     .venv/bin/python bench/proxy_overhead.py --quick         # C=1,64, fewer requests, no hf
+    .venv/bin/python bench/proxy_overhead.py --quick --template qwen3.5   # the template renderer
+
+`--template qwen3.5` serves a model directory (made in the temporary directory) whose
+tokenizer is the real Qwen2 BPE with the published Qwen3.5-35B-A3B chat template (the
+parity tests' data, `tests/fixtures/`), so every request goes through the template renderer
+(`legorl.proxy.template`) instead of the bundled models' hand-written one. `render_ms`
+adds, in-process, what rendering one fresh request (no session, nothing cached but
+tokenised pieces) and one grown request (a session that saw the previous one) costs.
 """
 
 from __future__ import annotations
@@ -230,14 +238,53 @@ async def run_proxy(base: str, path: str, body: bytes, stream: bool, n: int, c: 
             "proxy_cpu_ms_per_req": cpu * 1e3 / max(len(lat), 1)}
 
 
-def start_proxy(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+def template_model(tmp: Path, which: str) -> str:
+    """A model name or directory whose tokenizer carries the benchmarked template."""
+    if which == "bundled":
+        return "tiny-qwen3"
+    sys.path.insert(0, str(REPO / "tests"))
+    from template_util import qwen_tokenizer, template
+
+    tok = qwen_tokenizer(template({"qwen3.5": "qwen3.5-35b-a3b.jinja", "qwen3": "qwen3-30b-a3b.jinja"}[which]))
+    d = tmp / f"model-{which}"
+    tok.save_pretrained(d)
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2", "vocab_size": len(tok)}))
+    return str(d)
+
+
+def render_ms(model: str) -> dict[str, float]:
+    from legorl.models import load_tokenizer
+    from legorl.proxy import openai_chat
+    from legorl.proxy.render import ChatRequest, RenderState, make_renderer
+
+    tok = load_tokenizer(model)
+    r = make_renderer(tok)
+    chat = openai_chat.parse(openai_body(False)).chat
+    r.render(chat)  # warm the piece cache
+    n = 100
+    t = time.perf_counter()
+    for _ in range(n):
+        r.render(chat)
+    fresh = (time.perf_counter() - t) / n * 1e3
+    grown = 0.0
+    for _ in range(n):
+        state = RenderState()
+        r.render(ChatRequest(chat.messages[:-1], chat.tools), state)
+        t = time.perf_counter()
+        r.render(chat, state)
+        grown += time.perf_counter() - t
+    return {"renderer": type(r).__name__, "fresh_request_ms": round(fresh, 3), "grown_request_ms": round(grown / n * 1e3, 3),
+            "prompt_tokens": len(r.render(chat))}
+
+
+def start_proxy(tmp: Path, model: str = "tiny-qwen3") -> tuple[subprocess.Popen[str], str]:
     cfg = tmp / "bench.toml"
     cfg.write_text(f"[proxy]\nmax_tokens = 4096\n\n[engine]\nscripted_completions = [{json.dumps(REPLY)}]\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = ("from pathlib import Path; from legorl.proxy.server import run_standalone; "
-            f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(tmp / 'out')!r}), "
+            f"run_standalone('scripted', {model!r}, '127.0.0.1', {port}, Path({str(tmp / 'out')!r}), "
             f"Path({str(cfg)!r}))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=open(tmp / "proxy.log", "w"), text=True, start_new_session=True)
@@ -266,16 +313,19 @@ async def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
     from legorl.engine.scripted import ScriptedEngine
     from legorl.models import load_tokenizer
     from legorl.proxy import anthropic, openai_chat, responses
-    from legorl.proxy.render import Renderer
+    from legorl.proxy.render import make_renderer
 
-    tok = load_tokenizer("tiny-qwen3")
-    engine = ScriptedEngine([REPLY], tok)
-    renderer = Renderer(tok)
-    mods = {"openai_chat": openai_chat, "anthropic": anthropic, "responses": responses}
     cells = []
     with tempfile.TemporaryDirectory(prefix="legorl-bench-") as d:
         tmp = Path(d)
-        proc, base = start_proxy(tmp)
+        model = template_model(tmp, args.template)
+        tok = load_tokenizer(model)
+        engine = ScriptedEngine([REPLY], tok)
+        renderer = make_renderer(tok)
+        mods = {"openai_chat": openai_chat, "anthropic": anthropic, "responses": responses}
+        args.render = render_ms(model)
+        print(f"render: {args.render}", file=sys.stderr)
+        proc, base = start_proxy(tmp, model)
         try:
             for dialect in args.dialects:
                 path, mk = DIALECTS[dialect]
@@ -342,6 +392,8 @@ def main() -> None:
     ap.add_argument("--dialects", default="openai_chat,anthropic,responses")
     ap.add_argument("--no-hf", action="store_true", help="skip the hf engine throughput")
     ap.add_argument("--quick", action="store_true", help="C=1,64, n=200, one rep, no hf")
+    ap.add_argument("--template", default="bundled", choices=["bundled", "qwen3.5", "qwen3"],
+                    help="chat template served: the bundled models' (hand-written renderer) or a published one")
     args = ap.parse_args()
     if args.quick:
         args.conc, args.n, args.reps, args.no_hf = "1,64", 200, 1, True
@@ -357,7 +409,9 @@ def main() -> None:
     out: dict[str, Any] = {"bench": "proxy_overhead", "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
                            "reply": REPLY, "method": "proxy (own process, standalone, scripted engine, recording) "
                            "minus in-process engine calls on the same prompt ids; medians over interleaved reps"}
+    out["template"] = args.template
     out["overhead"] = run(overhead(args))
+    out["render_ms"] = args.render
     if not args.no_hf:
         out["hf_engine"] = run(hf_throughput(64))
     out["loadavg_end"] = os.getloadavg()

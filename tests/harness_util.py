@@ -49,10 +49,11 @@ class Setup:
     timeout_s: float = 420.0
     options: dict[str, Any] | None = None  # adapter options
     engine_options: dict[str, Any] | None = None
+    model: str = "tiny-qwen3"  # the engine's model (hf engine: e.g. smollm2-135m-instruct)
 
 
 def run_config(s: Setup) -> RunConfig:
-    engine: dict[str, Any] = {"kind": s.engine, "model": "tiny-qwen3", "max_context": 32768}
+    engine: dict[str, Any] = {"kind": s.engine, "model": s.model, "max_context": 32768}
     if s.engine == "oracle":
         engine["options"] = {"tasks": str(TASKS_FILE), **(s.engine_options or {})}
     elif s.engine == "hf":
@@ -72,7 +73,7 @@ async def rollouts(s: Setup, tasks: list[Task], engine: Any = None) -> list[Roll
 
     cfg = run_config(s)
     if engine is None:
-        engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+        engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer(s.model))
     try:
         async with RolloutWorker(cfg, engine) as w:
             return list(await asyncio.gather(*(w.rollout(t) for t in tasks)))

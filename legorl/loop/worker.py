@@ -27,7 +27,7 @@ from legorl.engine.base import Engine
 from legorl.harness.command import HostHarness
 from legorl.loop.config import HarnessSection, RunConfig
 from legorl.models import load_tokenizer
-from legorl.proxy.render import Renderer
+from legorl.proxy.render import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
 from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
@@ -102,7 +102,7 @@ class RolloutWorker:
     async def __aenter__(self) -> RolloutWorker:
         if self.engine is not None:
             tok = getattr(self.engine, "tokenizer", None) or load_tokenizer(self.cfg.engine.model)
-            self.proxy = ProxyServer(self.cfg.proxy, self.engine, Renderer(tok), port=0)
+            self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0)
             await self.proxy.start()
         else:
             from legorl.proxy.passthrough import PassthroughApp

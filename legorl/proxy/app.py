@@ -60,6 +60,9 @@ class ProxyContext:
         self.renderer = renderer
         self.sessions = sessions
         self.eos_ids = frozenset(renderer.eos_ids)
+        # the completion format: the config's, or (`auto`) the one the model's template writes
+        self.tool_format = renderer.tool_format if cfg.tool_format == "auto" else cfg.tool_format
+        self.starts_in_reasoning = bool(getattr(renderer, "starts_in_reasoning", False))
         tok = renderer.tokenizer
         self.backend = getattr(tok, "backend_tokenizer", None) or tok  # a tokenizers.Tokenizer
         engine_max = getattr(engine, "max_context", None)

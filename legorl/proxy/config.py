@@ -53,8 +53,9 @@ class ProxyConfig(Section):
     stop: list[str] = Field(default_factory=list)
     """Stop strings added to every request (the harness's own `stop` is honoured too)."""
 
-    tool_format: Literal["hermes", "qwen3_coder"] = "hermes"
-    """How the policy writes tool calls in its completion text."""
+    tool_format: Literal["auto", "hermes", "qwen3_coder", "glm45", "harmony"] = "auto"
+    """How the policy writes tool calls in its completion text; `auto`: the format of the
+    model's own chat template (hermes for the bundled models)."""
 
     max_context: int = Field(32768, ge=16)
     """Context window in tokens: a longer prompt gets the dialect's honest

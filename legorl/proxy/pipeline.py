@@ -194,7 +194,7 @@ class TurnRun:
         eos = ctx.eos_ids
         backend = ctx.backend
         decoder = DecodeStream(skip_special_tokens=False)
-        parser = StreamParser(ctx.cfg.tool_format)
+        parser = StreamParser(ctx.tool_format, ctx.starts_in_reasoning)
         stops = StopFilter(self.params.stop) if self.params.stop else None
         ids, lps = self.completion_ids, self.logprobs
         held: int | None = None  # an end-of-turn id, shown as text only if more tokens follow
@@ -261,7 +261,7 @@ class TurnRun:
             text = f.feed(text) + f.flush()
             self.stop_sequence = f.matched
         self.text = text
-        self.result = parse_completion(text, self.ctx.cfg.tool_format)
+        self.result = parse_completion(text, self.ctx.tool_format, self.ctx.starts_in_reasoning)
 
     def _text_ids(self, held: int | None) -> list[int]:
         ids = self.completion_ids
@@ -302,7 +302,7 @@ class TurnRun:
             t_end=time.time(),
         )
         if delivered and not self.side_call and self.result is not None:
-            self.session.state.remember(self.completion_ids, self.result)
+            self.session.state.remember(self.completion_ids, self.result, self.prompt_ids)
         self.ctx.sessions.add_turn(self.session, turn, delivered)
         return turn
 

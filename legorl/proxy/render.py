@@ -1,7 +1,11 @@
 """Messages → prompt token ids, incrementally, with the policy's own tokens spliced back.
 
+`make_renderer(tokenizer)` picks the renderer: this module's `Renderer` for the bundled
+models' template, `legorl.proxy.template.TemplateRenderer` (the model's own Jinja chat
+template, any supported family; `docs/chat-templates.md`) for every other model.
+
 The proxy renders every request itself (the engine only ever sees ids). Two things make
-that both exact and cheap:
+this module's renderer both exact and cheap:
 
 1. **Piece-wise rendering.** The chat template (Qwen-style, `assets/tokenizer`) puts a
    special token at the start of every message block, and special tokens are split off
@@ -74,21 +78,58 @@ def assistant_key(content: str, reasoning: str | None, calls: list[tuple[str, An
     )
 
 
+@dataclass
+class Snapshot:
+    """One policy turn as the template renderer splices it (`legorl.proxy.template`)."""
+
+    prompt_text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    key: tuple
+
+
 class RenderState:
-    """Per-session memory of what the policy sampled, for splicing."""
+    """Per-session memory of what the policy sampled, for splicing.
+
+    `sampled` serves this module's renderer (assistant messages matched by content);
+    `snapshots` serves the template renderer (recent turns' prompt text and ids)."""
+
+    max_snapshots = 4
 
     def __init__(self) -> None:
         self.sampled: dict[tuple, list[int]] = {}
+        self.snapshots: list[Snapshot] = []
+        self._texts: OrderedDict[int, tuple[list[int], str]] = OrderedDict()
+        self.canon: tuple[str, list[int], list[tuple[int, int]]] | None = None  # last canonical rendering
+        self.last_request: tuple | None = None  # (add_generation_prompt, messages, tools, text)
 
-    def remember(self, completion_ids: list[int], parsed: ParsedCompletion) -> None:
+    def note_prompt(self, prompt_ids: list[int], text: str) -> None:
+        """The text a prompt was rendered from (kept until its turn is remembered)."""
+        self._texts[id(prompt_ids)] = (prompt_ids, text)
+        while len(self._texts) > 8:
+            self._texts.popitem(last=False)
+
+    def remember(self, completion_ids: list[int], parsed: ParsedCompletion,
+                 prompt_ids: list[int] | None = None) -> None:
         key = assistant_key(
             parsed.content, parsed.reasoning, [(c.name, c.arguments) for c in parsed.tool_calls]
         )
         self.sampled[key] = list(completion_ids)
+        hit = self._texts.pop(id(prompt_ids), None) if prompt_ids is not None else None
+        if hit is not None and hit[0] is prompt_ids:
+            self.snapshots.append(Snapshot(hit[1], prompt_ids, list(completion_ids), key))
+            del self.snapshots[: -self.max_snapshots]
 
 
 class Renderer:
-    """Renders ChatRequests to ids with a bounded block cache shared by all sessions."""
+    """Renders ChatRequests to ids with a bounded block cache shared by all sessions.
+
+    Hand-written for the bundled models' Qwen-style template (`assets/tokenizer`), which it
+    reproduces exactly; `make_renderer` picks it only for that template and the template
+    renderer (`legorl.proxy.template`) for every other."""
+
+    tool_format = "hermes"
+    starts_in_reasoning = False
 
     def __init__(self, tokenizer: Any, cache_size: int = 50_000) -> None:
         self.tokenizer = tokenizer
@@ -217,3 +258,28 @@ class Renderer:
 
     def count(self, req: ChatRequest) -> int:
         return len(self.render(req))
+
+
+def make_renderer(tokenizer: Any) -> Any:
+    """The renderer for a tokenizer: this module's for the bundled template (same ids,
+    faster), else the template renderer, which refuses a template shape it cannot serve
+    (`legorl.proxy.template.TemplateError`)."""
+    from legorl.models import TOKENIZER_DIR
+
+    if getattr(tokenizer, "chat_template", None) == _bundled_template(str(TOKENIZER_DIR)):
+        return Renderer(tokenizer)
+    from legorl.proxy.template import TemplateRenderer
+
+    return TemplateRenderer(tokenizer)
+
+
+_BUNDLED: dict[str, str | None] = {}
+
+
+def _bundled_template(tokenizer_dir: str) -> str | None:
+    if tokenizer_dir not in _BUNDLED:
+        from pathlib import Path
+
+        cfg = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
+        _BUNDLED[tokenizer_dir] = cfg.get("chat_template")
+    return _BUNDLED[tokenizer_dir]

@@ -25,7 +25,7 @@ from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp, ProxyContext
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
+from legorl.proxy.render import Renderer, make_renderer
 from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
 from legorl.types import Turn
 
@@ -135,13 +135,17 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
         engine = make_engine(EngineConfig(**{**engine_raw, "kind": engine_kind, "model": model}), tokenizer)
     except (ValidationError, ValueError) as e:  # bad [engine] table, unknown model or engine kind
         raise SystemExit(f"legorl proxy: cannot start the {engine_kind!r} engine for {model!r}: {e}") from None
+    try:
+        renderer = make_renderer(tokenizer)
+    except ValueError as e:  # TemplateError: a chat template shape the proxy refuses to guess
+        raise SystemExit(f"legorl proxy: cannot render prompts for {model!r}: {e}") from None
 
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        srv = ProxyServer(proxy_cfg, engine, Renderer(tokenizer), out_dir=out, standalone=True)
+        srv = ProxyServer(proxy_cfg, engine, renderer, out_dir=out, standalone=True)
         try:
             await srv.start()
         except OSError as e:  # port in use, address not available: a message, not a traceback

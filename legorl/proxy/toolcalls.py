@@ -1,10 +1,16 @@
 """Completion text → content, reasoning and tool calls; whole or streamed.
 
-Two formats, chosen by config (`tool_format`):
-- `hermes` (Qwen3 / Hermes): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
-- `qwen3_coder` (Qwen3-Coder XML):
+The format follows the model's family (`tool_format`; `auto` takes the one the chat
+template writes, `legorl.proxy.template.detect_family`):
+- `hermes` (Qwen2.5 / Qwen3 / Hermes; SmolLM2 through the tools shim):
+  `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (a JSON list of such
+  objects in one block is several calls, as SmolLM2 writes them)
+- `qwen3_coder` (Qwen3-Coder, Qwen3.5 XML):
   `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`
-Reasoning is a leading `<think>...</think>` block in both.
+- `glm45` (GLM-4.5): `<tool_call>NAME\n<arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n</tool_call>`
+- `harmony` (gpt-oss): channels, see `legorl.proxy.harmony`.
+Reasoning is a leading `<think>...</think>` block; a model whose generation prompt
+already opened the block (Qwen3.5, Qwen3-Thinking: `starts_in_reasoning`) starts inside it.
 
 A malformed call is never an error for the client: its text is returned as ordinary
 content and the completion is flagged `format_error`, so the harness sees what the policy
@@ -27,6 +33,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _XML_FN = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
 @dataclass
@@ -69,23 +76,14 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
-    """The (name, arguments-JSON) of one call body, or None when it is malformed."""
-    if fmt == "qwen3_coder":
-        m = _XML_FN.match(body)
-        if not m:
-            return None
-        args: dict[str, object] = {}
-        for key, raw in _XML_PARAM.findall(m.group(2)):
-            try:
-                args[key.strip()] = json.loads(raw)
-            except json.JSONDecodeError:
-                args[key.strip()] = raw
-        return m.group(1).strip(), json.dumps(args, ensure_ascii=False)
+def _loose_value(raw: str) -> object:
     try:
-        obj = json.loads(body)
+        return json.loads(raw)
     except json.JSONDecodeError:
-        return None
+        return raw
+
+
+def _hermes_call(obj: object) -> tuple[str, str] | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", {})
@@ -99,8 +97,44 @@ def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
 
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """(reasoning, rest) when the text starts with a closed think block."""
+def parse_calls(body: str, fmt: str) -> list[tuple[str, str]] | None:
+    """The (name, arguments-JSON) pairs of one call block, or None when it is malformed."""
+    if fmt == "qwen3_coder":
+        m = _XML_FN.match(body)
+        if not m:
+            return None
+        args = {key.strip(): _loose_value(raw) for key, raw in _XML_PARAM.findall(m.group(2))}
+        return [(m.group(1).strip(), json.dumps(args, ensure_ascii=False))]
+    if fmt == "glm45":
+        name, _, rest = body.strip().partition("\n")
+        name = name.strip()
+        if not name or "<" in name or _GLM_ARG.sub("", rest).strip():
+            return None
+        args = {k.strip(): _loose_value(v) for k, v in _GLM_ARG.findall(rest)}
+        return [(name, json.dumps(args, ensure_ascii=False))]
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    objs = obj if isinstance(obj, list) and obj else [obj]
+    calls = [_hermes_call(o) for o in objs]
+    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+
+
+def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
+    """The single (name, arguments-JSON) of one call block (None if malformed or several)."""
+    calls = parse_calls(body, fmt)
+    return calls[0] if calls and len(calls) == 1 else None
+
+
+def split_reasoning(text: str, starts_in_reasoning: bool = False) -> tuple[str | None, str]:
+    """(reasoning, rest) when the text starts with a closed think block (or, when the
+    prompt opened the block, with reasoning up to `</think>`; unclosed: all reasoning)."""
+    if starts_in_reasoning:
+        if THINK_CLOSE not in text:
+            return text.strip("\n") or None, ""
+        inner, rest = text.split(THINK_CLOSE, 1)
+        return inner.strip("\n") or None, rest.lstrip("\n")
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
         inner, rest = stripped[len(THINK_OPEN) :].split(THINK_CLOSE, 1)
@@ -108,9 +142,13 @@ def split_reasoning(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def parse_completion(text: str, fmt: str = "hermes") -> ParsedCompletion:
+def parse_completion(text: str, fmt: str = "hermes", starts_in_reasoning: bool = False) -> ParsedCompletion:
     """Parse a finished completion's text (end-of-turn token already removed)."""
-    reasoning, rest = split_reasoning(text)
+    if fmt == "harmony":
+        from legorl.proxy.harmony import parse_harmony
+
+        return parse_harmony(text)
+    reasoning, rest = split_reasoning(text, starts_in_reasoning)
     content: list[str] = []
     calls: list[ToolCall] = []
     bad = False
@@ -126,12 +164,12 @@ def parse_completion(text: str, fmt: str = "hermes") -> ParsedCompletion:
             bad = True
             break
         content.append(rest[pos:start])
-        parsed = parse_call(rest[start + len(OPEN) : end], fmt)
+        parsed = parse_calls(rest[start + len(OPEN) : end], fmt)
         if parsed is None:
             content.append(rest[start : end + len(CLOSE)])
             bad = True
         else:
-            calls.append(ToolCall(new_call_id(), *parsed))
+            calls.extend(ToolCall(new_call_id(), *p) for p in parsed)
         pos = end + len(CLOSE)
     text_out = "".join(content)
     if calls:
@@ -142,10 +180,17 @@ def parse_completion(text: str, fmt: str = "hermes") -> ParsedCompletion:
 class StreamParser:
     """Incremental version of `parse_completion` that emits events as text arrives."""
 
-    def __init__(self, fmt: str = "hermes") -> None:
+    def __new__(cls, fmt: str = "hermes", starts_in_reasoning: bool = False):  # harmony: its own parser
+        if fmt == "harmony" and cls is StreamParser:
+            from legorl.proxy.harmony import HarmonyStreamParser
+
+            return HarmonyStreamParser()
+        return super().__new__(cls)
+
+    def __init__(self, fmt: str = "hermes", starts_in_reasoning: bool = False) -> None:
         self.fmt = fmt
         self.buf = ""  # text not yet emitted
-        self.mode = "start"  # start | think | text | call
+        self.mode = "think" if starts_in_reasoning else "start"  # start | think | text | call
         self.text_parts: list[str] = []
         self.reasoning_parts: list[str] = []
         self.calls: list[ToolCall] = []
@@ -227,22 +272,28 @@ class StreamParser:
         if i < 0:
             return []
         body, self.buf, self.mode = b[:i], b[i + len(CLOSE) :], "text"
-        parsed = parse_call(body, self.fmt)
+        parsed = parse_calls(body, self.fmt)
         if parsed is None:
             self.bad = True
             return [self._text(OPEN + body + CLOSE)]
-        call = ToolCall(new_call_id(), *parsed)
-        self.calls.append(call)
-        idx = len(self.calls) - 1
-        events: list[StreamEvent] = [ToolCallDelta(idx, call.id, call.name, "")]
-        step = 16
-        for k in range(0, len(call.arguments), step):
-            events.append(ToolCallDelta(idx, call.id, None, call.arguments[k : k + step]))
+        events: list[StreamEvent] = []
+        for name, arguments in parsed:
+            call = ToolCall(new_call_id(), name, arguments)
+            self.calls.append(call)
+            events += call_deltas(len(self.calls) - 1, call)
         return events
 
     def _reason(self, s: str) -> ReasoningDelta:
         self.reasoning_parts.append(s)
         return ReasoningDelta(s)
+
+
+def call_deltas(idx: int, call: ToolCall, step: int = 16) -> list[StreamEvent]:
+    """A finished call as a start delta plus argument pieces."""
+    events: list[StreamEvent] = [ToolCallDelta(idx, call.id, call.name, "")]
+    for k in range(0, len(call.arguments), step):
+        events.append(ToolCallDelta(idx, call.id, None, call.arguments[k : k + step]))
+    return events
 
 
 def _partial_suffix(text: str, tag: str) -> int:
