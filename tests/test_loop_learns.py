@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -79,11 +81,20 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     assert rows[1] == 192 + 3 * 128 and rows[0] == 12 * 16 * 8
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
-    """Rollouts are stored as they are graded: kill -9 during a step, and every rollout that
-    was graded before the kill is in the store with its outcome; the step never closed."""
+    """Rollouts are stored as they are graded: the live UI lists the running step's rollouts
+    before the step ends; kill -9 during the step, and every rollout graded before the kill
+    is in the store with its outcome and turns; the step never closed."""
     config = slice_config(tmp_path, steps=2, episodes=16, sft_steps=5, heldout_tasks=0)
+    port = free_port()
     text = config.read_text().replace('at = ["start", "warm_start", "end"]', "at = []")
+    text = text.replace("[run]\n", f"[run]\nui = true\nui_port = {port}\n", 1)
     config.write_text(text)
     proc = subprocess.Popen([*LEGORL, "train", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # fmt: skip
@@ -93,12 +104,21 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
             if db_path.exists():
-                with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
-                    seen = db.execute("SELECT count(*) FROM trajectories WHERE step = 0 AND status IS NOT NULL").fetchone()[0]
+                try:
+                    with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+                        seen = db.execute("SELECT count(*) FROM trajectories WHERE step = 0 AND status IS NOT NULL"
+                                          ).fetchone()[0]  # fmt: skip
+                except sqlite3.OperationalError:  # the store is being created
+                    seen = 0
                 if seen >= 8:
                     break
             time.sleep(0.05)
         assert seen >= 8, (proc.poll(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "")
+        live = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/trajectories?step=0&limit=1000",
+                                                 timeout=10).read())  # fmt: skip
+        steps = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/steps", timeout=10).read())
+        assert sum(1 for t in live["items"] if t["status"]) >= 8  # the running step's rollouts, as they land
+        assert [s["t_end"] for s in steps if s["step"] == 0] == [None]  # ... while the step is still running
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     finally:
