@@ -33,14 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 LEGORL = [sys.executable, "-m", "legorl.cli"]
 
 
-def slice_config(tmp_path: Path, **over: int) -> Path:
+def slice_config(tmp_path: Path, extra: dict[tuple[str, str], str] | None = None, **over: int) -> Path:
     """examples/quickstart.toml, smaller: the same sections and values, fewer of everything."""
     values = {"steps": 12, "tasks_per_step": 16, "heldout_tasks": 128, "episodes": 192, "sft_steps": 150,
               "control_steps": 0, **over}  # fmt: skip
     where = {"steps": ("run", "steps"), "tasks_per_step": ("run", "tasks_per_step"), "heldout_tasks": ("heldout", "tasks"),
              "episodes": ("warm_start", "episodes"), "sft_steps": ("warm_start", "steps"),
              "control_steps": ("warm_start", "control_steps")}  # fmt: skip
-    want = {where[k]: v for k, v in values.items()}
+    want: dict[tuple[str, str], object] = {where[k]: v for k, v in values.items()}
+    added = dict(extra or {})
     lines, section, done = [], "", set()
     for line in (ROOT / "examples" / "quickstart.toml").read_text().splitlines():
         if line.startswith("["):
@@ -52,6 +53,8 @@ def slice_config(tmp_path: Path, **over: int) -> Path:
         elif (section, key) == ("run", "dir"):
             line = f'dir = "{tmp_path / "run"}"'
         lines.append(line)
+        if line.startswith("["):  # keys this slice adds to the section
+            lines += [f"{k} = {v}" for (sec, k), v in added.items() if sec == section]
     assert done == set(want), set(want) - done
     text = "\n".join(lines) + "\n"
     path = tmp_path / "quickstart-slice.toml"
@@ -60,6 +63,7 @@ def slice_config(tmp_path: Path, **over: int) -> Path:
 
 
 def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
+    max_staleness = 0  # asynchronous training is not shown to learn yet (see README: it diverged)
     config = slice_config(tmp_path)
     proc = subprocess.run([*LEGORL, "train", str(config)], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -78,7 +82,12 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
         assert last >= first + 0.08, rate
         # every rollout of every phase is in the run store, graded
         rows = dict(db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0"))
-    assert rows[1] == 192 + 3 * 128 and rows[0] == 12 * 16 * 8
+        spans = {s: (a, b) for s, a, b in db.execute("SELECT step, t_start, t_end FROM steps WHERE step >= 0")}
+        stale = [v for (v,) in db.execute("SELECT value FROM metrics WHERE key = 'async/staleness_max'")]
+    assert rows[1] == 192 + 3 * 128 and rows[0] == 12 * 16 * 8  # dropped ones would be stored too
+    if max_staleness:  # the next step's rollouts ran while the trainer trained, none older than allowed
+        assert all(spans[s + 1][0] < spans[s][1] for s in range(11)), spans
+        assert len(stale) == 12 and max(stale) <= max_staleness
 
 
 def free_port() -> int:

@@ -53,3 +53,27 @@ def test_train_two_steps_then_ui(tmp_path: Path) -> None:
     finally:
         ui.terminate()
         ui.wait(10)
+
+
+@pytest.mark.slow
+def test_asynchronous_steps_overlap_rollouts_with_training(tmp_path: Path) -> None:
+    """`[run] max_staleness = 1`: each next step's rollouts run while the trainer trains;
+    every turn says which policy sampled it; nothing is older than allowed; every rollout
+    is stored; staleness, drops and trainer idle time are metrics."""
+    config = write_run(tmp_path)
+    text = config.read_text().replace("[run]\n", "[run]\nmax_staleness = 1\n", 1).replace("steps = 2", "steps = 3", 1)
+    config.write_text(text.replace("[trainer]\n", '[trainer]\ncorrection = "tis"\n', 1))
+    proc = train(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        spans = {s: (a, b) for s, a, b in db.execute("SELECT step, t_start, t_end FROM steps")}
+        metrics = {(s, k): v for s, k, v in db.execute("SELECT step, key, value FROM metrics")}
+        n = db.execute("SELECT count(*) FROM trajectories WHERE status IS NOT NULL").fetchone()[0]
+        versions = {v for (v,) in db.execute("SELECT DISTINCT policy_version FROM turns")}
+    assert sorted(spans) == [0, 1, 2] and n == 3 * 4
+    assert all(spans[s + 1][0] < spans[s][1] for s in (0, 1)), spans  # s+1 began before s was trained
+    assert all(metrics[s, "async/staleness_max"] <= 1 and metrics[s, "async/dropped_stale"] == 0 for s in range(3))
+    assert all((s, "async/trainer_idle_s") in metrics for s in range(3))
+    assert versions <= {0, 1, 2} and len(versions) >= 2  # later steps sampled by newer policies

@@ -45,6 +45,14 @@ class RunSection(Section):
     """Rollouts (sandboxes + proxy sessions) in flight at once on this machine."""
     seed: int = 0
     """Seed of task sampling."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous off-policy training: the rollouts of up to this many later steps run
+    while the trainer trains (0: synchronous, each step waits for its own rollouts). A
+    trajectory whose oldest token is more than this many policy versions behind the
+    trainer is handled per `stale`; the loss corrects the rest (`trainer.correction`)."""
+    stale: Literal["drop", "correct"] = "drop"
+    """A trajectory past `max_staleness`: left out of the step (counted), or trained on with
+    the trainer's importance correction like the fresher ones."""
     ui: bool = False
     """Serve the live UI while training (`ui_port`)."""
     ui_port: int = Field(8780, ge=0, le=65535)
@@ -208,6 +216,9 @@ class RunConfig(Section):
         if p.temperature != t.temperature:
             raise ValueError(f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
                              f"({p.temperature}): logprobs are recomputed at the sampling temperature")
+        if self.run.max_staleness and t.correction == "none":
+            raise ValueError("run.max_staleness > 0 trains on tokens of older policies: set trainer.correction "
+                             "to 'tis' or 'mis' (importance correction against the recorded behaviour logprobs)")
         if self.warm_start.control_steps and not self.heldout.tasks:
             raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")
         if p.top_p != 1.0 or p.top_k != -1:

@@ -16,11 +16,13 @@ the store holds every committed record.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import random
 import time
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rich.console import Console
@@ -205,19 +207,22 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                     if heldout and "warm_start" in cfg.heldout.at:
                         await report.timed("eval_warm_start", evaluate("warm_start"))
             t_gspo = time.monotonic()
-            for step in range(start, cfg.run.steps):
-                metrics = await gspo_step(cfg, trainer, worker, tasks, step, limit, on_record, store, ranks)
-                verdict = run_monitors(store, cfg.monitor, step)
-                console.print(
-                    f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
-                    f"loss {metrics.get('train/loss', 0):.4g} rollouts {metrics['rollout/count']:.0f} in "
-                    f"{metrics['time/rollout_s']:.1f}s, train+sync {metrics['time/train_sync_s']:.1f}s, alerts {len(verdict.alerts)}"
-                )
-                summary["steps"].append({k: metrics[k] for k in sorted(metrics)})
-                if verdict.should_stop:
-                    console.print(f"[red]stopping: {'; '.join(verdict.stop_reasons)}[/red]")
-                    summary["stopped"] = verdict.stop_reasons
-                    break
+            step = start
+            steps = gspo_steps(cfg, trainer, worker, tasks, start, limit, on_record, store, ranks)
+            async with contextlib.aclosing(steps):  # a stop cancels the later steps' rollouts now
+                async for metrics in steps:
+                    verdict = run_monitors(store, cfg.monitor, step)
+                    console.print(
+                        f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
+                        f"loss {metrics.get('train/loss', 0):.4g} rollouts {metrics['rollout/count']:.0f} in "
+                        f"{metrics['time/rollout_s']:.1f}s, train+sync {metrics['time/train_sync_s']:.1f}s, alerts {len(verdict.alerts)}"
+                    )
+                    summary["steps"].append({k: metrics[k] for k in sorted(metrics)})
+                    if verdict.should_stop:
+                        console.print(f"[red]stopping: {'; '.join(verdict.stop_reasons)}[/red]")
+                        summary["stopped"] = verdict.stop_reasons
+                        break
+                    step += 1
             report.phase("gspo", time.monotonic() - t_gspo)
             if heldout and "end" in cfg.heldout.at:
                 await report.timed("eval_end", evaluate("end"))
@@ -241,32 +246,52 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     return summary
 
 
-async def gspo_step(
+async def collect_step(
     cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
-    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
-) -> dict[str, float]:
-    """One GSPO step: groups of rollouts (each stored as graded) → advantages (once: stored
-    and trained on) → train → sync → metrics."""
+    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore,
+) -> tuple[list[RolloutRecord], float, float]:
+    """A step's rollouts: its tasks (a pure function of seed and step, so a resume samples
+    the same), a group of rollouts each, every one stored as it is graded. Returns the
+    records and the phase's start and end (monotonic)."""
     t0 = time.monotonic()
     store.begin_step(step, policy_version=trainer.version)
     batch = sample_tasks(tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
     groups = await asyncio.gather(
         *(worker.group(t, cfg.run.group_size, step=step, limit=limit, on_record=on_record) for t in batch)
     )
-    records = [r for g in groups for r in g]
-    t1 = time.monotonic()
-    trajs = [r.trajectory for r in records]
+    return [r for g in groups for r in g], t0, time.monotonic()
+
+
+def staleness(rec: RolloutRecord, version: int) -> int:
+    """How many policy versions behind `version` the trajectory's oldest sampled token is."""
+    versions = [t.policy_version for t in rec.turns if not t.side_call]
+    return version - min(versions) if versions else 0
+
+
+async def train_on(
+    cfg: RunConfig, trainer: Trainer, records: list[RolloutRecord], step: int, store: RunStore, ranks: int,
+    t0: float, t1: float,
+) -> dict[str, float]:
+    """Advantages (once: stored and trained on) → train → close the step in the store →
+    checkpoint → sync the engine. Past `max_staleness` a trajectory is dropped or kept (`stale`)."""
+    k = cfg.run.max_staleness
+    ages = [staleness(r, trainer.version) for r in records]
+    kept = [r for r, a in zip(records, ages, strict=True) if a <= k or cfg.run.stale == "correct"] if k else records
+    trajs = [r.trajectory for r in kept]
     adv = trainer.advantages(trajs)
     store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values, strict=True) if a is not None})
     t2 = time.monotonic()
-    sampled_by = trainer.version  # the weights these rollouts were sampled with
+    sampled_by = trainer.version  # the weights these rollouts were (mostly) sampled with
     if ranks > 1:
         _broadcast((trajs, step + 1))
     metrics = await asyncio.to_thread(trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv,
                                       checkpoint=False)  # fmt: skip
     metrics.update(rollout_metrics(records, sampled_by))
     metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "rollout/count": float(len(records)),
-                    "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9)})  # fmt: skip
+                    "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9),
+                    "async/staleness_max": float(max(ages, default=0)),
+                    "async/staleness_mean": sum(ages) / max(len(ages), 1),
+                    "async/dropped_stale": float(len(records) - len(kept))})  # fmt: skip
     store.log_metrics(step, metrics)
     store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
     if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
@@ -277,6 +302,52 @@ async def gspo_step(
     store.log_metrics(step, timing)
     metrics.update(timing)
     return metrics
+
+
+async def gspo_step(
+    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
+    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
+) -> dict[str, float]:
+    """One synchronous GSPO step: its rollouts, then training on them."""
+    records, t0, t1 = await collect_step(cfg, trainer, worker, tasks, step, limit, on_record, store)
+    return await train_on(cfg, trainer, records, step, store, ranks, t0, t1)
+
+
+async def gspo_steps(
+    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], start: int,
+    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
+) -> AsyncIterator[dict[str, float]]:
+    """Steps `start`..`run.steps`, yielding each one's metrics. With `max_staleness = k > 0`
+    the rollouts of steps s+1..s+k are already running while step s trains (their requests
+    in flight continue across the weight update; every turn records the policy version
+    that produced it); `async/trainer_idle_s` is how long the trainer waited for rollouts."""
+    k = cfg.run.max_staleness
+    if k == 0:
+        for step in range(start, cfg.run.steps):
+            yield await gspo_step(cfg, trainer, worker, tasks, step, limit, on_record, store, ranks)
+        return
+    pending: dict[int, asyncio.Task[tuple[list[RolloutRecord], float, float]]] = {}
+
+    def launch(step: int) -> None:
+        if step < cfg.run.steps and step not in pending:
+            pending[step] = asyncio.create_task(collect_step(cfg, trainer, worker, tasks, step, limit, on_record, store))
+
+    try:
+        for s in range(start, start + k + 1):
+            launch(s)
+        for step in range(start, cfg.run.steps):
+            t_wait = time.monotonic()
+            records, t0, t1 = await pending.pop(step)
+            idle = time.monotonic() - t_wait
+            metrics = await train_on(cfg, trainer, records, step, store, ranks, t0, t1)
+            launch(step + k + 1)
+            metrics["async/trainer_idle_s"] = idle
+            store.log_metrics(step, {"async/trainer_idle_s": idle})
+            yield metrics
+    finally:  # stopped early (a monitor, an error): rollouts of later steps are abandoned
+        for t in pending.values():
+            t.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)
 
 
 async def warm_start_phase(

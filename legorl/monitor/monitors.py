@@ -27,6 +27,8 @@ Metric keys (emitted by the rollout loop and the trainer, one value per step):
 | `rollout/tamper_flags` | number of trajectories flagged for tampering (test edits, ...) |
 | `groups/zero_variance_share` | share of groups whose rewards are all equal (no signal) |
 | `policy/staleness_mean` | mean (trainer version - version that sampled) over trained tokens |
+| `async/dropped_stale` | trajectories of the step left out as older than `run.max_staleness` |
+| `async/trainer_idle_s` | seconds the trainer waited for the step's rollouts (asynchronous runs) |
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from legorl.types import INFRA_STATUSES
 
 MONITOR_NAMES = ("mismatch", "infra_errors", "tamper", "tool_collapse", "format_errors", "length_blowup",
-                 "zero_variance", "reward_flat", "staleness")
+                 "zero_variance", "reward_flat", "staleness", "stale_drops")
 History = Sequence[Mapping[str, float]]  # one dict per step, ascending, each with "step"
 
 
@@ -88,6 +90,10 @@ class MonitorConfig(BaseModel):
     """Warn when the mean policy staleness (versions behind) exceeds this."""
     staleness_critical: float = 8.0
     """Critical above this staleness."""
+    stale_drop_share_warn: float = 0.25
+    """Warn when more than this share of a step's rollouts were dropped as too stale (compute wasted)."""
+    stale_drop_share_critical: float = 0.75
+    """Critical above this share: raise run.max_staleness or speed up the trainer."""
     baseline_steps: int = 10
     """How many previous steps form the baseline of drift monitors."""
     min_baseline_steps: int = 3
@@ -244,11 +250,22 @@ def staleness(history: History, cfg: MonitorConfig) -> list[Alert]:
                   s, cfg.staleness_warn)]
 
 
+def stale_drops(history: History, cfg: MonitorConfig) -> list[Alert]:
+    dropped, n = _now(history, "async/dropped_stale"), _now(history, "rollout/count")
+    if dropped is None or not n:
+        return []
+    share = dropped / n
+    if not (sev := _level(share, cfg.stale_drop_share_warn, cfg.stale_drop_share_critical)):
+        return []
+    return [Alert(_step(history), "stale_drops", sev, f"{share:.0%} of the step's rollouts were older than "
+                  "run.max_staleness and dropped", share, cfg.stale_drop_share_warn)]
+
+
 Monitor = Callable[[History, MonitorConfig], list[Alert]]
 MONITORS: dict[str, Monitor] = {  # same order as MONITOR_NAMES (the config validates against that)
     "mismatch": mismatch, "infra_errors": infra_errors, "tamper": tamper, "tool_collapse": tool_collapse,
     "format_errors": format_errors, "length_blowup": length_blowup, "zero_variance": zero_variance,
-    "reward_flat": reward_flat, "staleness": staleness,
+    "reward_flat": reward_flat, "staleness": staleness, "stale_drops": stale_drops,
 }
 
 
