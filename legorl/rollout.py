@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from legorl.harness.command import AgentRun, Harness, HostHarness
-from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxSpec
+from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxLost, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify.grade import GradeConfig, grade
 
@@ -75,11 +75,23 @@ class RolloutResult:
 
 
 class _Infra(Exception):
-    """An infrastructure fault of the agent stage; retried."""
+    """An infrastructure fault of the agent stage; retried by the worker. `flag` names a
+    known cause (`killed_by_signal_9`, `backend_died`)."""
 
-    def __init__(self, status: Status, message: str) -> None:
+    def __init__(self, status: Status, message: str, flag: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.flag = flag
+
+
+async def _lost(sb: Sandbox, exc: SandboxError) -> str:
+    """The cause when the sandbox was taken down from outside, "" when it may be the agent's."""
+    if isinstance(exc, SandboxLost):
+        return exc.cause
+    try:
+        return await sb.lost_cause() or ""
+    except SandboxError:
+        return ""
 
 
 async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
@@ -107,7 +119,7 @@ async def _agent_stage(
     try:
         sb: Sandbox = await backend.start(spec)
     except SandboxError as exc:
-        raise _Infra(Status.SANDBOX_START_FAILED, str(exc)) from None
+        raise _Infra(Status.SANDBOX_START_FAILED, str(exc), exc.cause if isinstance(exc, SandboxLost) else "") from None
     timings["sandbox_start_s"] = time.monotonic() - t0
     timings["t_harness_start"] = time.time()  # wall clock, comparable with the turns' t_start
     proxy_url = host_proxy_url if on_host else (f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None)
@@ -117,6 +129,8 @@ async def _agent_stage(
             run = await harness.run(sb, task, proxy_url, cfg.repo_dir, cfg.agent_timeout_s)
             timings["harness_s"] = time.monotonic() - t1
         except SandboxError as exc:
+            if cause := await _lost(sb, exc):  # killed from outside / backend gone: never the agent's
+                raise _Infra(Status.INFRA_ERROR, f"sandbox lost during the agent stage ({cause}): {exc}", cause) from None
             if await _probe(backend, image, cfg.repo_dir):  # the machinery works: the agent broke its sandbox
                 run = AgentRun(exit_code=-1, details={"error": str(exc)})
                 return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
@@ -133,6 +147,8 @@ async def _agent_stage(
             flags = ["resource_exhausted"] if run.resource_exhausted else []
             return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=flags + ["no_diff"], evidence={"error": str(exc)})
         except SandboxError as exc:
+            if cause := await _lost(sb, exc):
+                raise _Infra(Status.INFRA_ERROR, f"sandbox lost extracting the diff ({cause}): {exc}", cause) from None
             if await _probe(backend, image, cfg.repo_dir):
                 return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
             raise _Infra(Status.SANDBOX_START_FAILED, f"sandbox lost extracting the diff: {exc}") from None
@@ -161,7 +177,8 @@ async def run_rollout(
         run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url, timings)
     except _Infra as exc:  # retried by the caller (RolloutWorker) in a fresh sandbox and session
         errors = [f"{exc.status.value}: {exc}"]
-        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": exc.status.value, "errors": errors})
+        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=[exc.flag] if exc.flag else [],
+                          evidence={"cause": exc.flag or exc.status.value, "errors": errors})  # fmt: skip
         return RolloutResult(task.instance_id, harness.name, outcome, timings={"agent_s": time.monotonic() - t0})
     timings["agent_s"] = time.monotonic() - t0
     assert run is not None

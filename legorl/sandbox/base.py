@@ -60,6 +60,17 @@ class SandboxError(RuntimeError):
     """An infrastructure fault of a sandbox (start failed, backend gone): never the agent's."""
 
 
+class SandboxLost(SandboxError):
+    """The sandbox was taken down from outside — its init killed by a signal nothing inside
+    can send (a PID namespace's init ignores SIGKILL from its own namespace), or its
+    backend died — not by the code in it and not by its own limits: infrastructure.
+    `cause` names it (`killed_by_signal_9`, `backend_died`) and becomes a flag."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 class DiffError(RuntimeError):
     """The agent's repository yields no diff (base commit gone, .git broken, diff too large):
     agent-caused, unlike SandboxError."""
@@ -83,6 +94,11 @@ class Sandbox(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+    async def lost_cause(self) -> str | None:
+        """After a SandboxError: why the sandbox died when it was not its own doing
+        (`SandboxLost.cause` values), else None (alive, exited by itself, or out of its memory)."""
+        ...
 
     async def __aenter__(self) -> Sandbox: ...
 

@@ -167,8 +167,10 @@ class ChannelSandbox:
         counters: Callable[[], Counters],
         cleanup: Callable[[], Awaitable[None]],
         commit_aliases: dict[str, str] | None = None,
+        lost: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         self.id = id
+        self._lost = lost
         self.spec = spec
         self.channel = channel
         self.netns_path = netns_path
@@ -190,6 +192,15 @@ class ChannelSandbox:
             except OSError as e:
                 raise SandboxError(f"sandbox {self.id}: proxy forwarder failed: {e}") from e
             self.proxy_url = f"http://127.0.0.1:{self.spec.proxy_port}"
+
+    async def lost_cause(self) -> str | None:
+        """Why the sandbox died when nothing in it did it: the backend's answer (the init's
+        wait status, its cgroup's OOM count), asked only once the channel is gone."""
+        if self.channel.alive or self._lost is None:
+            return None
+        if self._counters().oom_kills:  # its own memory limit: what the agent did
+            return None
+        return await self._lost()
 
     def _check_open(self) -> None:
         if self._closed:

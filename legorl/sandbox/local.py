@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from legorl.sandbox.base import SandboxError, SandboxSpec
+from legorl.sandbox.base import SandboxError, SandboxLost, SandboxSpec
 from legorl.sandbox.cgroups import Cgroups
 from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
 from legorl.sandbox.images import ImageStore
@@ -71,6 +71,7 @@ class _Zygote:
         self.sock.setblocking(False)
         self.spawned: dict[str, asyncio.Future[int]] = {}
         self.exited: dict[str, asyncio.Future[int]] = {}
+        self.statuses: dict[str, int] = {}  # wait status of each sandbox's init, until it is cleaned up
         self.alive = True
         self.loop.add_reader(self.sock.fileno(), self._on_readable)
 
@@ -87,6 +88,7 @@ class _Zygote:
                 return
             msg: dict[str, Any] = json.loads(raw)
             if "exited" in msg:
+                self.statuses[msg["exited"]] = int(msg["status"])
                 fut = self.exited.pop(msg["exited"], None)
                 if fut is not None and not fut.done():
                     fut.set_result(int(msg["status"]))
@@ -103,16 +105,18 @@ class _Zygote:
             return
         self.alive = False
         self.loop.remove_reader(self.sock.fileno())
-        err = SandboxError("the local backend's zygote process died")
+        err = SandboxLost("the local backend's zygote process died", "backend_died")
         for fut in [*self.spawned.values(), *self.exited.values()]:
             if not fut.done():
                 fut.set_exception(err)
+        for fut in self.exited.values():  # nobody may be waiting on an exit: no "never retrieved"
+            fut.exception()
         self.spawned.clear()
         self.exited.clear()
 
     async def spawn(self, req: dict[str, Any], ctl: socket.socket) -> int:
         if not self.alive:
-            raise SandboxError("the local backend's zygote process died")
+            raise SandboxLost("the local backend's zygote process died", "backend_died")
         fut: asyncio.Future[int] = self.loop.create_future()
         self.spawned[req["id"]] = fut
         self.exited[req["id"]] = self.loop.create_future()
@@ -136,6 +140,17 @@ class _Zygote:
             return True
         except (TimeoutError, SandboxError):
             return fut.done()
+
+    async def lost_cause(self, sid: str) -> str | None:
+        """`killed_by_signal_N` when the sandbox's init died of a signal (from outside: see
+        SandboxLost), `backend_died` when the zygote is gone, else None."""
+        if not self.alive:
+            return "backend_died"
+        await self.wait_exit(sid, 2.0)
+        status = self.statuses.get(sid)
+        if status is not None and os.WIFSIGNALED(status):
+            return f"killed_by_signal_{os.WTERMSIG(status)}"
+        return None
 
     def close(self) -> None:
         self._died()
@@ -233,13 +248,14 @@ class LocalBackend:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 await zygote.wait_exit(sid, 5.0)
+            zygote.statuses.pop(sid, None)
             await asyncio.to_thread(cg.remove)
 
         try:
             await channel.ready(START_TIMEOUT_S)
             sandbox = ChannelSandbox(
                 sid, spec, channel, netns_path=f"/proc/{pid}/ns/net", counters=cg.counters, cleanup=cleanup,
-                commit_aliases=commit_aliases,
+                commit_aliases=commit_aliases, lost=lambda: zygote.lost_cause(sid),
             )
             await sandbox.set_proxy(spec.proxy_socket)
         except BaseException:

@@ -1,0 +1,68 @@
+"""Faults classified by cause (local backend): a sandbox killed from outside and a dead
+backend are infrastructure — masked, flagged with the cause, never a reward of 0 — and the
+backend recovers; what the agent does inside its own limits stays the agent's
+(tests/test_verify_rollout.py: `kill -9 -1`, OOM, a full disk)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from legorl.harness.command import CommandHarness
+from legorl.rollout import RolloutConfig, run_rollout
+from legorl.sandbox.base import SandboxSpec
+from legorl.types import Status
+from tasks_util import backend_and_images, pick_task
+
+
+class Recording:
+    """A backend that remembers the sandboxes it started (to kill one from outside)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend, self.name, self.started = backend, backend.name, []
+
+    async def start(self, spec: SandboxSpec) -> Any:
+        sb = await self.backend.start(spec)
+        self.started.append(sb)
+        return sb
+
+
+async def _kill_when_running(rec: Recording, kill: Any) -> None:
+    for _ in range(600):
+        if rec.started:
+            await asyncio.sleep(1.0)  # the agent's command is running
+            kill(rec.started[0])
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_init_killed_from_outside_is_infrastructure() -> None:
+    task = pick_task()
+    async with backend_and_images("local") as (backend, images):
+        image = await images.for_task(task)
+        rec = Recording(backend)
+        pid_of = lambda sb: int(sb.netns_path.split("/")[2])  # noqa: E731 - /proc/<pid>/ns/net
+        killer = asyncio.create_task(_kill_when_running(rec, lambda sb: os.kill(pid_of(sb), signal.SIGKILL)))
+        res = await run_rollout(task, CommandHarness("sleep 30"), rec, image, RolloutConfig(agent_timeout_s=60))
+        await killer
+        o = res.outcome
+        assert o.status is Status.INFRA_ERROR and o.masked and o.reward == 0.0, o
+        assert o.flags == ["killed_by_signal_9"] and o.evidence["cause"] == "killed_by_signal_9"
+        again = await run_rollout(task, CommandHarness("true"), backend, image, RolloutConfig(agent_timeout_s=60))
+        assert again.outcome.status is Status.NO_PATCH  # the backend is fine: the next rollout runs
+
+
+async def test_dead_zygote_is_infrastructure_and_the_backend_recovers() -> None:
+    task = pick_task()
+    async with backend_and_images("local") as (backend, images):
+        image = await images.for_task(task)
+        rec = Recording(backend)
+        killer = asyncio.create_task(_kill_when_running(rec, lambda _sb: os.kill(backend._zygote.proc.pid, signal.SIGKILL)))
+        res = await run_rollout(task, CommandHarness("sleep 30"), rec, image, RolloutConfig(agent_timeout_s=60))
+        await killer
+        o = res.outcome
+        assert o.status is Status.INFRA_ERROR and o.masked and o.flags == ["backend_died"], o
+        again = await run_rollout(task, CommandHarness("true"), backend, image, RolloutConfig(agent_timeout_s=60))
+        assert again.outcome.status is Status.NO_PATCH  # a new zygote started
