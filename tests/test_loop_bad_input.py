@@ -81,3 +81,31 @@ def test_rollout_with_an_unknown_instance(tmp_path: Path) -> None:
                            "--harness", "command", "--command-file", "/dev/null"],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     one_message(proc, "--instance: no task 'nope'")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_full_disk_for_checkpoints_is_one_message_and_resume_continues(tmp_path: Path) -> None:
+    """Checkpoints on an 8 MB tmpfs: step 0's (5.4 MB) fits, step 1's does not → one
+    message, nothing half-written left; more room, `--resume` re-runs step 1 (the first
+    attempt's rollouts kept as abandoned) and finishes."""
+    import sqlite3
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(ckpt)], check=True)
+    try:
+        run = f'dir = "{tmp_path / "run"}"\ntasks = "quickstart-calc"\nsteps = 3\ntasks_per_step = 1\ngroup_size = 2'
+        path = config(tmp_path, run=run, trainer=f'model = "quickstart-qwen3"\ncheckpoint_dir = "{ckpt}"\nkeep_checkpoints = 0')
+        first = train(path)
+        one_message(first, "cannot write checkpoint", "--resume")
+        assert [p.name for p in ckpt.iterdir()] == ["step_00000001"]  # no .tmp_step_* left behind
+        subprocess.run(["mount", "-o", "remount,size=64m", str(ckpt)], check=True)
+        second = subprocess.run([*LEGORL, "train", str(path), "--resume"], capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, second.stderr[-3000:]
+        with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+            closed = [s for (s,) in db.execute("SELECT step FROM steps WHERE t_end IS NOT NULL ORDER BY step")]
+            abandoned = db.execute("SELECT count(*) FROM flags WHERE flag = 'abandoned'").fetchone()[0]
+            per_step = dict(db.execute("SELECT step, count(*) FROM trajectories WHERE step >= 0 GROUP BY step"))
+        assert closed == [0, 1, 2] and abandoned == 2 and per_step == {0: 2, 1: 2, 2: 2}
+    finally:
+        subprocess.run(["umount", "-l", str(ckpt)], check=False)

@@ -20,6 +20,7 @@ import contextlib
 import copy
 import os
 import random
+import sqlite3
 import time
 from pathlib import Path
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from legorl.engine.base import Engine
+from legorl.engine.base import Engine, EngineError
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
 from legorl.loop.metrics import rollout_metrics
@@ -80,7 +81,15 @@ def make_weight_sync(engine: Engine, run_dir: Path) -> Any:
 
 
 def record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> None:
-    """Persist a step's rollouts (turns first, then the trajectory with its outcome)."""
+    """Persist rollouts (turns first, then the trajectory with its outcome); a store that
+    cannot be written (a full disk) ends the run with one message."""
+    try:
+        _record(store, records, tokenizer)
+    except sqlite3.Error as e:
+        raise RunError(f"run store {store.path}: {e}. Free space there, then `legorl train CONFIG --resume`") from None
+
+
+def _record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> None:
     for rec in records:
         t = rec.trajectory
         store.start_session(t.session_id, step=t.step, instance_id=t.instance_id, harness=t.harness)
@@ -295,8 +304,17 @@ async def train_on(
     store.log_metrics(step, metrics)
     store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
     if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
-        await asyncio.to_thread(trainer.save_checkpoint)
-    await trainer.sync_weights()
+        try:
+            await asyncio.to_thread(trainer.save_checkpoint)
+        except OSError as e:
+            raise RunError(f"{e}. Free space there, then `legorl train CONFIG --resume` re-runs step {step} "
+                           "(its rollouts so far are kept as abandoned)") from None
+    try:
+        await trainer.sync_weights()
+    except (EngineError, OSError) as e:
+        raise RunError(f"weight sync to the engine failed after step {step} (its checkpoint is saved): {e}. "
+                       "Restart the engine, then `legorl train CONFIG --resume` continues at step "
+                       f"{step + 1}") from None
     t3 = time.monotonic()
     timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0}
     store.log_metrics(step, timing)

@@ -35,6 +35,10 @@ from legorl.train.fsdp import full_state_dict, is_sharded
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (e.g. the disk is full); no partial one is left."""
+
+
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -89,13 +93,17 @@ def save_checkpoint(
     optim = _optim_state(policy, optimizer)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        lm.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
-        torch.save(
-            {"optimizer": optim, "scheduler": scheduler.state_dict(), "step": step, "version": version,
-             "data_state": data_state, "config": config},
-            tmp / "trainer.pt",
-        )  # fmt: skip
+        try:
+            tmp.mkdir(parents=True)
+            lm.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
+            torch.save(
+                {"optimizer": optim, "scheduler": scheduler.state_dict(), "step": step, "version": version,
+                 "data_state": data_state, "config": config},
+                tmp / "trainer.pt",
+            )  # fmt: skip
+        except Exception as e:  # a full disk (OSError, SafetensorError): nothing half-written stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointWriteError(f"cannot write checkpoint {final}: {e}") from e
     _barrier()
     if tmp.exists():  # always, except on other nodes without a shared filesystem
         torch.save(rng_state(), tmp / f"rng_rank{rank}.pt")
