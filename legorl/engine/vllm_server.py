@@ -48,23 +48,25 @@ def is_tied(model_dir: str | Path) -> bool:
 
 def untie_dir(model_dir: str | Path) -> None:
     """Make an HF directory written by `save_pretrained` of a tied model untied, in place:
-    `lm_head.weight` (a copy of the embedding) in `lm_head.safetensors`, listed in the
-    index, and `tie_word_embeddings = false` in config.json."""
+    `lm_head.weight` (a copy of the embedding) in its safetensors (a shard of its own when
+    the directory is sharded) and `tie_word_embeddings = false` in config.json."""
     d = Path(model_dir)
     if not is_tied(d):
         return
     index_path = d / "model.safetensors.index.json"
-    if index_path.exists():
+    if index_path.exists():  # sharded: the head gets a file of its own, listed in the index
         index = json.loads(index_path.read_text())
-    else:
-        keys = list(load_file(d / "model.safetensors").keys())
-        index = {"metadata": {}, "weight_map": {k: "model.safetensors" for k in keys}}
-    weight_map = index["weight_map"]
-    key = EMBED if EMBED in weight_map else next(k for k in weight_map if k.endswith("embed_tokens.weight"))
-    embed = load_file(d / weight_map[key])[key]
-    save_file({HEAD: embed.clone().contiguous()}, d / "lm_head.safetensors", metadata={"format": "pt"})
-    weight_map[HEAD] = "lm_head.safetensors"
-    index_path.write_text(json.dumps(index, indent=2))
+        weight_map = index["weight_map"]
+        key = EMBED if EMBED in weight_map else next(k for k in weight_map if k.endswith("embed_tokens.weight"))
+        embed = load_file(d / weight_map[key])[key]
+        save_file({HEAD: embed.clone().contiguous()}, d / "lm_head.safetensors", metadata={"format": "pt"})
+        weight_map[HEAD] = "lm_head.safetensors"
+        index_path.write_text(json.dumps(index, indent=2))
+    else:  # one file (what transformers and vLLM both read first): rewrite it with the head
+        tensors = load_file(d / "model.safetensors")
+        key = EMBED if EMBED in tensors else next(k for k in tensors if k.endswith("embed_tokens.weight"))
+        tensors[HEAD] = tensors[key].clone().contiguous()
+        save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     cfg = json.loads((d / "config.json").read_text())
     cfg["tie_word_embeddings"] = False
     if isinstance(cfg.get("text_config"), dict):

