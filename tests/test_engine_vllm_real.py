@@ -20,11 +20,15 @@ import torch
 from proxy_util import SpyEngine, canonical, check_turn, tokenizer
 from transformers import AutoModelForCausalLM
 
+from legorl.engine import registry
 from legorl.engine.base import ContextLengthExceeded, EngineError
 from legorl.engine.sampling import processed_logprobs
 from legorl.engine.vllm import VLLMEngine
 from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
+from legorl.loop.config import RunConfig
+from legorl.loop.preflight import logprobs_mode_check, preflight_checks
 from legorl.models import resolve_model
+from legorl.monitor.doctor import run_one
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
@@ -193,3 +197,35 @@ async def test_weight_sync_after_a_train_step_changes_what_the_server_samples(vl
         ours = recompute(lm, PROMPT + target, g.completion_ids, params)
         assert max(abs(a - b) for a, b in zip(g.logprobs, ours, strict=True)) < 1e-3
     await e.close()
+
+
+def _doctor_cfg(server: VLLMServer) -> RunConfig:
+    return RunConfig.model_validate({
+        "harness": {"name": "command", "command_file": "/bin/true"},
+        "engine": {"kind": "vllm", "model": NAME, "url": server.url, "served_model_dir": str(server.model_dir),
+                   "request_timeout_s": 30},
+    })
+
+
+def test_doctor_checks_the_servers_logprobs_mode(vllm_server: VLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _doctor_cfg(vllm_server)
+    names = [c.name for c in preflight_checks(cfg)]
+    assert names[:3] == ["engine answers", "chat template round trip", "engine logprobs mode"]
+    ok = run_one(logprobs_mode_check(cfg))
+    assert ok.ok and "processed logprobs" in ok.detail
+
+    real = registry.make_engine
+
+    class RawLogprobs:  # what a server without --logprobs-mode processed_logprobs reports: T=1 log-softmax
+        def __init__(self, inner: VLLMEngine) -> None:
+            self.inner = inner
+
+        async def generate(self, ids: list[int], p: SamplingParams) -> object:
+            return await self.inner.generate(ids, SamplingParams(max_tokens=p.max_tokens, temperature=1.0, seed=p.seed))
+
+        async def close(self) -> None:
+            await self.inner.close()
+
+    monkeypatch.setattr(registry, "make_engine", lambda c, tok=None: RawLogprobs(real(c, tok)))
+    bad = run_one(logprobs_mode_check(cfg))
+    assert not bad.ok and "raw log-softmax" in bad.detail and "--logprobs-mode processed_logprobs" in bad.fix

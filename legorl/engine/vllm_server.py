@@ -8,7 +8,9 @@ sync (`legorl.train.sync.DiskSync`) writes untied weights into it for the same r
 
 `VLLMServer` runs `python -m vllm.entrypoints.openai.api_server` from the vLLM venv that
 `scripts/setup_vllm.sh` builds (`$LEGORL_VLLM_VENV`, default /opt/legorl/vllm-venv) in its
-own process group, waits for `/health`, and kills the group on exit.
+own process group, waits for `/health`, and kills the group on exit. It always passes
+`--logprobs-mode processed_logprobs` (logprobs of the distribution sampled from) and
+`--generation-config vllm` (no sampling defaults from generation_config.json).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ class VLLMServer:
             str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
             "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(self.port),
             "--dtype", "float32", "--max-model-len", str(self.max_model_len), "--enforce-eager",
-            "--logprobs-mode", "processed_logprobs", *self.extra_args,
+            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", *self.extra_args,
         ]
 
     def start(self) -> VLLMServer:
@@ -172,3 +174,22 @@ class VLLMServer:
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m legorl.engine.vllm_server untie SRC DST`: write the untied copy to serve."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "untie":
+        print("usage: python -m legorl.engine.vllm_server untie SRC_MODEL_DIR DST_DIR", file=sys.stderr)
+        return 2
+    from legorl.models import resolve_model
+
+    dst = served_copy(resolve_model(args[1]), args[2])
+    print(f"untied copy of {args[1]} at {dst}: launch vLLM on it and set engine.served_model_dir = {dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
