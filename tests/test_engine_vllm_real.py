@@ -11,6 +11,8 @@ Skipped (with the set-up command) where the vLLM venv is not installed.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,13 +29,15 @@ from legorl.engine.vllm import VLLMEngine
 from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
 from legorl.loop.config import RunConfig
 from legorl.loop.preflight import logprobs_mode_check, preflight_checks
+from legorl.loop.worker import RolloutWorker
 from legorl.models import resolve_model
 from legorl.monitor.doctor import run_one
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.train.sync import DiskSync
-from legorl.types import FinishReason, SamplingParams
+from legorl.tasks.loader import load_shipped
+from legorl.types import FinishReason, SamplingParams, Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_per_module")]
 NAME = "tiny-qwen3"
@@ -229,3 +233,43 @@ def test_doctor_checks_the_servers_logprobs_mode(vllm_server: VLLMServer, monkey
     monkeypatch.setattr(registry, "make_engine", lambda c, tok=None: RawLogprobs(real(c, tok)))
     bad = run_one(logprobs_mode_check(cfg))
     assert not bad.ok and "raw log-softmax" in bad.detail and "--logprobs-mode processed_logprobs" in bad.fix
+
+
+AGENT = """#!/bin/bash
+python3 - <<'PY'
+import json, os, urllib.request
+body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
+PY
+"""
+
+
+async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_masked(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """Last in the module: it kills the shared server."""
+    (tmp_path / "agent.sh").write_text(AGENT)
+    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
+                                    "sandbox": {"retries": 1, "agent_timeout_s": 120}})
+    task = load_shipped("train")[0]
+    e = engine(vllm_server)
+    async with RolloutWorker(cfg, e) as w:
+        live = await w.rollout(task, session_id="live")
+    assert not live.trajectory.outcome.masked and live.turns and live.turns[0].completion_ids
+
+    steps = e.stream(list(range(100, 140)), SamplingParams(max_tokens=1500, temperature=1.0, seed=1))  # no EOS soon
+    got = [await anext(steps) for _ in range(3)]
+    assert all(s.token_id is not None for s in got)
+    os.killpg(vllm_server.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]  (a crash, not a shutdown)
+    with pytest.raises(EngineError, match="vllm"):
+        async for step in steps:
+            assert step.finish_reason is None, "the generation ended before the server was killed"
+    with pytest.raises(EngineError, match="cannot reach the server"):
+        await e.generate(PROMPT, SamplingParams(max_tokens=4))
+    async with RolloutWorker(cfg, e) as w:
+        dead = await w.rollout(task, session_id="dead")
+    o = dead.trajectory.outcome
+    assert o.status is Status.INFRA_ERROR and o.masked and o.reward == 0.0 and o.evidence["cause"] == "engine_error"
+    await e.close()

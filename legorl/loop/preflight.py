@@ -84,7 +84,7 @@ def logprobs_mode_check(cfg: RunConfig) -> Check:
 
         tok = load_tokenizer(cfg.engine.model)
         ids = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
-        params = SamplingParams(max_tokens=1, temperature=0.5, seed=0)
+        params = SamplingParams(max_tokens=8, temperature=2.0, seed=0)
 
         async def go() -> Any:
             engine = make_engine(cfg.engine, tok)
@@ -96,17 +96,20 @@ def logprobs_mode_check(cfg: RunConfig) -> Check:
         gen = _run(go())
         model_dir = cfg.engine.served_model_dir or resolve_model(cfg.engine.model)
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        out = gen.completion_ids
         with torch.no_grad():
-            logits_1_V = lm(torch.tensor([ids])).logits[0, -1:].float()
-        one = torch.ones(1)
-        processed = processed_logprobs(logits_1_V, one * params.temperature, one, torch.full((1,), -1))[0, gen.completion_ids[0]].item()
-        raw = torch.log_softmax(logits_1_V, -1)[0, gen.completion_ids[0]].item()
-        got = gen.logprobs[0]
-        if abs(got - processed) < 1e-2:
-            return f"processed logprobs (server {got:.4f}, recomputed {processed:.4f})"
+            logits_T_V = lm(torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1].float()
+        n = len(out)
+        processed_T = processed_logprobs(logits_T_V, torch.full((n,), params.temperature), torch.ones(n),
+                                         torch.full((n,), -1))[torch.arange(n), out]
+        raw_T = torch.log_softmax(logits_T_V, -1)[torch.arange(n), out]
+        k = int((processed_T - raw_T).abs().argmax())  # the token that tells the two modes apart best
+        got, processed, raw = gen.logprobs[k], processed_T[k].item(), raw_T[k].item()
+        if abs(got - processed) < 1e-2 and abs(got - processed) < abs(got - raw):
+            return f"processed logprobs (token {k}: server {got:.4f}, recomputed {processed:.4f}, raw {raw:.4f})"
         if abs(got - raw) < 1e-2:
             flag = "--logprobs-mode processed_logprobs" if cfg.engine.kind == "vllm" else "processed logprobs"
-            raise CheckFailed(f"the server reports raw log-softmax logprobs ({got:.4f}; processed at T=0.5 is "
+            raise CheckFailed(f"the server reports raw log-softmax logprobs ({got:.4f}; processed at T=2 is "
                               f"{processed:.4f})", fix=f"restart the {cfg.engine.kind} server with {flag}")
         raise CheckFailed(f"the server's logprob {got:.4f} is neither the processed ({processed:.4f}) nor the raw "
                           f"({raw:.4f}) one of {model_dir}",
