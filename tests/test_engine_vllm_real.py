@@ -160,10 +160,15 @@ async def test_routed_experts_from_a_server_without_them_is_an_error_naming_the_
     await spy.close()
 
 
-def test_a_tied_served_directory_is_refused_at_start_up(tmp_path: Path) -> None:
-    assert is_tied(resolve_model(NAME))
-    with pytest.raises(ValueError, match="untied copy"):
-        VLLMEngine("http://127.0.0.1:1", NAME, served_model_dir=str(resolve_model(NAME)))
+async def test_a_tied_served_directory_is_refused_before_any_request(vllm_server: VLLMServer) -> None:
+    tied = str(resolve_model(NAME))
+    assert is_tied(tied)
+    e = VLLMEngine(vllm_server.url, NAME, served_model_dir=tied)
+    with pytest.raises(EngineError, match="untied copy"):
+        await e.generate(PROMPT, SamplingParams(max_tokens=2))
+    with pytest.raises(EngineError, match="untied copy"):
+        await e.update_weights_from_disk(tied, version=1)
+    await e.close()
 
 
 async def test_weight_sync_after_a_train_step_changes_what_the_server_samples(vllm_server: VLLMServer) -> None:

@@ -53,6 +53,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import numpy as np
 
 from legorl.engine.base import EngineError, check_prompt, collect
@@ -106,18 +107,13 @@ class VLLMEngine:
     ) -> None:
         if route not in ("completions", "generate"):
             raise ValueError(f"vllm route {route!r}: expected 'completions' or 'generate'")
-        if served_model_dir is not None and is_tied(served_model_dir):
-            raise ValueError(
-                f"vllm serves {served_model_dir}, a model with tied embeddings: vLLM-CPU keeps its start-up LM head "
-                f"after a weight reload; launch vLLM on an untied copy instead "
-                f"(python -m legorl.engine.vllm_server untie {served_model_dir} DST) and set engine.served_model_dir = DST"
-            )
         self.http = HTTPEngineClient("vllm", url, request_timeout_s, max_concurrency, api_key)
         self.served_model_name = served_model_name
         self.use_stream = stream and not return_routed_experts
         self.return_routed_experts = return_routed_experts
         self.max_context = max_context
         self.served_model_dir = served_model_dir
+        self.launched_tied = served_model_dir is not None and is_tied(served_model_dir)  # before any sync rewrites it
         self.route = route
         self.policy_version = 0
         self._probed = False
@@ -147,6 +143,7 @@ class VLLMEngine:
         async with self._probe_lock:
             if self._probed:
                 return
+            await self._refuse_tied()
             params = SamplingParams(max_tokens=1, temperature=0.0)
             if self.route == "generate":
                 try:
@@ -163,6 +160,25 @@ class VLLMEngine:
                 if _choice(answer).get("routed_experts") is None:
                     raise EngineError(_no_routing(self.http.base_url))
             self._probed = True
+
+    async def _refuse_tied(self) -> None:
+        """vLLM-CPU keeps a tied model's start-up LM head through `reload_weights`: a real
+        vLLM (it answers `/version`) must serve an untied copy. (legorl's own EngineServer,
+        which speaks the same API, reloads tied models correctly.)"""
+        if not self.launched_tied:
+            return
+        try:
+            resp = await self.http.client.get("/version")
+            real = resp.status_code == 200 and "version" in resp.json()
+        except (httpx.HTTPError, ValueError):
+            real = False
+        if real:
+            raise EngineError(
+                f"vllm {self.http.base_url} serves {self.served_model_dir}, a model with tied embeddings: vLLM keeps "
+                f"its start-up LM head after a weight reload; launch it on an untied copy instead "
+                f"(python -m legorl.engine.vllm_server untie {self.served_model_dir} DST) and set "
+                f"engine.served_model_dir = DST"
+            )
 
     # -- requests ------------------------------------------------------------------------
     def _body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
@@ -313,8 +329,8 @@ class VLLMEngine:
                 f"vllm reloads weights only from the directory it was launched on ({self.served_model_dir}); "
                 f"write the new weights there instead of {path}"
             )
-        if is_tied(path):
-            raise ValueError(f"vllm: {path} now holds tied weights; write them untied (DiskSync(untie=True))")
+        if not self._probed:
+            await self._refuse_tied()  # before the first reload: the directory as launched
         await self.http.post_json("/collective_rpc", {"method": "reload_weights"})
         await self.reset_prefix_cache()
         await self.http.post_json("/update_weight_version", {"new_version": str(version)})
