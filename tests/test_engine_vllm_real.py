@@ -16,6 +16,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import torch
@@ -277,4 +278,43 @@ async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_mas
         dead = await w.rollout(task, session_id="dead")
     o = dead.trajectory.outcome
     assert o.status is Status.INFRA_ERROR and o.masked and o.reward == 0.0 and o.evidence["cause"] == "engine_error"
+    await e.close()
+
+
+# ---- a server started without the flags a client needs (vLLM 0.32's own answers, replayed:
+# one real server per module is all the time budget allows) ---------------------------------
+
+
+def _replaying(answers: dict[str, tuple[int, object]], tmp: str | None = None) -> tuple[VLLMEngine, list[str]]:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        status, body = answers.get(request.url.path, (404, {"detail": "Not Found"}))
+        return httpx.Response(status, json=body)
+
+    e = VLLMEngine("http://vllm.test", NAME, served_model_dir=tmp, route="generate" if tmp is None else "completions")
+    e.http.client = httpx.AsyncClient(base_url="http://vllm.test", transport=httpx.MockTransport(handler))
+    return e, seen
+
+
+async def test_missing_scale_out_flag_is_named() -> None:
+    forbidden = {"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
+                                      "enable them.", "type": "PermissionDeniedError", "code": 403}}
+    e, _ = _replaying({"/inference/v1/generate": (403, forbidden)})
+    with pytest.raises(EngineError, match="start it with --enable-scale-out"):
+        await e.generate(PROMPT, SamplingParams(max_tokens=2))
+    await e.close()
+
+
+async def test_missing_dev_mode_and_a_failed_cache_reset_are_errors(tmp_path: Path) -> None:
+    e, _ = _replaying({}, str(tmp_path))
+    with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
+        await e.update_weights_from_disk(tmp_path, version=1)
+    await e.close()
+    e, seen = _replaying({"/collective_rpc": (200, {"results": [None]}), "/reset_prefix_cache": (200, {"success": False})},
+                         str(tmp_path))
+    with pytest.raises(EngineError, match="success=false"):
+        await e.update_weights_from_disk(tmp_path, version=1)
+    assert seen.count("/reset_prefix_cache") == 5 and "/update_weight_version" not in seen and e.policy_version == 0
     await e.close()

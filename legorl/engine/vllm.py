@@ -331,7 +331,15 @@ class VLLMEngine:
             )
         if not self._probed:
             await self._refuse_tied()  # before the first reload: the directory as launched
-        await self.http.post_json("/collective_rpc", {"method": "reload_weights"})
+        try:
+            await self.http.post_json("/collective_rpc", {"method": "reload_weights"})
+        except EngineError as exc:
+            if "HTTP 404" in str(exc):
+                raise EngineError(
+                    f"vllm {self.http.base_url} has no /collective_rpc: start it with VLLM_SERVER_DEV_MODE=1 "
+                    f"(the weight-reload routes are dev-mode routes)"
+                ) from exc
+            raise
         await self.reset_prefix_cache()
         await self.http.post_json("/update_weight_version", {"new_version": str(version)})
         self.policy_version = int(version)
@@ -344,7 +352,8 @@ class VLLMEngine:
             answer = await self.http.post_json("/reset_prefix_cache", {}, params={"reset_running_requests": "true"})
             if not isinstance(answer, dict) or answer.get("success") is not False:
                 return
-            await asyncio.sleep(wait_s * (i + 1))
+            if i + 1 < attempts:
+                await asyncio.sleep(wait_s * (i + 1))
         raise EngineError(
             f"vllm {self.http.base_url}/reset_prefix_cache answered success=false {attempts} times: KV computed by "
             f"the old weights may still be reused; the new weights were not taken into use"
