@@ -318,3 +318,17 @@ async def test_missing_dev_mode_and_a_failed_cache_reset_are_errors(tmp_path: Pa
         await e.update_weights_from_disk(tmp_path, version=1)
     assert seen.count("/reset_prefix_cache") == 5 and "/update_weight_version" not in seen and e.policy_version == 0
     await e.close()
+
+
+@pytest.mark.parametrize("shard", [None, "200KB"])
+def test_untied_copies_load_with_the_head_materialised(tmp_path: Path, shard: str | None) -> None:
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model(NAME), dtype=torch.float32)
+    src = tmp_path / "src"
+    lm.save_pretrained(src, **({"max_shard_size": shard} if shard else {}))
+    assert (src / "model.safetensors.index.json").exists() == bool(shard)
+    dst = served_copy(src, tmp_path / "dst")
+    assert not is_tied(dst) and is_tied(src)
+    back = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32)
+    assert not back.config.tie_word_embeddings
+    assert back.lm_head.weight.data_ptr() != back.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(back.lm_head.weight, lm.model.embed_tokens.weight)
