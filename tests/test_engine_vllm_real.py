@@ -255,7 +255,7 @@ PY
 async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_masked(
     vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    """Last in the module: it kills the shared server."""
+    """Last of the server tests: it kills the shared server, then restarts it."""
     (tmp_path / "agent.sh").write_text(AGENT)
     cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
                                     "sandbox": {"retries": 1, "agent_timeout_s": 120}})
@@ -278,6 +278,10 @@ async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_mas
         dead = await w.rollout(task, session_id="dead")
     o = dead.trajectory.outcome
     assert o.status is Status.INFRA_ERROR and o.masked and o.reward == 0.0 and o.evidence["cause"] == "engine_error"
+
+    vllm_server.start()  # restarted on the same port: the same client carries on
+    g = await e.generate(PROMPT, SamplingParams(max_tokens=4, temperature=1.0, seed=2))
+    assert g.completion_ids and g.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     await e.close()
 
 
