@@ -10,6 +10,8 @@ import os
 import signal
 from typing import Any
 
+import pytest
+
 from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, run_rollout
 from legorl.sandbox.base import SandboxSpec
@@ -66,3 +68,23 @@ async def test_dead_zygote_is_infrastructure_and_the_backend_recovers() -> None:
         assert o.status is Status.INFRA_ERROR and o.masked and o.flags == ["backend_died"], o
         again = await run_rollout(task, CommandHarness("true"), backend, image, RolloutConfig(agent_timeout_s=60))
         assert again.outcome.status is Status.NO_PATCH  # a new zygote started
+
+
+def test_leftover_cgroups_of_a_killed_run_are_removed_at_the_next_start() -> None:
+    from legorl.sandbox.cgroups import PREFIX, Cgroups
+
+    cg = Cgroups()
+    if not cg.bases:
+        pytest.skip("no cgroup hierarchy here")
+    dead = [base / f"{PREFIX}{4_000_000 + os.getpid()}-0-dead" for base in cg.bases.values()]  # > pid_max: gone
+    alive = [base / f"{PREFIX}{os.getpid()}-0-live" for base in cg.bases.values()]
+    for d in dead + alive:
+        d.mkdir()
+    try:
+        cg.sweep()
+        assert not any(d.exists() for d in dead)  # its process is gone: removed at once
+        assert all(d.exists() for d in alive)  # ours, fresh: kept
+    finally:
+        for d in dead + alive:
+            if d.exists():
+                d.rmdir()

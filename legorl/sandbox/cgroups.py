@@ -13,6 +13,7 @@ crashed run's leftovers can be swept (`Cgroups.sweep`).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,13 +194,17 @@ class Cgroups:
 
     def sweep(self, min_age_s: float = 300.0) -> int:
         """Remove empty leftover sandbox cgroups (from a crashed run); returns how many.
-        Only ones older than `min_age_s`: a fresh one may be about to get its processes."""
+        Those of a process that is gone (the name starts with its pid: `legorl-<pid>-…`)
+        at once; others only when older than `min_age_s`: a fresh one may be about to get
+        its processes."""
         n = 0
         now = time.time()
         for base in self.bases.values():
             for d in base.glob(PREFIX + "*"):
                 try:
-                    if now - d.stat().st_mtime < min_age_s:
+                    owner = d.name[len(PREFIX):].split("-", 1)[0]
+                    gone = owner.isdigit() and not os.path.exists(f"/proc/{owner}")
+                    if not gone and now - d.stat().st_mtime < min_age_s:
                         continue
                     if not (d / "cgroup.procs").read_text().strip():
                         d.rmdir()
