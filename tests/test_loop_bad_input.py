@@ -109,3 +109,24 @@ def test_full_disk_for_checkpoints_is_one_message_and_resume_continues(tmp_path:
         assert closed == [0, 1, 2] and abandoned == 2 and per_step == {0: 2, 1: 2, 2: 2}
     finally:
         subprocess.run(["umount", "-l", str(ckpt)], check=False)
+
+
+def test_a_task_whose_repository_is_broken_is_masked_not_a_crash(tmp_path: Path) -> None:
+    """A bundle that passes the loader's header check but holds no usable commit: that task's
+    rollout is a masked infra_error naming the reason (a run would go on with the others)."""
+    import json
+
+    from legorl.tasks.loader import shipped_tasks_dir
+
+    row = json.loads((shipped_tasks_dir() / "train.jsonl").read_text().splitlines()[0])
+    (tmp_path / "broken.bundle").write_bytes(b"# v2 git bundle\nnot a pack\n")
+    row.update(repo_path="broken.bundle", instance_id="broken-1")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "agent.sh").write_text("true\n")
+    proc = subprocess.run([*LEGORL, "rollout", "--tasks", str(tmp_path / "tasks.jsonl"), "--instance", "broken-1",
+                           "--harness", "command", "--command-file", str(tmp_path / "agent.sh")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["status"] == "infra_error" and line["masked"] and line["flags"] == ["task_image"], line
+    assert "bundle" in line["evidence"]["error"] or "commit" in line["evidence"]["error"]

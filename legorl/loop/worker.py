@@ -33,6 +33,8 @@ from legorl.proxy.session_socket import SessionSocket
 from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
 from legorl.loop.errors import RunError
 from legorl.sandbox.base import Limits, SandboxError, SandboxSpec
+from legorl.sandbox.images import ImageNotFound
+from legorl.sandbox.layers import ImageBuildError
 from legorl.tasks.image import TaskImages, close_backend, open_backend
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
@@ -155,7 +157,10 @@ class RolloutWorker:
         proxy session, so a failed attempt's turns never join the retried one's trajectory."""
         assert self.backend is not None, "use the worker as `async with RolloutWorker(...)`"
         sid = session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}"
-        image = await self.images.for_task(task)
+        try:
+            image = await self.images.for_task(task)
+        except (ValueError, OSError, ImageBuildError, ImageNotFound) as e:  # the task's repository or image
+            return self._unbuildable(task, step, sid, e)
         failed: list[str] = []
         for attempt in range(self.retries + 1):
             attempt_sid = sid if attempt == 0 else f"{sid}-retry{attempt}"
@@ -169,6 +174,15 @@ class RolloutWorker:
             failed.append(f"{attempt_sid}: {outcome.evidence.get('cause', outcome.status.value)}")
             await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
         raise AssertionError("unreachable")
+
+    def _unbuildable(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
+        """A task whose image cannot be built (a corrupt bundle, a missing commit, a failing
+        env_setup): never the agent's, never rewarded — masked, with the reason; the run goes on."""
+        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=["task_image"],
+                          evidence={"cause": "task_image", "error": f"{type(err).__name__}: {err}"[-1500:]})  # fmt: skip
+        traj = assemble([], sid)
+        traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, self.harness.name, step, outcome
+        return RolloutRecord(traj, [], RolloutResult(task.instance_id, self.harness.name, outcome))
 
     async def _attempt(self, task: Task, image: str, step: int, sid: str) -> RolloutRecord:
         app = self.relay
