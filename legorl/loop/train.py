@@ -164,6 +164,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 rolls out
         return await follow(cfg, resume=resume)
     t_run = time.monotonic()
+    if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
+        raise RunError("engine.served_model_dir is required to train with vllm: the directory the server was "
+                       "launched on (new weights are written there and reloaded; see docs/scale-out.md)")
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tasks = load_task_split(cfg, cfg.run.split)
