@@ -9,7 +9,10 @@ Reasoning is a leading `<think>...</think>` block in both.
 A malformed call is never an error for the client: its text is returned as ordinary
 content and the completion is flagged `format_error`, so the harness sees what the policy
 wrote and the trainer sees a flagged turn (a 500 would turn a policy mistake into an
-infrastructure failure).
+infrastructure failure). Arguments nested deeper than `ARGS_MAX_DEPTH` count as malformed:
+the harness would replay them as `tool_use.input` and the proxy's own request depth limit
+(`max_json_depth`, default 128) would refuse the next call, and the recorder could not
+write them.
 
 Streaming: text and reasoning stream as they are generated, character-exact. A tool call
 is held until its closing tag so that it can be validated first (an already-streamed call
@@ -22,6 +25,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from legorl.proxy.limits import depth_within
+
+ARGS_MAX_DEPTH = 64  # deepest tool-call arguments object taken as a call (see the docstring)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -79,12 +86,14 @@ def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
         for key, raw in _XML_PARAM.findall(m.group(2)):
             try:
                 args[key.strip()] = json.loads(raw)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 args[key.strip()] = raw
+        if not depth_within(args, ARGS_MAX_DEPTH):
+            return None
         return m.group(1).strip(), json.dumps(args, ensure_ascii=False)
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -92,9 +101,9 @@ def parse_call(body: str, fmt: str) -> tuple[str, str] | None:
     if isinstance(args, str):  # some models emit arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
-    if not isinstance(args, dict):
+    if not isinstance(args, dict) or not depth_within(args, ARGS_MAX_DEPTH):
         return None
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
