@@ -350,6 +350,10 @@ class ProxyApp:
             await self._fail(run, send, dialect, err, started)
         except ProxyError as e:
             await self._fail(run, send, dialect, e, started)
+        except Exception as e:  # noqa: BLE001 - a bug: keep the turn, end the stream with an error event
+            log.exception("internal error in session %s", run.session.id)
+            await self._fail(run, send, dialect, ProxyError(500, f"internal error: {type(e).__name__}: {e}",
+                                                            "internal"), started)
         finally:
             state["done"] = True
             watcher.cancel()
