@@ -283,6 +283,7 @@ class ProxyApp:
                           from_url: bool) -> None:
         dialect: Dialect = mod.DIALECT
         ctx = self.ctx
+        size = 0
         try:
             body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)
@@ -303,6 +304,10 @@ class ProxyApp:
         except ProxyError as e:
             await send_error(send, dialect, e)
             return
+        finally:
+            if size > ctx.cfg.offload_bytes:
+                # its transient memory back to the OS (render_cache.py), once this frame is gone
+                asyncio.get_running_loop().call_soon(ctx.offload.trim)
 
         task = asyncio.current_task()
         state = {"gone": False, "done": False}

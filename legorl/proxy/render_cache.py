@@ -15,6 +15,10 @@ from the caller:
   are the overlays merged into the shared caches, on the loop thread: a refused prompt
   caches nothing, and the shared caches are only ever written by one thread.
 
+After a large request, `trim()` hands freed heap back to the OS (glibc `malloc_trim`, on
+the worker thread): a 5 MB prompt's transient ~100 MB would otherwise stay in the process's
+RSS as free-but-kept arenas (measured: ~+200 MB plateau without, ~+30 MB with).
+
 A renderer without the expected `_cache` / `_tools_cache` / `_fast` attributes (another
 render.py) still works: it is rendered on the thread as is, unbounded by this module.
 """
@@ -23,6 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import ctypes
+import ctypes.util
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -110,6 +117,14 @@ def bound_renderer(renderer: Any, max_bytes: int) -> bool:
     return True
 
 
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
 class _Overlay(dict):
     """Reads fall through to the shared cache; writes stay here until merged."""
 
@@ -145,6 +160,16 @@ class OffLoopRenderer:
         self.renderer = renderer
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="legorl-render")
         self.shadowable = all(hasattr(renderer, a) for a in ("_cache", "_tools_cache", "_fast"))
+        self._malloc_trim = _libc_malloc_trim()
+        self._last_trim = 0.0
+
+    def trim(self) -> None:
+        """Return freed heap to the OS, on the worker thread, at most once a second."""
+        now = time.monotonic()
+        if self._malloc_trim is None or now - self._last_trim < 1.0:
+            return
+        self._last_trim = now
+        self.pool.submit(self._malloc_trim, 0)
 
     def _shadow(self) -> Any:
         if not self.shadowable:
