@@ -239,3 +239,71 @@ def test_fuzz_never_5xx_and_every_accepted_turn_recorded(fuzz_proxy: Any, path: 
     print(path, counts)
     assert counts["ok"] > 0 and counts["4xx"] > 0, counts
     assert turns_recorded(out) - before == counts["ok"]  # no accepted turn lost
+
+
+# -- bounded memory ---------------------------------------------------------------------------
+
+async def test_refused_huge_prompt_caches_nothing_and_opens_no_session(tmp_path: Path) -> None:
+    words = " ".join(f"w{i % 997}x{i % 13}" for i in range(60_000))  # ~0.5 MB, far over 2,000 tokens
+    async with server(tmp_path, offload_bytes=64 * 1024) as srv, \
+            httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c:
+        cache = srv.ctx.renderer._cache
+        await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])
+        n_before, bytes_before = len(cache), cache.nbytes
+        for path in (CHAT, MSGS, RESP):
+            key = "input" if path == RESP else "messages"
+            body = {**GOOD[path], key: [{"role": "user", "content": words}]}
+            r = await c.post(f"/s/huge{path}", json=body)
+            err = shaped_error(path, r, 400)
+            assert "too long" in err["message"] or "maximum context length" in err["message"]
+        assert (len(cache), cache.nbytes) == (n_before, bytes_before)
+        assert set(srv.sessions.open_sessions) == {"warm"}
+
+
+async def test_offloaded_render_equals_inline_and_is_cached_once_accepted(tmp_path: Path) -> None:
+    body = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "a " * 300}],
+            "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}
+    async with server(tmp_path / "a", offload_bytes=0) as off, server(tmp_path / "b") as inline, \
+            httpx.AsyncClient(timeout=60) as c:
+        for srv in (off, inline):
+            r = await c.post(f"{srv.base_url}/s/x{CHAT}", json=body)
+            assert r.status_code == 200, r.text
+        t_off, t_in = off.sessions.open_sessions["x"].turns[0], inline.sessions.open_sessions["x"].turns[0]
+        assert t_off.prompt_ids == t_in.prompt_ids
+        assert len(off.ctx.renderer._cache) == len(inline.ctx.renderer._cache) > 0
+
+
+def test_byte_lru_evicts_by_bytes() -> None:
+    from legorl.proxy.render_cache import ByteLRU
+
+    c = ByteLRU(100_000)
+    for i in range(100):
+        c[("user", f"{i}" * 1000)] = list(range(300, 400))
+    assert c.nbytes <= 100_000 and 0 < len(c) < 100
+    c[("user", "x" * 50_000)] = [1]  # over a quarter of the budget: not kept
+    assert ("user", "x" * 50_000) not in c
+
+
+def test_idle_standalone_sessions_expire() -> None:
+    from legorl.proxy.sessions import SessionRegistry
+
+    reg = SessionRegistry(standalone=True, idle_s=5.0)
+    s = reg.adopt(reg.resolve("idle", False))
+    assert reg.resolve("idle", False) is s
+    managed = reg.open("managed")
+    now = s.last_active + 6.0
+    reg._next_sweep = 0.0
+    assert [x.id for x in reg.sweep(now)] == ["idle"]
+    assert reg.open_sessions == {"managed": managed} and s.closed
+
+
+async def test_refused_prompt_rendered_on_the_loop_caches_nothing(tmp_path: Path) -> None:
+    async with server(tmp_path) as srv, httpx.AsyncClient(base_url=srv.base_url, timeout=60) as c:
+        cache = srv.ctx.renderer._cache
+        await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])
+        n_before, bytes_before = len(cache), cache.nbytes
+        long = " ".join(f"q{i}" for i in range(3000))  # ~18 KB: rendered on the loop, > 2,000 tokens
+        body = {"model": "m", "messages": [{"role": "user", "content": "a new question"}, {"role": "assistant", "content": "ok"},
+                                           {"role": "user", "content": long}]}
+        assert (await c.post(f"/s/warm{CHAT}", json=body)).status_code == 400
+        assert (len(cache), cache.nbytes) == (n_before, bytes_before)

@@ -39,7 +39,7 @@ from legorl.proxy.errors import ProxyError, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.pipeline import Parsed, TurnRun, compile_side_regex
 from legorl.proxy.render import Renderer
-from legorl.proxy.render_cache import OffLoopRenderer, bound_renderer
+from legorl.proxy.render_cache import Journal, OffLoopRenderer, bound_renderer
 from legorl.proxy.sessions import SessionRegistry
 from legorl.types import Dialect, SamplingParams
 
@@ -299,7 +299,13 @@ class ProxyApp:
             else:
                 parsed = mod.parse(body)
                 run = TurnRun(ctx, session, dialect, body, parsed)
-                run.prepare()
+                journal = Journal(ctx.renderer)
+                try:
+                    run.prepare()
+                except BaseException:
+                    journal.rollback()  # a refused prompt leaves nothing in the cache
+                    raise
+                journal.end()
             run.session = ctx.sessions.adopt(session)  # a standalone session opens here, once accepted
         except ProxyError as e:
             await send_error(send, dialect, e)

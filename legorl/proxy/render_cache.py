@@ -8,7 +8,10 @@ from the caller:
 
 - `bound_renderer` swaps the renderer's two caches for `ByteLRU`s that also evict by an
   estimate of their bytes (`ProxyConfig.render_cache_bytes`, split 7:1 blocks:tools).
-- `OffLoopRenderer.render` renders a large request on a worker thread with a *shadow* of
+- `Journal` (requests rendered on the loop): the keys a render inserts are noted, and
+  dropped again when the prompt is refused, so a refused prompt caches nothing there either
+  (cost: one list append per cache miss).
+- `OffLoopRenderer.run` renders a large request on a worker thread with a *shadow* of
   the renderer whose caches read the shared ones but write into private overlays, and
   tokenises with `encode_batch_fast` (the Rust work runs without the GIL, and skips the
   offsets nobody reads: ~2.5x faster on 5 MB). Only when the caller accepts the prompt
@@ -69,11 +72,14 @@ class ByteLRU(OrderedDict):
         self.max_bytes = max_bytes
         self.nbytes = 0
         self._sizes: dict[Any, int] = {}
+        self.journal: list[Any] | None = None  # keys inserted since `Journal` began
 
     def __setitem__(self, key: Any, value: Any) -> None:
         size = estimate_bytes(key, value)
         if size > self.max_bytes // 4:  # one block may not take a quarter of the budget
             return
+        if self.journal is not None:
+            self.journal.append(key)
         old = self._sizes.get(key)
         if old is not None:
             self.nbytes -= old
@@ -123,6 +129,28 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
         return libc.malloc_trim
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
+
+
+class Journal:
+    """Notes what a render on the loop inserts into the renderer's ByteLRUs; `rollback()`
+    removes it (the prompt was refused), `end()` keeps it."""
+
+    def __init__(self, renderer: Any) -> None:
+        self.caches = [c for c in (getattr(renderer, "_cache", None), getattr(renderer, "_tools_cache", None))
+                       if isinstance(c, ByteLRU)]
+        for c in self.caches:
+            c.journal = []
+
+    def rollback(self) -> None:
+        for c in self.caches:
+            for key in c.journal or ():
+                if key in c:
+                    del c[key]
+        self.end()
+
+    def end(self) -> None:
+        for c in self.caches:
+            c.journal = None
 
 
 class _Overlay(dict):
