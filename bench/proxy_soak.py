@@ -71,11 +71,11 @@ def fuzz(n_total: int) -> dict[str, Any]:
     five: list[str] = []
     with ThreadedProxy(lambda: make_server(out, max_context=4000)) as tp, \
             httpx.Client(base_url=tp.srv.base_url, timeout=30) as client:
-        for path in (CHAT, MSGS, RESP):
+        def run_dialect(path: str) -> None:
             @settings(max_examples=n_total // 3, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
             @given(body=BODIES[path]())
-            def one(body: Any, path: str = path) -> None:
+            def one(body: Any) -> None:
                 counts["requests"] += 1
                 try:
                     r = client.post(f"/s/fuzz{path}", content=json.dumps(body), headers={"content-type": "application/json"})
@@ -88,6 +88,9 @@ def fuzz(n_total: int) -> dict[str, Any]:
                     five.append(f"{path}: {r.text[:200]}")
 
             one()
+
+        for path in (CHAT, MSGS, RESP):
+            run_dialect(path)
         time.sleep(0.2)
         recorded = turns_recorded(out)
     return {**counts, "lost_turns": counts["2xx"] - recorded, "first_5xx": five}
@@ -254,8 +257,10 @@ def main() -> None:
     res: dict[str, Any] = {"load_avg_start": os.getloadavg()[0]}
     if "stall" not in args.skip:
         res["stall"] = asyncio.run(stall(args.huge_mb))
+        print(json.dumps({"stall": res["stall"]}), file=sys.stderr, flush=True)  # progress
     if "fuzz" not in args.skip:
         res["fuzz"] = fuzz(args.fuzz)
+        print(json.dumps({"fuzz": res["fuzz"]}), file=sys.stderr, flush=True)
     if "soak" not in args.skip:
         res["soak"] = asyncio.run(soak(args.soak, args.huge_mb))
     res["load_avg_end"] = os.getloadavg()[0]

@@ -307,3 +307,20 @@ async def test_refused_prompt_rendered_on_the_loop_caches_nothing(tmp_path: Path
                                            {"role": "user", "content": long}]}
         assert (await c.post(f"/s/warm{CHAT}", json=body)).status_code == 400
         assert (len(cache), cache.nbytes) == (n_before, bytes_before)
+
+
+@pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
+async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(tmp_path: Path, path: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    async with server(tmp_path) as srv, httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c:
+        monkeypatch.setattr(srv.ctx, "sampling_dict", lambda params: 1 / 0)  # record() fails: a bug
+        r = await c.post(f"/s/f{path}", json={**GOOD[path], "stream": True})
+        assert r.status_code == 200
+        last = r.content.rstrip().rsplit(b"\n\n", 1)[-1]
+        assert b"error" in last and b"internal error" in last, r.content[-300:]
+
+
+def test_store_dumps_never_raises() -> None:
+    from legorl.monitor.rebuild import dumps
+
+    assert json.loads(dumps({"deep": deep_list(400), "big": 2**90}))["big"] == str(2**90)
