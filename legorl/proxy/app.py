@@ -216,12 +216,20 @@ class ProxyApp:
     async def _read_json(self, scope: Scope, receive: Receive) -> tuple[dict[str, Any], int]:
         """The body as a JSON object within the parse-time limits, and its size in bytes."""
         cfg = self.ctx.cfg
+        # A bare timer, not asyncio.timeout(): this runs for every request (~half the cost).
+        task = asyncio.current_task()
+        fired: list[bool] = []
+        timer = asyncio.get_running_loop().call_later(cfg.body_timeout_s, lambda: (fired.append(True), task.cancel()))
         try:
-            async with asyncio.timeout(cfg.body_timeout_s):
-                raw = await self._read_raw(scope, receive)
-        except TimeoutError:
+            raw = await self._read_raw(scope, receive)
+        except asyncio.CancelledError:
+            if not fired:
+                raise
+            task.uncancel()
             raise ProxyError(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
                                   "(proxy setting `body_timeout_s`)", close=True) from None
+        finally:
+            timer.cancel()
         if not raw:
             raise ProxyError(400, "request body is empty: expected a JSON object")
         try:
