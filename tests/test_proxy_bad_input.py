@@ -234,6 +234,10 @@ def test_fuzz_never_5xx_and_every_accepted_turn_recorded(fuzz_proxy: Any, path: 
         else:
             counts["4xx"] += 1
             assert is_dialect_error(path, r.json()), r.text
+        if path == MSGS:  # count_tokens reads the same body
+            r = client.post("/s/fuzz-count/v1/messages/count_tokens", content=json.dumps(body),
+                            headers={"content-type": "application/json"})
+            assert r.status_code < 500 and (r.status_code == 200 or is_dialect_error(MSGS, r.json())), r.text
 
     one()
     print(path, counts)
