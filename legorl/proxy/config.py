@@ -98,7 +98,8 @@ class ProxyConfig(Section):
 
     session_idle_s: float = Field(3600.0, gt=0)
     """Standalone mode: a session without requests for this long is closed (its trajectory
-    written), so sessions opened by one-off keys do not pile up. Managed sessions never expire."""
+    written), so sessions opened by one-off keys do not pile up. Managed sessions never expire.
+    Keep it above `request_timeout_s`: a call still generating after it would be a late turn."""
 
     request_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one engine generation; past it the client gets a 504/error event."""

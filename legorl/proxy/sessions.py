@@ -208,12 +208,14 @@ class SessionRegistry:
             )
         if len(session_id) > self.MAX_ID_CHARS:
             raise bad_request(f"session id of {len(session_id)} characters: at most {self.MAX_ID_CHARS} are allowed")
+        now = time.monotonic()
+        if self.standalone and now >= self._next_sweep:
+            self.sweep(now)
         s = self.open_sessions.get(session_id)
         if s is not None:
-            s.last_active = time.monotonic()
+            s.last_active = now
             return s
         if self.standalone:
-            self.sweep()
             return Session(session_id, managed=False)  # provisional: `adopt` opens it once accepted
         status, kind = (404, "not_found") if from_url else (401, "authentication")
         what = "is closed" if session_id in self.closed_ids else "is not open"
