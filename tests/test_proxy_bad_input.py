@@ -328,3 +328,14 @@ def test_store_dumps_never_raises() -> None:
     from legorl.monitor.rebuild import dumps
 
     assert json.loads(dumps({"deep": deep_list(400), "big": 2**90}))["big"] == str(2**90)
+
+
+def test_limits_are_documented_settings() -> None:
+    from pydantic import ValidationError
+
+    names = ["max_json_depth", "max_string_chars", "max_messages", "max_body_bytes", "header_timeout_s",
+             "body_timeout_s", "offload_bytes", "render_cache_bytes", "session_idle_s"]
+    for name in names:
+        assert ProxyConfig.model_fields[name].description, f"ProxyConfig.{name} has no docstring"
+    with pytest.raises(ValidationError, match="max_json_depth"):
+        ProxyConfig(max_json_depth=300)  # past what the recorder can write
