@@ -9,7 +9,8 @@ Prints one JSON object:
   closed every 20 turns; malformed bodies; over-deep bodies; requests for fresh session ids
   that are refused; and 18 distinct ~5 MB prompts, each refused as too long), 16 at a time;
   the process's RSS after a warm-up of N/10 requests with 2 of the huge prompts (start), at
-  the end (16 huge prompts later), and its maximum; open sessions
+  the end (16 huge prompts later), both with no huge prompt in flight, its maximum, and the
+  samples every 250 requests taken with none / some huge prompt in flight; open sessions
   and the render cache's estimated bytes at the end.
 - `stall`: the longest gap (and the worst p99) between chunks of a streamed answer (one
   token per 5 ms), alone, and over streams run back to back for the whole life of a ~5 MB
@@ -142,13 +143,17 @@ async def soak(n: int, huge_mb: float) -> dict[str, Any]:
         kinds = ["agent"] * 80 + ["bad_json"] * 6 + ["deep"] * 4 + ["fresh_refused"] * 10
         # two huge prompts in the warm-up (the allocator's high-water mark), 16 after it
         huge_at = set(rng.sample(range(n // 20, n // 10), 2)) | set(rng.sample(range(n // 10 + 1, n), 16))
-        counter = {"i": 0}
+        counter = {"i": 0, "huge_inflight": 0}
         rss_start = 0.0
 
         async def one(i: int) -> None:
             path = (CHAT, MSGS, RESP)[i % 3]
             if i in huge_at:
-                r = await c.post(f"/s/huge-{i}{path}", json=_huge_body(path, huge_texts.pop()))
+                counter["huge_inflight"] += 1
+                try:
+                    r = await c.post(f"/s/huge-{i}{path}", json=_huge_body(path, huge_texts.pop()))
+                finally:
+                    counter["huge_inflight"] -= 1
                 key = f"huge:{r.status_code}"
             else:
                 kind = rng.choice(kinds)
@@ -175,20 +180,23 @@ async def soak(n: int, huge_mb: float) -> dict[str, Any]:
                 i = counter["i"]
                 counter["i"] += 1
                 await one(i)
-                if i % 500 == 0:
-                    samples.append((i, round(rss_mb(), 1)))
-                if i == n // 10:
-                    rss_start = rss_mb()
+                if i % 250 == 0:
+                    samples.append((i, round(rss_mb(), 1), counter["huge_inflight"]))
+                if i >= n // 10 and not rss_start and not counter["huge_inflight"] and len(huge_texts) <= 16:
+                    await asyncio.sleep(1.5)  # the deferred malloc_trim of the last huge prompt
+                    rss_start = rss_mb()  # after the warm-up, with no huge prompt in flight
 
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(16)))
         elapsed = time.monotonic() - t0
+        await asyncio.sleep(1.5)  # as for the start: after the last deferred trim
         rss_end = rss_mb()
         cache = getattr(srv.ctx.renderer, "_cache", None)
         return {"requests": n, "seconds": round(elapsed, 1), "statuses": dict(sorted(statuses.items())),
                 "rss_start_mb": round(rss_start, 1), "rss_end_mb": round(rss_end, 1),
                 "rss_max_mb": max(s[1] for s in samples), "rss_change_pct": round(100 * (rss_end / rss_start - 1), 1),
-                "rss_samples": samples, "open_sessions": len(srv.sessions.open_sessions),
+                "rss_quiet_samples_mb": [s[1] for s in samples if s[0] >= n // 10 and not s[2]],
+                "rss_samples_with_huge_in_flight_mb": [s[1] for s in samples if s[2]], "open_sessions": len(srv.sessions.open_sessions),
                 "render_cache_mb": round(getattr(cache, "nbytes", 0) / 2**20, 1)}
 
 

@@ -190,14 +190,28 @@ class OffLoopRenderer:
         self.shadowable = all(hasattr(renderer, a) for a in ("_cache", "_tools_cache", "_fast"))
         self._malloc_trim = _libc_malloc_trim()
         self._last_trim = 0.0
+        self._trim_pending = False
 
     def trim(self) -> None:
-        """Return freed heap to the OS, on the worker thread, at most once a second."""
-        now = time.monotonic()
-        if self._malloc_trim is None or now - self._last_trim < 1.0:
+        """Return freed heap to the OS, on the worker thread, at most once a second (a call
+        within the second is deferred to its end, so the last large request is trimmed too).
+        Call it on the event loop."""
+        if self._malloc_trim is None or self._trim_pending:
             return
-        self._last_trim = now
-        self.pool.submit(self._malloc_trim, 0)
+        wait = self._last_trim + 1.0 - time.monotonic()
+        if wait > 0:
+            self._trim_pending = True
+            asyncio.get_running_loop().call_later(wait, self._trim_now)
+            return
+        self._trim_now()
+
+    def _trim_now(self) -> None:
+        self._trim_pending = False
+        self._last_trim = time.monotonic()
+        try:
+            self.pool.submit(self._malloc_trim, 0)
+        except RuntimeError:  # the pool was shut down meanwhile
+            pass
 
     def _shadow(self) -> Any:
         if not self.shadowable:
