@@ -5,6 +5,12 @@ that owns the engine and the trainer, on that process's event loop (no threads, 
 extra processes): uvicorn's `_serve` is used where it exists because `serve` would take
 over the process's signal handlers. Start-up waits until uvicorn is accepting, and a
 server that dies during start-up raises instead of leaving the caller waiting.
+
+Front ends that face clients (the proxy) are served with `guarded_httptools`: a request's
+line and headers must arrive within a timeout of the connection opening (or of the
+request's first byte), else the connection is closed with a JSON 408 (slowloris), and
+what the HTTP parser rejects gets a JSON 400 in OpenAI's error shape instead of uvicorn's
+plain text. (Body timeouts are the application's: see `proxy/app.py`.)
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import importlib.util
 import socket
 from typing import Any
 
+import orjson
 import uvicorn
 
 
@@ -68,10 +75,70 @@ class LoopServer:
         self.sock.close()
 
 
-def tcp_server(app: Any, host: str, port: int, *, what: str) -> LoopServer:
+def _error_response(status: bytes, message: str, code: str) -> bytes:
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
+    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
+            + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+
+
+def guarded_httptools(header_timeout_s: float) -> type[asyncio.Protocol] | None:
+    """uvicorn's httptools protocol with a header timeout and JSON errors (None without
+    httptools: h11 then serves, unguarded)."""
+    if http_impl() != "httptools":
+        return None
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpTools(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def _arm(self) -> None:
+            if self._head_timer is None:
+                self._head_timer = self.loop.call_later(header_timeout_s, self._head_timeout)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timeout(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.write(_error_response(
+                    b"408 Request Timeout", f"the request line and headers did not arrive within "
+                    f"{header_timeout_s:g} s (proxy setting `header_timeout_s`)", "header_timeout"))
+                self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(_error_response(b"400 Bad Request", f"malformed HTTP request: {msg}",
+                                                 "bad_http_request"))
+            self.transport.close()
+
+    return GuardedHttpTools
+
+
+def tcp_server(app: Any, host: str, port: int, *, what: str, header_timeout_s: float | None = None) -> LoopServer:
     """A LoopServer for `app` on a freshly bound `host:port` (port 0: a free one; read it
     from `.sock`), with the HTTP options of our TCP front ends (proxy, engine server):
     httptools when installed, 75 s keep-alive, a 2048-connection backlog. Not started
-    yet: `await start()`."""
+    yet: `await start()`. With `header_timeout_s`, served by `guarded_httptools`."""
     sock = bind_tcp(host, port)
-    return LoopServer(app, sock, what=what, http=http_impl(), timeout_keep_alive=75, backlog=2048)
+    http: Any = http_impl()
+    if header_timeout_s is not None:
+        http = guarded_httptools(header_timeout_s) or http
+    return LoopServer(app, sock, what=what, http=http, timeout_keep_alive=75, backlog=2048)

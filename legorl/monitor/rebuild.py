@@ -23,7 +23,14 @@ JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 def dumps(obj: Any) -> str:
-    return orjson.dumps(obj, option=JSON_OPTS).decode()
+    """JSON text of `obj`; never raises (what orjson refuses — nesting past 254 levels, an
+    integer beyond 64 bits — is written marked, see `proxy.limits.safe_dumps`)."""
+    try:
+        return orjson.dumps(obj, option=JSON_OPTS).decode()
+    except TypeError:
+        from legorl.proxy.limits import safe_dumps
+
+        return safe_dumps(obj, JSON_OPTS).decode()
 
 
 def loads(text: str | bytes | None, default: Any = None) -> Any:

@@ -24,6 +24,7 @@ import orjson
 from legorl.proxy import fields as F
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
+from legorl.proxy.render_cache import ByteLRU
 from legorl.proxy.render import ChatRequest
 from legorl.proxy.toolcalls import ReasoningDelta, StreamEvent, TextDelta
 from legorl.types import Dialect, FinishReason
@@ -54,7 +55,7 @@ def _block_text(blocks: Any, where: str) -> str:
     return "\n".join(out)
 
 
-_INPUT_CACHE: dict[bytes, str] = {}
+_INPUT_CACHE: dict[bytes, str] = ByteLRU(32 * 1024 * 1024)  # bounded in bytes too: inputs can be megabytes
 
 
 def _input_json(v: Any, where: str) -> str:

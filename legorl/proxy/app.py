@@ -15,6 +15,11 @@ Routes (each also under `/s/{session_id}`; `/v1` may be left out):
   GET  /legorl/sessions       open sessions
   DELETE /legorl/sessions/{id}  close a session, write its trajectory
 Query strings (Claude Code's `?beta=true`) are ignored.
+
+Bad input: every client mistake is a 4xx in the dialect's error shape. Bodies are held to
+the parse-time limits of `limits.py` before anything is generated (so every accepted turn
+can be recorded), must arrive within `body_timeout_s` (408, connection closed), and bodies
+over `offload_bytes` are parsed and tokenised on a worker thread (`render_cache.py`).
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from legorl.engine.base import Engine
 from legorl.proxy import anthropic, openai_chat, responses
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.errors import ProxyError, error_body, stream_error_event
-from legorl.proxy.pipeline import TurnRun, compile_side_regex
+from legorl.proxy.limits import check_body, limit_error
+from legorl.proxy.pipeline import Parsed, TurnRun, compile_side_regex
 from legorl.proxy.render import Renderer
+from legorl.proxy.render_cache import Journal, OffLoopRenderer, bound_renderer
 from legorl.proxy.sessions import SessionRegistry
 from legorl.types import Dialect, SamplingParams
 
@@ -59,6 +66,8 @@ class ProxyContext:
         self.engine = engine
         self.renderer = renderer
         self.sessions = sessions
+        bound_renderer(renderer, cfg.render_cache_bytes)
+        self.offload = OffLoopRenderer(renderer)
         self.eos_ids = frozenset(renderer.eos_ids)
         # the completion format: the config's, or (`auto`) the one the model's template writes
         self.tool_format = renderer.tool_format if cfg.tool_format == "auto" else cfg.tool_format
@@ -102,7 +111,12 @@ async def send_json(send: Send, status: int, body: bytes) -> None:
 
 
 async def send_error(send: Send, dialect: Dialect | None, err: ProxyError) -> None:
-    await send_json(send, err.status, error_body(dialect, err))
+    body = error_body(dialect, err)
+    headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+    if err.close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class ClientGone(Exception):
@@ -173,6 +187,8 @@ class ProxyApp:
             await send_error(send, _dialect_of_path(path), e)
         except ClientGone:
             raise
+        except RecursionError:  # a safety net: the depth limit should have refused it already
+            await send_error(send, _dialect_of_path(path), limit_error("max_json_depth", "request nests too deeply"))
         except Exception as e:  # noqa: BLE001 - a bug answers 500 and the server keeps serving
             log.exception("internal error on %s %s", method, scope["path"])
             await send_error(send, _dialect_of_path(path), ProxyError(500, f"internal error: {type(e).__name__}: {e}",
@@ -200,7 +216,38 @@ class ProxyApp:
         await send_json(send, 200, orjson.dumps({**s.summary(), "late_turns": s.late_turns}))
 
     # -- request bodies -------------------------------------------------------------------
-    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+    async def _read_json(self, scope: Scope, receive: Receive) -> tuple[dict[str, Any], int]:
+        """The body as a JSON object within the parse-time limits, and its size in bytes."""
+        cfg = self.ctx.cfg
+        # A bare timer, not asyncio.timeout(): this runs for every request (~half the cost).
+        task = asyncio.current_task()
+        fired: list[bool] = []
+        timer = asyncio.get_running_loop().call_later(cfg.body_timeout_s, lambda: (fired.append(True), task.cancel()))
+        try:
+            raw = await self._read_raw(scope, receive)
+        except asyncio.CancelledError:
+            if not fired:
+                raise
+            task.uncancel()
+            raise ProxyError(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
+                                  "(proxy setting `body_timeout_s`)", close=True) from None
+        finally:
+            timer.cancel()
+        if not raw:
+            raise ProxyError(400, "request body is empty: expected a JSON object")
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e):
+                raise limit_error("max_json_depth", f"request body nests arrays/objects more than "
+                                                    f"{cfg.max_json_depth} levels deep") from None
+            raise ProxyError(400, f"request body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ProxyError(400, f"request body must be a JSON object, got {type(body).__name__}")
+        check_body(raw, body, cfg.max_json_depth, cfg.max_string_chars, cfg.max_messages)
+        return body, len(raw)
+
+    async def _read_raw(self, scope: Scope, receive: Receive) -> bytes:
         limit = self.ctx.cfg.max_body_bytes
         for k, v in scope["headers"]:
             if k == b"content-length":
@@ -209,7 +256,8 @@ class ProxyApp:
                 except ValueError:
                     raise ProxyError(400, f"bad Content-Length header {v!r}") from None
                 if n > limit:
-                    raise ProxyError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes", "too_large")
+                    raise ProxyError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes "
+                                          "(proxy setting `max_body_bytes`)", "too_large")
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -220,26 +268,22 @@ class ProxyApp:
             if chunk:
                 size += len(chunk)
                 if size > limit:
-                    raise ProxyError(413, f"request body exceeds the limit of {limit} bytes", "too_large")
+                    raise ProxyError(413, f"request body exceeds the limit of {limit} bytes "
+                                          "(proxy setting `max_body_bytes`)", "too_large")
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if not raw:
-            raise ProxyError(400, "request body is empty: expected a JSON object")
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ProxyError(400, f"request body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise ProxyError(400, f"request body must be a JSON object, got {type(body).__name__}")
-        return body
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, sid: str | None, from_url: bool) -> None:
+        ctx = self.ctx
         try:
-            body = await self._read_json(scope, receive)
-            session = self.ctx.sessions.resolve(sid, from_url)
-            n = len(self.ctx.renderer.render(anthropic.to_chat(body), session.state))
+            body, size = await self._read_json(scope, receive)
+            session = ctx.sessions.resolve(sid, from_url)  # standalone: never opens one
+            if size > ctx.cfg.offload_bytes:
+                n, _ = await ctx.offload.run(lambda r: len(r.render(anthropic.to_chat(body), session.state)))
+            else:
+                n = len(ctx.renderer.render(anthropic.to_chat(body), session.state))
         except ProxyError as e:
             await send_error(send, Dialect.ANTHROPIC, e)
             return
@@ -250,15 +294,37 @@ class ProxyApp:
                           from_url: bool) -> None:
         dialect: Dialect = mod.DIALECT
         ctx = self.ctx
+        size = 0
         try:
-            body = await self._read_json(scope, receive)
+            body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)
-            parsed = mod.parse(body)
-            run = TurnRun(ctx, session, dialect, body, parsed)
-            run.prepare()
+            if size > ctx.cfg.offload_bytes:  # parse and tokenise on a thread; cache only if accepted
+                def work(r: Renderer) -> tuple[Parsed, list[int]]:
+                    p = mod.parse(body)
+                    return p, r.render(p.chat, session.state)
+
+                (parsed, ids), commit = await ctx.offload.run(work)
+                run = TurnRun(ctx, session, dialect, body, parsed)
+                run.prepare(ids)
+                commit()
+            else:
+                parsed = mod.parse(body)
+                run = TurnRun(ctx, session, dialect, body, parsed)
+                journal = Journal(ctx.renderer)
+                try:
+                    run.prepare()
+                except BaseException:
+                    journal.rollback()  # a refused prompt leaves nothing in the cache
+                    raise
+                journal.end()
+            run.session = ctx.sessions.adopt(session)  # a standalone session opens here, once accepted
         except ProxyError as e:
             await send_error(send, dialect, e)
             return
+        finally:
+            if size > ctx.cfg.offload_bytes:
+                # its transient memory back to the OS (render_cache.py), once this frame is gone
+                asyncio.get_running_loop().call_soon(ctx.offload.trim)
 
         task = asyncio.current_task()
         state = {"gone": False, "done": False}
@@ -306,6 +372,10 @@ class ProxyApp:
             await self._fail(run, send, dialect, err, started)
         except ProxyError as e:
             await self._fail(run, send, dialect, e, started)
+        except Exception as e:  # noqa: BLE001 - a bug: keep the turn, end the stream with an error event
+            log.exception("internal error in session %s", run.session.id)
+            await self._fail(run, send, dialect, ProxyError(500, f"internal error: {type(e).__name__}: {e}",
+                                                            "internal"), started)
         finally:
             state["done"] = True
             watcher.cancel()

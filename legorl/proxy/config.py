@@ -71,6 +71,37 @@ class ProxyConfig(Section):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """Largest request body accepted; larger ones get 413 before being read."""
 
+    max_json_depth: int = Field(128, ge=8, le=200)
+    """Deepest nesting of arrays/objects accepted in a request body; deeper gets a 400 before
+    anything is generated (the recorder's JSON encoder stops at 254 levels, hence at most 200)."""
+
+    max_string_chars: int = Field(4 * 1024 * 1024, ge=1024)
+    """Longest string (message text, tool result, key) accepted in a request body; longer gets a 400."""
+
+    max_messages: int = Field(10_000, ge=1)
+    """Most `messages` (Chat, Anthropic) or `input` items (Responses) in one request; more gets a 400."""
+
+    header_timeout_s: float = Field(30.0, gt=0)
+    """A connection must deliver a request's line and headers within this many seconds of
+    opening (or of the request's first byte); past it the connection is closed (slowloris)."""
+
+    body_timeout_s: float = Field(60.0, gt=0)
+    """A request body must arrive in full within this many seconds of its headers; past it the
+    client gets a 408 and the connection is closed."""
+
+    offload_bytes: int = Field(256 * 1024, ge=0)
+    """Bodies larger than this are parsed and tokenised on a worker thread, so a huge prompt
+    does not stall other sessions' streams; smaller ones stay on the event loop (cheaper)."""
+
+    render_cache_bytes: int = Field(256 * 1024 * 1024, ge=1 << 20)
+    """Memory budget of the shared prompt-block cache (token ids of rendered messages and tool
+    schemas), in estimated bytes; least recently used blocks are dropped past it."""
+
+    session_idle_s: float = Field(3600.0, gt=0)
+    """Standalone mode: a session without requests for this long is closed (its trajectory
+    written), so sessions opened by one-off keys do not pile up. Managed sessions never expire.
+    Keep it above `request_timeout_s`: a call still generating after it would be a late turn."""
+
     request_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one engine generation; past it the client gets a 504/error event."""
 

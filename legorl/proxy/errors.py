@@ -41,9 +41,10 @@ class ProxyError(Exception):
 
     def __init__(
         self, status: int, message: str, kind: str = "invalid_request", code: str | None = None,
-        param: str | None = None,
+        param: str | None = None, close: bool = False,
     ) -> None:
         super().__init__(message)
+        self.close = close  # answer with `connection: close` (the request was not read in full)
         self.status = status
         self.message = message
         self.kind = kind

@@ -83,7 +83,8 @@ def convert_messages(raw: Any) -> list[dict[str, Any]]:
     for i, m in enumerate(F.as_list(raw, "messages")):
         w = f"messages[{i}]"
         m = F.as_dict(m, w)
-        role = _ROLES.get(m.get("role"))  # type: ignore[arg-type]
+        raw_role = m.get("role")
+        role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
         if role is None:
             raise bad_request(
                 f"{w}.role: {m.get('role')!r} is not one of system, developer, user, assistant, tool", param=f"{w}.role"
@@ -122,7 +123,8 @@ def parse(body: dict[str, Any]) -> Parsed:
     n = F.get(body, "n", int, "", 1)
     if n != 1:
         raise F.unsupported(f"n={n} (one choice per request)", "n")
-    if body.get("audio") is not None or "audio" in (body.get("modalities") or ()):
+    modalities = body.get("modalities")
+    if body.get("audio") is not None or (isinstance(modalities, list) and "audio" in modalities):
         raise F.unsupported("audio output", "audio")
     msgs = convert_messages(F.get(body, "messages", list, "", required=True))
     tools = convert_tools(body["tools"]) if body.get("tools") else []

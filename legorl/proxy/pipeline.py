@@ -127,12 +127,13 @@ class TurnRun:
         self.recorded = False
 
     # -- before generation ------------------------------------------------------------
-    def prepare(self) -> None:
-        """Render the prompt, enforce the context window, choose the sampling params."""
+    def prepare(self, prompt_ids: list[int] | None = None) -> None:
+        """Render the prompt (unless rendered already, off the loop), enforce the context
+        window, choose the sampling params."""
         cfg = self.ctx.cfg
         p = self.parsed
         self.side_call = self._is_side_call()
-        self.prompt_ids = self.ctx.renderer.render(p.chat, self.session.state)
+        self.prompt_ids = self.ctx.renderer.render(p.chat, self.session.state) if prompt_ids is None else prompt_ids
         n = len(self.prompt_ids)
         if n >= self.ctx.max_context:
             raise context_too_long(self.dialect, n, self.ctx.max_context)

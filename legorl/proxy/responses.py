@@ -49,7 +49,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         item = F.as_dict(item, w)
         kind = item.get("type", "message")
         if kind == "message":
-            role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            raw_role = item.get("role")
+            role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
             if role is None:
                 raise bad_request(f"{w}.role: {item.get('role')!r} is not one of system, developer, user, assistant",
                                   param=f"{w}.role")
@@ -58,8 +59,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 m["reasoning_content"], reasoning = reasoning, None
             msgs.append(m)
         elif kind == "reasoning":
-            parts = [p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
-                     if isinstance(p, dict)]
+            key = "content" if item.get("content") else "summary"
+            parts = [p.get("text", "") for p in F.as_list(item.get(key) or [], f"{w}.{key}") if isinstance(p, dict)]
             reasoning = "\n".join(p for p in parts if isinstance(p, str))
         elif kind == "function_call":
             call = {"id": F.get(item, "call_id", str, f"{w}.", required=True), "type": "function",

@@ -61,7 +61,7 @@ class ProxyServer:
         self.cfg = cfg
         self.engine = engine
         self.recorder = JsonlRecorder(out_dir) if out_dir is not None else None
-        self.sessions = SessionRegistry(standalone=standalone, recorder=self.recorder)
+        self.sessions = SessionRegistry(standalone=standalone, recorder=self.recorder, idle_s=cfg.session_idle_s)
         self.ctx = ProxyContext(cfg, engine, renderer, self.sessions)
         self.app = ProxyApp(self.ctx)
         self.host = host if host is not None else cfg.host
@@ -90,7 +90,8 @@ class ProxyServer:
     async def start(self) -> None:
         if self.cfg.tune_gc:
             tune_gc()
-        self._server = tcp_server(self.app, self.host, self.port, what="proxy server")
+        self._server = tcp_server(self.app, self.host, self.port, what="proxy server",
+                                  header_timeout_s=self.cfg.header_timeout_s)
         self.port = self._server.sock.getsockname()[1]
         await self._server.start()
 
@@ -99,6 +100,7 @@ class ProxyServer:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        self.ctx.offload.close()
         self.shutdown_sessions()
 
     def shutdown_sessions(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from legorl.asgi_serve import LoopServer
+from legorl.asgi_serve import LoopServer, guarded_httptools
 
 Scope = dict[str, Any]
 
@@ -66,7 +66,10 @@ class SessionSocket:
         os.chmod(self.path, 0o666)  # the sandbox's user may be unprivileged
         sock.listen(256)
         sock.setblocking(False)
-        self._server = LoopServer(self.app, sock, what=f"session socket {self.path}")
+        cfg = getattr(getattr(self.app.app, "ctx", None), "cfg", None)  # the proxy's: its header timeout
+        guarded = guarded_httptools(cfg.header_timeout_s) if cfg is not None else None
+        extra = {"http": guarded} if guarded is not None else {}
+        self._server = LoopServer(self.app, sock, what=f"session socket {self.path}", **extra)
         await self._server.start()
 
     async def stop(self) -> None:

@@ -8,8 +8,9 @@ Two modes:
 - **managed** (rollouts): the rollout code opens a session before starting the harness and
   closes it after; a request for any other id is refused (401 by key, 404 by URL), so a
   stray or late harness can never write into someone else's trajectory.
-- **standalone** (`legorl proxy`): an id is opened on first use; after it was closed, the
-  same id opens a fresh session (a user may reuse one key for many runs).
+- **standalone** (`legorl proxy`): an id is opened by its first *accepted* request (a
+  refused one leaves nothing behind); after it was closed, the same id opens a fresh session
+  (a user may reuse one key for many runs). A session idle for `session_idle_s` is closed.
 
 Aborted calls (client gone, timeout, engine fault mid-answer) are recorded in
 `turns.jsonl` with `finish_reason: abort` but kept out of the trajectory: the harness never
@@ -26,7 +27,8 @@ from typing import Any
 
 import orjson
 
-from legorl.proxy.errors import ProxyError
+from legorl.proxy.errors import ProxyError, bad_request
+from legorl.proxy.limits import safe_dumps
 from legorl.proxy.render import RenderState
 from legorl.trajectory import assemble, extends
 from legorl.types import Trajectory, Turn
@@ -42,6 +44,7 @@ class Session:
         self.meta: dict[str, Any] = dict(meta or {})
         self.managed = managed
         self.opened_at = time.time()
+        self.last_active = time.monotonic()
         self.turns: list[Turn] = []  # delivered turns, in completion order
         self.aborted: list[Turn] = []
         self.state = RenderState()
@@ -145,8 +148,9 @@ class JsonlRecorder:
 
     def turn(self, turn: Turn) -> None:
         # orjson serialises the dataclass (and its StrEnums) natively: no asdict() deep copy.
-        line = orjson.dumps(turn, default=str, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
-        os.write(self._turns, b'{"session":' + orjson.dumps(turn.session_id) + b"," + line[1:])
+        # safe_dumps: a record the encoder refuses is written with that part marked, never lost.
+        line = safe_dumps(turn, orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY)
+        os.write(self._turns, b'{"session":' + safe_dumps(turn.session_id) + b"," + line[1:])
 
     def trajectory(self, session: Session, traj: Trajectory) -> None:
         rec = {
@@ -158,7 +162,7 @@ class JsonlRecorder:
             "closed_at": time.time(),
             "trajectory": traj,
         }
-        os.write(self._trajs, orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY, default=str))
+        os.write(self._trajs, safe_dumps(rec, orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY))
 
     def close(self) -> None:
         for fd in (self._turns, self._trajs):
@@ -171,11 +175,17 @@ class JsonlRecorder:
 class SessionRegistry:
     """Open sessions by id, in managed or standalone mode."""
 
-    def __init__(self, standalone: bool = False, recorder: JsonlRecorder | None = None) -> None:
+    MAX_ID_CHARS = 256
+    _MAX_CLOSED_IDS = 100_000  # remembered only to word the 'is closed' error
+
+    def __init__(self, standalone: bool = False, recorder: JsonlRecorder | None = None,
+                 idle_s: float = 3600.0) -> None:
         self.standalone = standalone
         self.recorder = recorder
+        self.idle_s = idle_s
         self.open_sessions: dict[str, Session] = {}
-        self.closed_ids: set[str] = set()
+        self.closed_ids: dict[str, None] = {}  # insertion-ordered: the oldest are forgotten first
+        self._next_sweep = time.monotonic() + min(60.0, idle_s)
 
     def open(self, session_id: str, meta: dict[str, Any] | None = None, managed: bool = True) -> Session:
         if not session_id or len(session_id) > 256:
@@ -184,7 +194,7 @@ class SessionRegistry:
             raise ValueError(f"session {session_id!r} is already open")
         s = Session(session_id, meta, managed)
         self.open_sessions[session_id] = s
-        self.closed_ids.discard(session_id)
+        self.closed_ids.pop(session_id, None)
         return s
 
     def resolve(self, session_id: str | None, from_url: bool) -> Session:
@@ -196,14 +206,44 @@ class SessionRegistry:
                 "(Authorization: Bearer <id> or x-api-key: <id>)",
                 "authentication",
             )
+        if len(session_id) > self.MAX_ID_CHARS:
+            raise bad_request(f"session id of {len(session_id)} characters: at most {self.MAX_ID_CHARS} are allowed")
+        now = time.monotonic()
+        if self.standalone and now >= self._next_sweep:
+            self.sweep(now)
         s = self.open_sessions.get(session_id)
         if s is not None:
+            s.last_active = now
             return s
         if self.standalone:
-            return self.open(session_id, managed=False)
+            return Session(session_id, managed=False)  # provisional: `adopt` opens it once accepted
         status, kind = (404, "not_found") if from_url else (401, "authentication")
         what = "is closed" if session_id in self.closed_ids else "is not open"
         raise ProxyError(status, f"session {session_id!r} {what} on this proxy", kind)
+
+    def adopt(self, session: Session) -> Session:
+        """The registered session for a (possibly provisional) `session` from `resolve`:
+        a standalone session is opened here, by its first accepted request."""
+        if session.managed or self.open_sessions.get(session.id) is session:
+            return session
+        existing = self.open_sessions.get(session.id)
+        if existing is not None:  # a concurrent first request opened it meanwhile
+            return existing
+        self.open_sessions[session.id] = session
+        self.closed_ids.pop(session.id, None)
+        return session
+
+    def sweep(self, now: float | None = None) -> list[Session]:
+        """Close standalone sessions idle for `idle_s` (checked at most once a minute)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_sweep:
+            return []
+        self._next_sweep = now + min(60.0, self.idle_s)
+        idle = [sid for sid, s in self.open_sessions.items() if not s.managed and now - s.last_active > self.idle_s]
+        closed = [self.close(sid) for sid in idle]
+        for s in closed:
+            log.info("closed standalone session %s after %.0f s idle (%d turns)", s.id, self.idle_s, len(s.turns))
+        return closed
 
     def add_turn(self, session: Session, turn: Turn, delivered: bool) -> None:
         if delivered and not session.closed:
@@ -211,6 +251,7 @@ class SessionRegistry:
             share_request(session, turn)
         if self.recorder is not None:
             self.recorder.turn(turn)
+        session.last_active = time.monotonic()
         if session.closed:
             session.late_turns += 1
             log.warning("session %s: turn %d finished after the session was closed", session.id, turn.index)
@@ -224,7 +265,9 @@ class SessionRegistry:
             what = "was already closed" if session_id in self.closed_ids else "is not open"
             raise KeyError(f"session {session_id!r} {what}")
         s.closed = True
-        self.closed_ids.add(session_id)
+        self.closed_ids[session_id] = None
+        if len(self.closed_ids) > self._MAX_CLOSED_IDS:
+            del self.closed_ids[next(iter(self.closed_ids))]
         if self.recorder is not None:
             self.recorder.trajectory(s, assemble(s.sorted_turns(), s.id))
         return s

@@ -15,7 +15,10 @@ already opened the block (Qwen3.5, Qwen3-Thinking: `starts_in_reasoning`) starts
 A malformed call is never an error for the client: its text is returned as ordinary
 content and the completion is flagged `format_error`, so the harness sees what the policy
 wrote and the trainer sees a flagged turn (a 500 would turn a policy mistake into an
-infrastructure failure).
+infrastructure failure). Arguments nested deeper than `ARGS_MAX_DEPTH` count as malformed:
+the harness would replay them as `tool_use.input` and the proxy's own request depth limit
+(`max_json_depth`, default 128) would refuse the next call, and the recorder could not
+write them.
 
 Streaming: text and reasoning stream as they are generated, character-exact. A tool call
 is held until its closing tag so that it can be validated first (an already-streamed call
@@ -28,6 +31,10 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+
+from legorl.proxy.limits import depth_within
+
+ARGS_MAX_DEPTH = 64  # deepest tool-call arguments object taken as a call (see the docstring)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -79,7 +86,7 @@ def new_call_id() -> str:
 def _loose_value(raw: str) -> object:
     try:
         return json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return raw
 
 
@@ -90,9 +97,9 @@ def _hermes_call(obj: object) -> tuple[str, str] | None:
     if isinstance(args, str):  # some models emit arguments as a JSON string
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
-    if not isinstance(args, dict):
+    if not isinstance(args, dict) or not depth_within(args, ARGS_MAX_DEPTH):
         return None
     return obj["name"], json.dumps(args, ensure_ascii=False)
 
@@ -104,6 +111,8 @@ def parse_calls(body: str, fmt: str) -> list[tuple[str, str]] | None:
         if not m:
             return None
         args = {key.strip(): _loose_value(raw) for key, raw in _XML_PARAM.findall(m.group(2))}
+        if not depth_within(args, ARGS_MAX_DEPTH):
+            return None
         return [(m.group(1).strip(), json.dumps(args, ensure_ascii=False))]
     if fmt == "glm45":
         name, _, rest = body.strip().partition("\n")
@@ -111,10 +120,12 @@ def parse_calls(body: str, fmt: str) -> list[tuple[str, str]] | None:
         if not name or "<" in name or _GLM_ARG.sub("", rest).strip():
             return None
         args = {k.strip(): _loose_value(v) for k, v in _GLM_ARG.findall(rest)}
+        if not depth_within(args, ARGS_MAX_DEPTH):
+            return None
         return [(name, json.dumps(args, ensure_ascii=False))]
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None
     objs = obj if isinstance(obj, list) and obj else [obj]
     calls = [_hermes_call(o) for o in objs]
