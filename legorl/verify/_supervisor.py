@@ -1,0 +1,374 @@
+"""The grading test run as it executes inside the sandbox (the image's Python; never imports legorl).
+
+Why a supervisor: the code under test runs in the same interpreter as pytest's reporting,
+so anything that process writes (its JUnit report, its exit status) can be rewritten by the
+package. The verdict therefore rests on channels the package cannot rewrite *selectively*:
+
+1. This process (the supervisor) reads its configuration, deletes it, plants the grader's
+   canary tests among the task's own tests, then forks. It never imports the repository.
+2. The child imports pytest (before the repository is on `sys.path`), takes a *snapshot* of
+   pytest's, pluggy's and unittest's functions and classes, and runs pytest with the
+   `_Recorder` plugin registered first. The recorder notes what each test really raised,
+   at the innermost level (`pytest_pyfunc_call`) and per phase, and streams the records
+   over a pipe, each with an HMAC, as they happen. At session end it diffs the snapshot
+   (report classes, hook implementations, the JUnit writer: patched ⇒ listed) and sends it.
+3. The JUnit report goes to a pipe (`--junitxml=/proc/self/fd/N`), not a file: whatever
+   writes into it after pytest did (an `atexit`/`os._exit` trick, a left-behind daemon)
+   can only append, which breaks the XML. The supervisor writes it to the report path and
+   prints one summary line, tagged with a nonce the child never sees, to its own stdout
+   (the child's output goes to a log file).
+
+Usage: `python -I -B run.py CONFIG.json`; the grader compares the summary, the recorder's
+records and the report (`legorl/verify/verdict.py`).
+"""
+
+import ast
+import hashlib
+import hmac
+import json
+import os
+import random
+import select
+import sys
+import time
+
+GRACE_S = 0.5  # how long pipes are drained after the child exits (a daemon may hold them)
+WATCH_PREFIXES = ("_pytest.", "pluggy.")
+WATCH_MODULES = ("pytest", "_pytest", "pluggy", "unittest.case", "unittest.result", "xml.etree.ElementTree")
+
+
+def plant(spec, rng):
+    """Insert the two canaries before random top-level definitions of the task's test file.
+
+    Canaries among the task's tests (not appended at the end, not in a file of their own)
+    are, as far as a file's layout goes, indistinguishable from them. Returns their node ids.
+    """
+    with open(spec["path"], encoding="utf-8") as f:
+        text = f.read()
+    names = [n for n in spec["candidates"] if n not in text][:2]
+    if len(names) < 2:
+        raise SystemExit("no free canary name in %s" % spec["rel"])
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    try:
+        starts = []
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                starts.append(min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1)
+    except (SyntaxError, ValueError):
+        starts = []
+    cuts = sorted(set(starts)) or [len(lines)]
+    inserts = {}
+    blocks = [spec["pass"].replace("{name}", names[0]), spec["fail"].replace("{name}", names[1])]
+    for block in blocks:
+        inserts.setdefault(rng.choice(cuts), []).append(block.rstrip("\n") + "\n\n\n")
+    out = []
+    for i, line in enumerate(lines):
+        out.extend(inserts.pop(i, []))
+        out.append(line)
+    for rest in inserts.values():
+        out.extend(["\n\n"] + rest)
+    with open(spec["path"], "w", encoding="utf-8") as f:
+        f.write("".join(out))
+    return {"pass": "%s::%s" % (spec["rel"], names[0]), "fail": "%s::%s" % (spec["rel"], names[1])}
+
+
+def snapshot(sys_modules):
+    """{(module, name[, member]): object} for pytest's machinery, taken before the repository is importable.
+
+    Every function and class a watched module holds is kept by identity (and functions by
+    code object too); classes defined there also by the set of their attributes and each
+    method's identity and code, so adding a property to `TestReport` shows as well as
+    replacing `TestReport.from_item_and_call` or `_pytest.runner.TestReport`.
+    """
+    snap = {}
+    for name in sorted(sys_modules):
+        if not (name in WATCH_MODULES or name.startswith(WATCH_PREFIXES)):
+            continue
+        mod = sys_modules[name]
+        snap[(name,)] = mod
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, type):
+                snap[(name, attr)] = val
+                if getattr(val, "__module__", None) != name:
+                    continue
+                snap[(name, attr, "__dict__")] = frozenset(vars(val))
+                for member, mval in list(vars(val).items()):
+                    func = _func(mval)
+                    if hasattr(func, "__code__"):
+                        snap[(name, attr, member)] = (mval, func.__code__)
+            elif hasattr(val, "__code__"):
+                snap[(name, attr)] = (val, val.__code__)
+            elif callable(val) and type(val).__name__ == "builtin_function_or_method":
+                snap[(name, attr)] = val
+    return snap
+
+
+def _func(obj):
+    """The function behind a method, static/class method or property."""
+    return getattr(obj, "__func__", None) or getattr(obj, "fget", None) or obj
+
+
+def changed_since(snap, sys_modules, trusted):
+    """What of the snapshot is no longer what it was (replaced, re-coded, added to a class).
+
+    pytest patches a few of its own classes while it configures (`legacypath` adds
+    `fspath` properties, …): a new value whose code lives in pytest's or pluggy's own
+    install directory (`trusted`) is theirs, and plain data added to a class is ignored.
+    """
+
+    def theirs(obj):
+        code = getattr(_func(obj), "__code__", None)
+        if code is not None:
+            return code.co_filename.startswith(trusted)
+        if isinstance(obj, type):
+            return getattr(sys_modules.get(obj.__module__), "__file__", "").startswith(trusted)
+        return False
+
+    changed = []
+    for key, old in snap.items():
+        if len(key) == 1:
+            if sys_modules.get(key[0]) is not old:
+                changed.append(key[0])
+            continue
+        cur = vars(snap[(key[0],)]).get(key[1])
+        if len(key) == 3 and key[2] == "__dict__":
+            if isinstance(cur, type) and frozenset(vars(cur)) != old:
+                now = vars(cur)
+                odd = [k for k in set(now) - old if (callable(now[k]) or hasattr(now[k], "__get__")) and not theirs(now[k])]
+                odd += ["-" + k for k in old - set(now)]
+                if odd:
+                    changed.append("%s.%s{%s}" % (key[0], key[1], ",".join(sorted(odd))))
+            continue
+        if len(key) == 3:
+            cur = vars(cur).get(key[2]) if isinstance(cur, type) else None
+        if isinstance(old, tuple):
+            same = cur is old[0] and getattr(_func(cur), "__code__", None) is old[1]
+        else:
+            same = cur is old
+        if not same and not (cur is not None and theirs(cur)):
+            changed.append(".".join(key))
+    return changed
+
+
+def child(cfg, key, rec_w, junit_w, log_fd):
+    """Run pytest with the recorder; never returns."""
+    _exit = os._exit  # bound before the repository can replace it
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.dont_write_bytecode = True
+    import pytest  # imported while the repository is not yet on sys.path
+    import _pytest.config
+    import _pytest.outcomes
+    import _pytest.python
+    import importlib
+
+    for plugin in _pytest.config.default_plugins:
+        try:
+            importlib.import_module("_pytest." + plugin)
+        except ImportError:
+            pass
+    skipped_exc, xfailed_exc = _pytest.outcomes.Skipped, _pytest.outcomes.XFailed
+    function_cls = _pytest.python.Function
+    snap = snapshot(sys.modules)
+    import pluggy
+
+    trusted = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["_pytest"], pluggy, pytest))
+    repo = cfg["repo"].rstrip("/") + "/"
+    write, dumps, new_mac = os.write, json.dumps, hmac.new
+    seq = [0]
+
+    def send(kind, **fields):
+        seq[0] += 1
+        body = dumps(dict(fields, k=kind, n=seq[0]), sort_keys=True)
+        data = (new_mac(key, body.encode(), "sha256").hexdigest() + " " + body + "\n").encode()
+        while data:
+            data = data[write(rec_w, data) :]
+
+    def kind_of(exc):
+        if exc is None:
+            return "passed"
+        if isinstance(exc, skipped_exc):
+            return "skipped"
+        if isinstance(exc, xfailed_exc):
+            return "xfailed"
+        return "failed"
+
+    class _Recorder:
+        def __init__(self):
+            self.phases = {}
+            self.inner = set()
+            self.static_xfail = set()
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_collection_modifyitems(self, session, config, items):
+            # Markers as the task's files declare them, before any other plugin edits items.
+            self.static_xfail = {it.nodeid for it in items if any(True for _ in it.iter_markers("xfail"))}
+            yield
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_pyfunc_call(self, pyfuncitem):
+            # The innermost observation: the test function itself, nothing in between.
+            func = pyfuncitem.obj
+            names = pyfuncitem._fixtureinfo.argnames
+            args = {a: pyfuncitem.funcargs[a] for a in names}
+            if hasattr(func, "__code__") and func.__code__.co_flags & 0x180:  # coroutine / async generator
+                return None  # an async plugin of the task runs it
+            self.inner.add(pyfuncitem.nodeid)
+            try:
+                result = func(**args)
+            except BaseException as exc:
+                self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = kind_of(exc)
+                raise
+            self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "passed"
+            if hasattr(result, "__await__") or hasattr(result, "__aiter__"):
+                self.phases[pyfuncitem.nodeid]["inner"] = "skipped"
+                pytest.skip("async def function and no async plugin installed")
+            return True
+
+        def _phase(self, item, when, outcome):
+            exc = outcome.excinfo[1] if outcome.excinfo else None
+            pending = getattr(item, "_excinfo", None)  # unittest items keep failures here
+            if when == "call" and exc is None and pending:
+                exc = pending[0].value
+            self.phases.setdefault(item.nodeid, {})[when] = kind_of(exc)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_setup(self, item):
+            outcome = yield
+            self._phase(item, "setup", outcome)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_call(self, item):
+            outcome = yield
+            self._phase(item, "call", outcome)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_teardown(self, item, nextitem):
+            outcome = yield
+            self._phase(item, "teardown", outcome)
+            ph = self.phases.pop(item.nodeid, {})
+            send(
+                "test",
+                id=item.nodeid,
+                phases=ph,
+                function=type(item) is function_cls,
+                inner=item.nodeid in self.inner,
+                xfail=item.nodeid in self.static_xfail,
+                runtest=("runtest" in vars(item)),
+            )
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            yield
+            foreign = []
+            for hook in ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport",
+                         "pytest_runtest_logreport", "pytest_report_teststatus", "pytest_runtest_protocol"):
+                for impl in getattr(session.config.hook, hook).get_hookimpls():
+                    code = getattr(impl.function, "__code__", None)
+                    fn = code.co_filename if code else ""
+                    if fn.startswith(repo) and not fn.endswith("/conftest.py"):
+                        foreign.append("%s:%s" % (hook, fn[len(repo):]))
+            send("end", changed=changed_since(snap, sys.modules, trusted), foreign_hooks=sorted(set(foreign)), exitstatus=int(exitstatus))
+
+    sys.path.append(repo[:-1])
+    args = list(cfg["args"]) + ["--junitxml=/proc/self/fd/%d" % junit_w]
+    cfg.clear()
+    try:
+        code = int(pytest.main(args, plugins=[_Recorder()]))
+    except BaseException:  # raised by the code under test; the records decide what happened
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        _exit(code)
+
+
+def main():
+    cfg_path = sys.argv[1]
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(cfg_path)
+    nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
+    rng = random.Random(cfg.pop("seed"))
+    spec = cfg.pop("plant")
+    canaries = plant(spec, rng) if spec else None
+    rec_r, rec_w = os.pipe()
+    junit_r, junit_w = os.pipe()
+    log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nonce = None  # noqa: F841  (the child must not learn the summary's tag)
+            os.close(rec_r)
+            os.close(junit_r)
+            child(cfg, key, rec_w, junit_w, log_fd)
+        finally:
+            os._exit(3)
+    os.close(rec_w)
+    os.close(junit_w)
+    os.close(log_fd)
+    bufs = {rec_r: bytearray(), junit_r: bytearray()}
+    status, deadline = None, None
+    open_fds = set(bufs)
+    while open_fds:
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, deadline = st, time.monotonic() + GRACE_S
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    records, bad = [], 0
+    for line in bytes(bufs[rec_r]).split(b"\n"):
+        if not line:
+            continue
+        mac, _, body = line.partition(b" ")
+        if not hmac.compare_digest(mac, hmac.new(key, body, "sha256").hexdigest().encode()):
+            bad += 1
+            continue
+        records.append(json.loads(body))
+    junit = bytes(bufs[junit_r])
+    if junit:
+        with open(cfg["junit"], "wb") as f:
+            f.write(junit)
+    summary = {
+        "exit": os.waitstatus_to_exitcode(status),
+        "records": records,
+        "bad_records": bad,
+        "junit_sha256": hashlib.sha256(junit).hexdigest() if junit else None,
+        "open_after_exit": len(open_fds),
+        "canaries": canaries,
+    }
+    try:  # the tail of the child's output, for evidence only
+        with open(cfg["log"], "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4000))
+            sys.stderr.write(f.read().decode("utf-8", "replace"))
+        sys.stderr.flush()
+    except OSError:
+        pass
+    sys.stdout.write("\n%s %s\n" % (nonce, json.dumps(summary, sort_keys=True)))
+    sys.stdout.flush()
+    code = summary["exit"]
+    os._exit(code if 0 <= code < 256 else 128 + (-code % 128))
+
+
+if __name__ == "__main__":
+    main()
