@@ -32,9 +32,12 @@ import select
 import sys
 import time
 
-GRACE_S = 0.5  # how long pipes are drained after the child exits (a daemon may hold them)
+SETUP_FAILED = 86  # exit status when the supervisor itself could not prepare the run (before any repository code)
+GRACE_S = 0.5  # how long pipes are drained after the child exits and its strays are killed
 WATCH_PREFIXES = ("_pytest.", "pluggy.")
 WATCH_MODULES = ("pytest", "_pytest", "pluggy", "unittest.case", "unittest.result", "xml.etree.ElementTree")
+# Single functions of other modules that only a forger replaces (tests' monkeypatches are undone by then).
+WATCH_ATTRS = {"os": ("_exit", "write", "open"), "sys": ("exit",), "atexit": ("register",), "builtins": ("open",)}
 
 
 def plant(spec, rng):
@@ -47,7 +50,8 @@ def plant(spec, rng):
         text = f.read()
     names = [n for n in spec["candidates"] if n not in text][:2]
     if len(names) < 2:
-        raise SystemExit("no free canary name in %s" % spec["rel"])
+        sys.stderr.write("legorl-supervisor: no free canary name in %s\n" % spec["rel"])
+        os._exit(SETUP_FAILED)
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -102,6 +106,13 @@ def snapshot(sys_modules):
                 snap[(name, attr)] = (val, val.__code__)
             elif callable(val) and type(val).__name__ == "builtin_function_or_method":
                 snap[(name, attr)] = val
+    for name, attrs in WATCH_ATTRS.items():
+        mod = sys_modules.get(name)
+        if mod is not None:
+            snap[(name,)] = mod
+            for attr in attrs:
+                if attr in vars(mod):
+                    snap[(name, attr)] = vars(mod)[attr]
     return snap
 
 
@@ -293,6 +304,28 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         _exit(code)
 
 
+def _pids():
+    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
+
+
+def kill_strays(keep):
+    """SIGKILL every process born since the run started that is still alive (detached
+    daemons of the code under test), before the report is written out; how many."""
+    killed = set()
+    for _ in range(20):  # a stray may fork while we kill
+        new = _pids() - keep - killed
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+            killed.add(p)
+        time.sleep(0.005)
+    return len(killed)
+
+
 def main():
     cfg_path = sys.argv[1]
     with open(cfg_path, encoding="utf-8") as f:
@@ -305,6 +338,7 @@ def main():
     rec_r, rec_w = os.pipe()
     junit_r, junit_w = os.pipe()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    before = _pids()
     pid = os.fork()
     if pid == 0:
         try:
@@ -318,13 +352,14 @@ def main():
     os.close(junit_w)
     os.close(log_fd)
     bufs = {rec_r: bytearray(), junit_r: bytearray()}
-    status, deadline = None, None
+    status, deadline, strays = None, None, 0
     open_fds = set(bufs)
     while open_fds:
         if status is None:
             done, st = os.waitpid(pid, os.WNOHANG)
             if done:
                 status, deadline = st, time.monotonic() + GRACE_S
+                strays = kill_strays(before | {os.getpid()})
         if deadline is not None and time.monotonic() > deadline:
             break
         ready, _, _ = select.select(list(open_fds), [], [], 0.05)
@@ -336,6 +371,17 @@ def main():
             bufs[fd] += chunk
     if status is None:
         _, status = os.waitpid(pid, 0)
+        strays = kill_strays(before | {os.getpid()})
+    for fd in list(open_fds):  # whatever a killed stray held open is closed now
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                bufs[fd] += chunk
+        except BlockingIOError:
+            pass
     records, bad = [], 0
     for line in bytes(bufs[rec_r]).split(b"\n"):
         if not line:
@@ -355,6 +401,7 @@ def main():
         "bad_records": bad,
         "junit_sha256": hashlib.sha256(junit).hexdigest() if junit else None,
         "open_after_exit": len(open_fds),
+        "stray_processes": strays,
         "canaries": canaries,
     }
     try:  # the tail of the child's output, for evidence only

@@ -40,7 +40,7 @@ from legorl.types import Outcome, Status, Task
 from legorl.verify.junit import ReportError, TestStatus, parse_junit
 from legorl.verify.patch import filter_diff, split_diff
 from legorl.verify.protect import Category, classify, test_files_of
-from legorl.verify.runner import TestCmdError, parse_summary, plan_run
+from legorl.verify.runner import SETUP_FAILED, TestCmdError, parse_summary, plan_run
 from legorl.verify.select import covers, select_tests
 from legorl.verify.verdict import TAMPER, RunEvidence, judge
 
@@ -270,6 +270,8 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
         flags.append("resource_exhausted")
 
     summary, tags = parse_summary(run.stdout, plan.nonce)
+    if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
+        raise GraderFault("runner", run.stderr.strip()[-800:])
     report: dict[str, TestStatus] | None = None
     sha: str | None = None
     try:

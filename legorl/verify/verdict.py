@@ -153,5 +153,8 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
     )
     if all_ok and not integrity:
         flags += [TAMPER, "report_inconsistent"]
+    if summary.get("stray_processes"):
+        flags.append("stray_processes")  # detached processes outlived the run; killed before the report was read
+        ev["stray_processes"] = summary["stray_processes"]
     ev["records"] = len(records)
     return Verdict(tests=tests, flags=list(dict.fromkeys(flags)), evidence=ev, resolved=all_ok and integrity and TAMPER not in flags)
