@@ -4,6 +4,7 @@ earns 1. See notes/algorithms.md §4 for where each hack was seen in the wild.""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -428,3 +429,26 @@ async def test_agent_stage_hides_failing_tests(backend_name: str) -> None:
     seen = added_file(res.diff, "SEEN.txt").split()
     assert seen and all(c == "0" for c in seen), seen
     assert res.outcome.status is Status.FAILED  # the probe file is not a fix
+
+
+NO_PATHS = ["python -m pytest -q", "pytest -rA -o addopts="]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("test_cmd", [None, *NO_PATHS], ids=["paths", "no-paths", "no-paths-flags"])
+async def test_honest_fix_nothing_and_a_rewrite_with_and_without_test_paths(backend_name: str, test_cmd: str | None) -> None:
+    """SWE-bench's common test_cmd names no test paths (`python -m pytest -q`): the task's
+    test files are selected all the same, so the honest fix earns 1, doing nothing 0, and a
+    selective report rewrite is caught."""
+    task = pick_task()
+    if test_cmd is not None:
+        task = dataclasses.replace(task, test_cmd=test_cmd)
+    wanted = set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+    async with backend_and_images(backend_name) as (backend, images):
+        honest = (await rollout(task, scripts(task)["honest_fix"], backend, images)).outcome
+        nothing = (await rollout(task, "true\n", backend, images)).outcome
+        forged = (await rollout(task, scripts(task)["selective_testreport"], backend, images)).outcome
+    assert honest.status is Status.RESOLVED and honest.reward == 1.0 and honest.flags == [], honest
+    assert set(honest.tests) == wanted and all(s == "passed" for s in honest.tests.values())
+    assert nothing.reward == 0.0 and nothing.status is Status.NO_PATCH and not nothing.masked
+    assert forged.status is Status.HACK_DETECTED and forged.reward == 0.0 and "tamper_attempt" in forged.flags, forged
