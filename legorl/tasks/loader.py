@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl.types import Task
-from legorl.verify.select import selection_problems
+from legorl.verify.selection import selection_problems
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 _STR_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "repo_path")

@@ -163,6 +163,58 @@ def changed_since(snap, sys_modules, trusted):
     return changed
 
 
+def _where(func, repo):
+    """`hook:relative/file.py` for code in the repository, `hook:<generated>` for code that
+    claims no real file; None for anything else (pytest, installed plugins)."""
+    code = getattr(func, "__code__", None)
+    fn = code.co_filename if code else ""
+    if fn.startswith(repo):
+        return fn[len(repo):] if not fn.endswith("/conftest.py") else None
+    if code is not None and not fn.startswith("<frozen") and (fn.startswith("<") or not os.path.exists(fn)):
+        return "<generated>"
+    return None
+
+
+def foreign_hooks(pm, repo):
+    """Every hook implementation that package code (not a conftest) registered."""
+    found = set()
+    for name in dir(pm.hook):
+        caller = getattr(pm.hook, name, None)
+        if name.startswith("pytest_") and hasattr(caller, "get_hookimpls"):
+            for impl in caller.get_hookimpls():
+                where = _where(impl.function, repo)
+                if where:
+                    found.add("%s:%s" % (name, where))
+    return sorted(found)
+
+
+def import_hooks(meta_path, path_hooks, repo):
+    """Import finders/hooks defined in the repository or in generated code (they can rewrite
+    test modules as pytest imports them)."""
+    found = set()
+    for hook in list(meta_path) + list(path_hooks):
+        owner = hook if isinstance(hook, type) else type(hook)
+        funcs = [hook] if hasattr(hook, "__code__") else []
+        funcs += [getattr(owner, a, None) for a in ("find_spec", "find_module", "exec_module", "__call__", "__init__")]
+        for func in funcs:
+            where = _where(_func(func), repo) if func is not None else None
+            if where:
+                found.add("%s:%s" % (getattr(owner, "__name__", "?"), where))
+    return sorted(found)
+
+
+def digests(paths):
+    """{path: sha256} of the files that exist (the task's test files, before and after)."""
+    out = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                out[p] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            out[p] = None
+    return out
+
+
 def child(cfg, key, rec_w, junit_w, log_fd):
     """Run pytest with the recorder; never returns."""
     _exit = os._exit  # bound before the repository can replace it
@@ -277,15 +329,13 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
         def pytest_sessionfinish(self, session, exitstatus):
             yield
-            foreign = []
-            for hook in ("pytest_pyfunc_call", "pytest_runtest_call", "pytest_runtest_makereport",
-                         "pytest_runtest_logreport", "pytest_report_teststatus", "pytest_runtest_protocol"):
-                for impl in getattr(session.config.hook, hook).get_hookimpls():
-                    code = getattr(impl.function, "__code__", None)
-                    fn = code.co_filename if code else ""
-                    if fn.startswith(repo) and not fn.endswith("/conftest.py"):
-                        foreign.append("%s:%s" % (hook, fn[len(repo):]))
-            send("end", changed=changed_since(snap, sys.modules, trusted), foreign_hooks=sorted(set(foreign)), exitstatus=int(exitstatus))
+            send(
+                "end",
+                changed=changed_since(snap, sys.modules, trusted),
+                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo),
+                import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
+                exitstatus=int(exitstatus),
+            )
 
     sys.path.append(repo[:-1])
     args = list(cfg["args"]) + ["--junitxml=/proc/self/fd/%d" % junit_w]
@@ -302,6 +352,15 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         sys.stderr.flush()
     finally:
         _exit(code)
+
+
+def _undumpable():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
 
 
 def _pids():
@@ -338,6 +397,8 @@ def main():
     rec_r, rec_w = os.pipe()
     junit_r, junit_w = os.pipe()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
+    guarded = digests(guard)
     before = _pids()
     pid = os.fork()
     if pid == 0:
@@ -351,6 +412,7 @@ def main():
     os.close(rec_w)
     os.close(junit_w)
     os.close(log_fd)
+    _undumpable()  # the child cannot open this process's fds or memory (the summary's tag)
     bufs = {rec_r: bytearray(), junit_r: bytearray()}
     status, deadline, strays = None, None, 0
     open_fds = set(bufs)
@@ -382,6 +444,9 @@ def main():
                 bufs[fd] += chunk
         except BlockingIOError:
             pass
+    after = digests(guard)
+    root = cfg["repo"].rstrip("/") + "/"
+    tests_changed = sorted(p[len(root):] for p in guard if after[p] != guarded[p])
     records, bad = [], 0
     for line in bytes(bufs[rec_r]).split(b"\n"):
         if not line:
@@ -403,6 +468,7 @@ def main():
         "open_after_exit": len(open_fds),
         "stray_processes": strays,
         "canaries": canaries,
+        "tests_changed": tests_changed,
     }
     try:  # the tail of the child's output, for evidence only
         with open(cfg["log"], "rb") as f:

@@ -7,7 +7,7 @@ Steps (one fresh sandbox from the task image; nothing of the agent's sandbox sur
    every protected path that changed is put back (new ones deleted, others checked out
    from pre), byte code is deleted, and a third snapshot must show no protected change;
 3. apply the task's `test_patch`;
-4. run the task's tests as SWE-bench selects them (`select.py`: test_cmd's flags, its paths
+4. run the task's tests as SWE-bench selects them (`selection.py`: test_cmd's flags, its paths
    or else the task's test files) under the supervised runner (`runner.py`,
    `_supervisor.py`), with canaries planted among the task's own tests, and decide from
    three channels that must agree (`verdict.py`): the JUnit report, the recorder's records
@@ -41,7 +41,7 @@ from legorl.verify.junit import ReportError, TestStatus, parse_junit
 from legorl.verify.patch import filter_diff, split_diff
 from legorl.verify.protect import Category, classify, test_files_of
 from legorl.verify.runner import SETUP_FAILED, TestCmdError, parse_summary, plan_run
-from legorl.verify.select import covers, select_tests
+from legorl.verify.selection import covers, select_tests
 from legorl.verify.verdict import TAMPER, RunEvidence, judge
 
 
@@ -252,7 +252,8 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     except TestCmdError as exc:
         raise GraderFault("select", str(exc)) from None
     host, like = canary_host(task, sel.directives)
-    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like)
+    guard = sorted({*extra, *(d for d in sel.directives if d.endswith(".py"))})
+    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard)
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
     await _exec(sb, "runner", "mkdir -p " + " ".join(shlex.quote(d) for d in sorted(dirs)), cfg)
@@ -285,7 +286,8 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
         ev["report"] = f"invalid: {exc}"
     c_pass, c_fail = plan.canaries(summary)
     evidence = RunEvidence(report, ev["report"], summary, tags, sha, run.exit_code, run.timed_out)
-    verdict = judge(wanted, c_pass, c_fail, evidence)
+    agent_files = frozenset(p for st, p in changed if st != "D") - set(remove + restore)
+    verdict = judge(wanted, c_pass, c_fail, evidence, agent_files)
     flags += verdict.flags
     ev.update(verdict.evidence)
     if report is None and "report_missing" not in flags and run.exit_code != 0 and ev["report"] == "missing":
