@@ -176,16 +176,19 @@ def _where(func, repo):
 
 
 def foreign_hooks(pm, repo):
-    """Every hook implementation that package code (not a conftest) registered."""
-    found = set()
+    """Every hook implementation that package code (not a conftest) registered:
+    {"hook", "file", "object"}; `object` when the plugin is not a module (pytest registers
+    the modules a conftest's `pytest_plugins` names; an object is registered by code)."""
+    found = {}
     for name in dir(pm.hook):
         caller = getattr(pm.hook, name, None)
         if name.startswith("pytest_") and hasattr(caller, "get_hookimpls"):
             for impl in caller.get_hookimpls():
                 where = _where(impl.function, repo)
                 if where:
-                    found.add("%s:%s" % (name, where))
-    return sorted(found)
+                    is_obj = type(impl.plugin).__name__ != "module"
+                    found[(name, where)] = {"hook": name, "file": where, "object": is_obj}
+    return [found[k] for k in sorted(found)]
 
 
 def import_hooks(meta_path, path_hooks, repo):
@@ -266,13 +269,6 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         def __init__(self):
             self.phases = {}
             self.inner = set()
-            self.static_xfail = set()
-
-        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
-        def pytest_collection_modifyitems(self, session, config, items):
-            # Markers as the task's files declare them, before any other plugin edits items.
-            self.static_xfail = {it.nodeid for it in items if any(True for _ in it.iter_markers("xfail"))}
-            yield
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_pyfunc_call(self, pyfuncitem):
@@ -281,7 +277,9 @@ def child(cfg, key, rec_w, junit_w, log_fd):
             names = pyfuncitem._fixtureinfo.argnames
             args = {a: pyfuncitem.funcargs[a] for a in names}
             if hasattr(func, "__code__") and func.__code__.co_flags & 0x180:  # coroutine / async generator
-                return None  # an async plugin of the task runs it
+                self.inner.add(pyfuncitem.nodeid)  # an async plugin of the task runs it
+                self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "deferred"
+                return None
             self.inner.add(pyfuncitem.nodeid)
             try:
                 result = func(**args)
@@ -322,7 +320,9 @@ def child(cfg, key, rec_w, junit_w, log_fd):
                 phases=ph,
                 function=type(item) is function_cls,
                 inner=item.nodeid in self.inner,
-                xfail=item.nodeid in self.static_xfail,
+                # as pytest's skipping plugin sees them (the task's conftests may add some);
+                # markers added by the agent's own hooks are caught as agent_hooks
+                xfail=any(True for _ in item.iter_markers("xfail")),
                 runtest=("runtest" in vars(item)),
             )
 

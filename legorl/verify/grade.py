@@ -252,7 +252,7 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     except TestCmdError as exc:
         raise GraderFault("select", str(exc)) from None
     host, like = canary_host(task, sel.directives)
-    guard = sorted({*extra, *(d for d in sel.directives if d.endswith(".py"))})
+    guard = sorted(p for p in {*extra, *sel.directives} if p.endswith(".py"))  # test modules; data files may be rewritten by tests
     plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard)
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
@@ -288,6 +288,8 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     evidence = RunEvidence(report, ev["report"], summary, tags, sha, run.exit_code, run.timed_out)
     agent_files = frozenset(p for st, p in changed if st != "D") - set(remove + restore)
     verdict = judge(wanted, c_pass, c_fail, evidence, agent_files)
+    if verdict.fault:
+        raise GraderFault("canary", verdict.fault)
     flags += verdict.flags
     ev.update(verdict.evidence)
     if report is None and "report_missing" not in flags and run.exit_code != 0 and ev["report"] == "missing":

@@ -29,6 +29,8 @@ TAMPER = "tamper_attempt"
 # Hooks that can turn a failure into a pass; an implementation from package code (not a
 # conftest) plus a test function that our innermost observer never saw run is a hijack.
 CALL_HOOKS = ("pytest_pyfunc_call", "pytest_runtest_call")
+# Flags that canaries which never ran or never set up raise by themselves.
+CANARY_FLAGS = {TAMPER, "report_inconsistent", "report_unconfirmed"}
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Verdict:
     flags: list[str] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
     resolved: bool = False
+    fault: str = ""  # the grader could not vouch for the run (its canaries failed it): a GraderFault
 
 
 def recorded_status(rec: dict[str, Any]) -> TestStatus:
@@ -101,14 +104,19 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
     if changed:
         flags += [TAMPER, "runner_modified"]
         ev["runner_modified"] = changed[:20]
-    foreign = list(end.get("foreign_hooks", [])) if end else []
+    foreign = [h for h in (end.get("foreign_hooks", []) if end else []) if isinstance(h, dict)]
     if foreign:
-        ev["package_hooks"] = foreign[:20]
-    hijack_possible = any(h.split(":", 1)[0] in CALL_HOOKS for h in foreign)
+        ev["package_hooks"] = [f"{h['hook']}:{h['file']}" for h in foreign][:20]
+    hijack_possible = any(h["hook"] in CALL_HOOKS for h in foreign)
     importers = list(end.get("import_hooks", [])) if end else []
     if importers:
         ev["import_hooks"] = importers[:20]
-    planted = [h for h in foreign + importers if h.split(":", 1)[1] in agent_files or h.endswith(":<generated>")]
+
+    def agents(file: str) -> bool:
+        return file in agent_files or file == "<generated>"
+
+    planted = [f"{h['hook']}:{h['file']}" for h in foreign if h.get("object") and agents(h["file"])]
+    planted += [h for h in importers if agents(h.split(":", 1)[1])]
     if planted:
         flags += [TAMPER, "agent_hooks"]
         ev["agent_hooks"] = planted[:20]
@@ -158,6 +166,14 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
         ev["session_end"] = "missing"
         if all_ok:
             flags += [TAMPER, "session_incomplete"]
+    # Canaries that never ran (deselected by the task's -k/-m) or could not set up (an autouse
+    # fixture of the file that expects a class) in a run that otherwise finished cleanly say
+    # nothing about the agent: the grader cannot vouch for the run, which is its own fault.
+    c_recs = [records.get(canary_pass), fail_rec]
+    absent = all(r is None for r in c_recs) and canary_pass not in report and canary_fail not in report
+    unset = all(r is not None and (r.get("phases") or {}).get("setup") == "failed" for r in c_recs)
+    if (absent or unset) and end is not None and run.report is not None and not (set(flags) - CANARY_FLAGS):
+        return Verdict(tests=tests, flags=[], evidence=ev, fault=f"canaries {'absent' if absent else 'errored in setup'}")
     integrity = (
         run.report is not None
         and run.summary is not None
