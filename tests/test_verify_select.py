@@ -199,8 +199,14 @@ def test_verdict_canaries_that_never_ran_are_the_graders_fault_unless_the_agent_
     report = {WANTED[0]: P, WANTED[1]: P}
     records = HONEST_RECORDS[:2]
     assert judge(WANTED, CP, CF, evidence(report, records)).fault == "canaries absent"
+    # the canaries' file did not collect (the agent's code broke an import): the agent's 0
+    broken = judge(WANTED, CP, CF, evidence({"<collection>::t.py::t.py": TestStatus.ERROR}, []))
+    assert not broken.fault and not broken.resolved
     errored = [*HONEST_RECORDS[:2], *({**r, "phases": {"setup": "failed"}} for r in HONEST_RECORDS[2:])]
     assert judge(WANTED, CP, CF, evidence({**report, CP: TestStatus.ERROR, CF: TestStatus.ERROR}, errored)).fault
+    all_errored = [{**r, "phases": {"setup": "failed"}} for r in HONEST_RECORDS]
+    every = judge(WANTED, CP, CF, evidence({t: TestStatus.ERROR for t in [*WANTED, CP, CF]}, all_errored))
+    assert not every.fault and not every.resolved
     hooked = judge(WANTED, CP, CF, evidence(report, records, {"changed": ["_pytest.main.Session.perform_collect"]}))
     assert not hooked.fault and "runner_modified" in hooked.flags
 

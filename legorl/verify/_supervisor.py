@@ -166,7 +166,7 @@ def changed_since(snap, sys_modules, trusted):
 def _where(func, repo):
     """`hook:relative/file.py` for code in the repository, `hook:<generated>` for code that
     claims no real file; None for anything else (pytest, installed plugins)."""
-    code = getattr(func, "__code__", None)
+    code = getattr(func, "__code__", None) or getattr(func, "f_code", None)
     fn = code.co_filename if code else ""
     if fn.startswith(repo):
         return fn[len(repo):] if not fn.endswith("/conftest.py") else None
@@ -175,7 +175,7 @@ def _where(func, repo):
     return None
 
 
-def foreign_hooks(pm, repo):
+def foreign_hooks(pm, repo, registered_from):
     """Every hook implementation that package code (not a conftest) registered:
     {"hook", "file", "object"}; `object` when the plugin is not a module (pytest registers
     the modules a conftest's `pytest_plugins` names; an object is registered by code)."""
@@ -187,7 +187,8 @@ def foreign_hooks(pm, repo):
                 where = _where(impl.function, repo)
                 if where:
                     is_obj = type(impl.plugin).__name__ != "module"
-                    found[(name, where)] = {"hook": name, "file": where, "object": is_obj}
+                    found[(name, where)] = {"hook": name, "file": where, "object": is_obj,
+                                            "registered_from": registered_from.get(id(impl.plugin), [])}
     return [found[k] for k in sorted(found)]
 
 
@@ -207,12 +208,15 @@ def import_hooks(meta_path, path_hooks, repo):
 
 
 def digests(paths):
-    """{path: sha256} of the files that exist (the task's test files, before and after)."""
+    """{path: (sha256, inode, ctime)} of the files that exist (the task's test modules and
+    their conftests, before and after). ctime shows a write even when the content was put
+    back afterwards (rewritten for the import, restored before the end)."""
     out = {}
     for p in paths:
         try:
             with open(p, "rb") as f:
-                out[p] = hashlib.sha256(f.read()).hexdigest()
+                st = os.fstat(f.fileno())
+                out[p] = (hashlib.sha256(f.read()).hexdigest(), st.st_ino, st.st_ctime_ns)
         except OSError:
             out[p] = None
     return out
@@ -269,6 +273,19 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         def __init__(self):
             self.phases = {}
             self.inner = set()
+            self.registered_from = {}
+
+        def pytest_plugin_registered(self, plugin, manager):
+            # Who registers a plugin: pytest for the task's conftests and `pytest_plugins`,
+            # or package code, whose frame is then on the stack (generated code included).
+            files, f = set(), sys._getframe(1)
+            while f is not None:
+                where = _where(f, repo)
+                if where:
+                    files.add(where)
+                f = f.f_back
+            if files:
+                self.registered_from[id(plugin)] = sorted(files)
 
         @pytest.hookimpl(tryfirst=True)
         def pytest_pyfunc_call(self, pyfuncitem):
@@ -331,17 +348,26 @@ def child(cfg, key, rec_w, junit_w, log_fd):
             yield
             send(
                 "end",
-                changed=changed_since(snap, sys.modules, trusted),
-                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo),
+                changed=changed_since(snap, sys.modules, trusted) + own_changes(),
+                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from),
                 import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
                 exitstatus=int(exitstatus),
             )
+
+    recorder = _Recorder()
+    own = {k: (v, getattr(_func(v), "__code__", None)) for k, v in vars(_Recorder).items()}
+
+    def own_changes():
+        now = vars(_Recorder)
+        bad = [k for k, (v, c) in own.items() if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c]
+        bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in ("phases", "inner", "registered_from")]
+        return ["recorder." + k for k in sorted(bad)]
 
     sys.path.append(repo[:-1])
     args = list(cfg["args"]) + ["--junitxml=/proc/self/fd/%d" % junit_w]
     cfg.clear()
     try:
-        code = int(pytest.main(args, plugins=[_Recorder()]))
+        code = int(pytest.main(args, plugins=[recorder]))
     except BaseException:  # raised by the code under test; the records decide what happened
         import traceback
 

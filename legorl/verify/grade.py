@@ -252,7 +252,7 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     except TestCmdError as exc:
         raise GraderFault("select", str(exc)) from None
     host, like = canary_host(task, sel.directives)
-    guard = sorted(p for p in {*extra, *sel.directives} if p.endswith(".py"))  # test modules; data files may be rewritten by tests
+    guard = guarded_files([*extra, *sel.directives])
     plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard)
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
@@ -306,6 +306,17 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
 def _untagged(stdout: str, nonce: str) -> str:
     """The run's stdout without the supervisor's tagged summary (evidence only)."""
     return "\n".join(ln for ln in stdout.splitlines() if not ln.startswith(nonce + " "))
+
+
+def guarded_files(paths: list[str]) -> list[str]:
+    """The task's test modules and the conftests pytest loads for them (those of their
+    directories up to the root): no honest run writes to them. Data files are left out, as
+    tests may regenerate those."""
+    out = {p for p in paths if p.endswith(".py")}
+    for p in list(out):
+        parts = p.split("/")[:-1]
+        out |= {"/".join([*parts[:i], "conftest.py"]) for i in range(len(parts) + 1)}
+    return sorted(out)
 
 
 def canary_host(task: Task, directives: list[str]) -> tuple[str | None, list[str]]:
