@@ -8,9 +8,16 @@ import dataclasses
 import shlex
 
 import pytest
+from tasks_util import (
+    added_file,
+    backend_and_images,
+    package_init,
+    pick_task,
+    rollout,
+    source_file,
+)
 
 from legorl.types import Status
-from tasks_util import added_file, backend_and_images, package_init, pick_task, rollout, source_file
 
 BACKENDS = [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)]
 

@@ -5,11 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tasks_util import (
+    append_lines_diff,
+    backend_and_images,
+    base_file,
+    package_init,
+    pick_task,
+)
 
 from legorl.sandbox.base import SandboxError, SandboxSpec
 from legorl.types import Status
 from legorl.verify.grade import GradeConfig, grade
-from tasks_util import append_lines_diff, backend_and_images, base_file, package_init, pick_task
 
 BACKENDS = [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)]
 

@@ -14,7 +14,12 @@ import pytest
 from legorl.tasks.loader import TaskFileError, load_tasks
 from legorl.types import Task
 from legorl.verify.junit import TestStatus
-from legorl.verify.selection import patch_directives, select_tests, selection_problems, split_args
+from legorl.verify.selection import (
+    patch_directives,
+    select_tests,
+    selection_problems,
+    split_args,
+)
 from legorl.verify.verdict import RunEvidence, judge
 
 TEST_PATCH = (

@@ -232,11 +232,12 @@ def child(cfg, key, rec_w, junit_w, log_fd):
     os.dup2(null, 0)
     os.close(null)
     sys.dont_write_bytecode = True
-    import pytest  # imported while the repository is not yet on sys.path
+    import importlib
+
     import _pytest.config
     import _pytest.outcomes
     import _pytest.python
-    import importlib
+    import pytest  # imported while the repository is not yet on sys.path
 
     for plugin in _pytest.config.default_plugins:
         try:

@@ -89,11 +89,10 @@ def split_args(words: list[str]) -> tuple[list[str], list[str]]:
         if w.startswith("-") and w != "-":
             flags.append(w)
             name = w.split("=", 1)[0]
+            # `-k expr` takes the next word; `-kexpr`, `--tb=short` carry their value
             if "=" not in w and (name in VALUE_OPTIONS or name == "-p") and i + 1 < len(words):
                 flags.append(words[i + 1])
                 i += 1
-            elif len(w) > 2 and not w.startswith("--") and w[:2] in VALUE_OPTIONS:
-                pass  # `-kexpr`, `-oaddopts=`: the value is attached
             i += 1
             continue
         paths.append(w)
@@ -129,7 +128,7 @@ def covers(directive: str, test_id: str) -> bool:
     if d in (".", ""):
         return True
     if "::" in d:
-        return test_id == d or test_id.startswith(d + "::") or test_id.startswith(d + "[")
+        return test_id == d or test_id.startswith((d + "::", d + "["))
     file = test_id.split("::", 1)[0]
     return file == d or file.startswith(d + "/")
 
