@@ -390,16 +390,31 @@ def _undumpable():
         pass
 
 
-def _pids():
-    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
+def _orphans(me):
+    """Our children other than the test child: with this process a child subreaper, every
+    descendant the test run left behind (setsid or not) is re-parented here."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
+            out.append(int(p))
+    return out
 
 
-def kill_strays(keep):
-    """SIGKILL every process born since the run started that is still alive (detached
-    daemons of the code under test), before the report is written out; how many."""
+def kill_strays(me):
+    """SIGKILL the processes the test run left behind (detached daemons of the code under
+    test), before the report is written out, and reap them; how many. Only descendants:
+    this also runs on a host (task generation), where other processes are none of ours."""
     killed = set()
-    for _ in range(20):  # a stray may fork while we kill
-        new = _pids() - keep - killed
+    for _ in range(50):  # a stray may fork while we kill; its children come to us in turn
+        new = [p for p in _orphans(me) if p not in killed]
         if not new:
             break
         for p in new:
@@ -408,8 +423,22 @@ def kill_strays(keep):
             except OSError:
                 pass
             killed.add(p)
-        time.sleep(0.005)
+        time.sleep(0.002)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
     return len(killed)
+
+
+def _subreaper():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def main():
@@ -426,7 +455,7 @@ def main():
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
     guarded = digests(guard)
-    before = _pids()
+    _subreaper()
     pid = os.fork()
     if pid == 0:
         try:
@@ -448,7 +477,7 @@ def main():
             done, st = os.waitpid(pid, os.WNOHANG)
             if done:
                 status, deadline = st, time.monotonic() + GRACE_S
-                strays = kill_strays(before | {os.getpid()})
+                strays = kill_strays(os.getpid())
         if deadline is not None and time.monotonic() > deadline:
             break
         ready, _, _ = select.select(list(open_fds), [], [], 0.05)
@@ -460,7 +489,7 @@ def main():
             bufs[fd] += chunk
     if status is None:
         _, status = os.waitpid(pid, 0)
-        strays = kill_strays(before | {os.getpid()})
+        strays = kill_strays(os.getpid())
     for fd in list(open_fds):  # whatever a killed stray held open is closed now
         os.set_blocking(fd, False)
         try:
