@@ -22,12 +22,10 @@ Usage: `python -I -B run.py CONFIG.json`; the grader compares the summary, the r
 records and the report (`legorl/verify/verdict.py`).
 """
 
-import ast
 import hashlib
 import hmac
 import json
 import os
-import random
 import select
 import sys
 import time
@@ -40,7 +38,11 @@ WATCH_MODULES = ("pytest", "_pytest", "pluggy", "unittest.case", "unittest.resul
 WATCH_ATTRS = {"os": ("_exit", "write", "open"), "sys": ("exit",), "atexit": ("register",), "builtins": ("open",)}
 
 
-def plant(spec, rng):
+def _pick(seq):
+    return seq[int.from_bytes(os.urandom(4), "little") % len(seq)]
+
+
+def plant(spec):
     """Insert the two canaries before random top-level definitions of the task's test file.
 
     Canaries among the task's tests (not appended at the end, not in a file of their own)
@@ -50,8 +52,8 @@ def plant(spec, rng):
         text = f.read()
     names = [n for n in spec["candidates"] if n not in text][:2]
     if len(names) < 2:
-        sys.stderr.write("legorl-supervisor: no free canary name in %s\n" % spec["rel"])
-        os._exit(SETUP_FAILED)
+        raise LookupError("no free canary name in %s" % spec["rel"])
+    import ast  # here, not at the top: it runs while the child imports pytest
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -66,7 +68,7 @@ def plant(spec, rng):
     inserts = {}
     blocks = [spec["pass"].replace("{name}", names[0]), spec["fail"].replace("{name}", names[1])]
     for block in blocks:
-        inserts.setdefault(rng.choice(cuts), []).append(block.rstrip("\n") + "\n\n\n")
+        inserts.setdefault(_pick(cuts), []).append(block.rstrip("\n") + "\n\n\n")
     out = []
     for i, line in enumerate(lines):
         out.extend(inserts.pop(i, []))
@@ -222,8 +224,11 @@ def digests(paths):
     return out
 
 
-def child(cfg, key, rec_w, junit_w, log_fd):
-    """Run pytest with the recorder; never returns."""
+def child(cfg, key, rec_w, junit_w, log_fd, go_r):
+    """Run pytest with the recorder once the supervisor says go; never returns.
+
+    Importing pytest and taking the snapshot overlap with the supervisor planting the
+    canaries and hashing the test files (two cores are two cores)."""
     _exit = os._exit  # bound before the repository can replace it
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -251,13 +256,13 @@ def child(cfg, key, rec_w, junit_w, log_fd):
 
     trusted = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["_pytest"], pluggy, pytest))
     repo = cfg["repo"].rstrip("/") + "/"
-    write, dumps, new_mac = os.write, json.dumps, hmac.new
+    write, dumps, mac_of = os.write, json.dumps, hmac.digest
     seq = [0]
 
     def send(kind, **fields):
         seq[0] += 1
-        body = dumps(dict(fields, k=kind, n=seq[0]), sort_keys=True)
-        data = (new_mac(key, body.encode(), "sha256").hexdigest() + " " + body + "\n").encode()
+        body = dumps(dict(fields, k=kind, n=seq[0]))
+        data = (mac_of(key, body.encode(), "sha256").hex() + " " + body + "\n").encode()
         while data:
             data = data[write(rec_w, data) :]
 
@@ -364,6 +369,9 @@ def child(cfg, key, rec_w, junit_w, log_fd):
         bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in ("phases", "inner", "registered_from")]
         return ["recorder." + k for k in sorted(bad)]
 
+    if os.read(go_r, 1) != b"1":  # the supervisor could not prepare the run
+        _exit(SETUP_FAILED)
+    os.close(go_r)
     sys.path.append(repo[:-1])
     args = list(cfg["args"]) + ["--junitxml=/proc/self/fd/%d" % junit_w]
     cfg.clear()
@@ -447,28 +455,38 @@ def main():
         cfg = json.load(f)
     os.unlink(cfg_path)
     nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
-    rng = random.Random(cfg.pop("seed"))
     spec = cfg.pop("plant")
-    canaries = plant(spec, rng) if spec else None
     rec_r, rec_w = os.pipe()
     junit_r, junit_w = os.pipe()
+    go_r, go_w = os.pipe()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
-    guarded = digests(guard)
-    _subreaper()
     pid = os.fork()
     if pid == 0:
         try:
             nonce = None  # noqa: F841  (the child must not learn the summary's tag)
-            os.close(rec_r)
-            os.close(junit_r)
-            child(cfg, key, rec_w, junit_w, log_fd)
+            for fd in (rec_r, junit_r, go_w):
+                os.close(fd)
+            child(cfg, key, rec_w, junit_w, log_fd, go_r)
         finally:
             os._exit(3)
-    os.close(rec_w)
-    os.close(junit_w)
-    os.close(log_fd)
-    _undumpable()  # the child cannot open this process's fds or memory (the summary's tag)
+    for fd in (rec_w, junit_w, log_fd, go_r):
+        os.close(fd)
+    # While the child imports pytest: become the reaper of whatever the run leaves behind,
+    # non-dumpable (the child cannot open this process's fds or memory: the summary's
+    # tag), plant the canaries, hash the test files; then let the child run the tests.
+    _subreaper()
+    _undumpable()
+    guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
+    try:
+        canaries = plant(spec) if spec else None
+    except (LookupError, OSError, UnicodeDecodeError) as exc:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        sys.stderr.write("legorl-supervisor: %s\n" % exc)
+        os._exit(SETUP_FAILED)
+    guarded = digests(guard)
+    os.write(go_w, b"1")
+    os.close(go_w)
     bufs = {rec_r: bytearray(), junit_r: bytearray()}
     status, deadline, strays = None, None, 0
     open_fds = set(bufs)
@@ -508,7 +526,7 @@ def main():
         if not line:
             continue
         mac, _, body = line.partition(b" ")
-        if not hmac.compare_digest(mac, hmac.new(key, body, "sha256").hexdigest().encode()):
+        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
             bad += 1
             continue
         records.append(json.loads(body))

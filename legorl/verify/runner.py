@@ -191,7 +191,6 @@ def plan_run(
             "log": f"{work}/out.log",
             "nonce": nonce,
             "key": key,
-            "seed": secrets.randbits(64),
             "plant": plant,
             "guard": list(guard or []),
         }
