@@ -4,7 +4,7 @@
    written in the process the code under test shares, so rewritable by it.
 2. The recorder's records (`_supervisor.py`): what each test *raised*, seen from the
    innermost call of the test function and from each phase's hook wrapper, HMAC-tagged
-   and streamed out as they happen; plus the end-of-session check of pytest's, pluggy's
+   and streamed out in batches; plus the end-of-session check of pytest's, pluggy's
    and unittest's functions and classes against a snapshot taken before the repository
    could be imported.
 3. The canaries planted among the task's tests: one must pass, one must fail, whatever
