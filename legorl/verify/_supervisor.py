@@ -35,7 +35,12 @@ GRACE_S = 0.5  # how long pipes are drained after the child exits and its strays
 WATCH_PREFIXES = ("_pytest.", "pluggy.")
 WATCH_MODULES = ("pytest", "_pytest", "pluggy", "unittest.case", "unittest.result", "xml.etree.ElementTree")
 # Single functions of other modules that only a forger replaces (tests' monkeypatches are undone by then).
-WATCH_ATTRS = {"os": ("_exit", "write", "open"), "sys": ("exit",), "atexit": ("register",), "builtins": ("open",)}
+WATCH_ATTRS = {
+    "os": ("_exit", "write", "open"),
+    "sys": ("exit", "settrace", "gettrace"),
+    "atexit": ("register",),
+    "builtins": ("open", "__import__"),
+}
 
 
 def _pick(seq):
@@ -256,7 +261,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
 
     trusted = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["_pytest"], pluggy, pytest))
     repo = cfg["repo"].rstrip("/") + "/"
-    write, dumps, mac_of = os.write, json.dumps, hmac.digest
+    write, dumps, mac_of, gettrace = os.write, json.dumps, hmac.digest, sys.gettrace
     seq = [0]
     pending = []
 
@@ -286,6 +291,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             self.phases = {}
             self.inner = set()
             self.registered_from = {}
+            self.tracer, self.tracers = None, set()
 
         def pytest_plugin_registered(self, plugin, manager):
             # Who registers a plugin: pytest for the task's conftests and `pytest_plugins`,
@@ -310,6 +316,11 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "deferred"
                 return None
             self.inner.add(pyfuncitem.nodeid)
+            tracer = gettrace()  # a tracer already active can skip a test's lines (its asserts)
+            if tracer is not None and tracer is not self.tracer:
+                self.tracer = tracer
+                where = _where(_func(getattr(tracer, "__call__", tracer)) if not hasattr(tracer, "__code__") else tracer, repo)
+                self.tracers.add(where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?")))
             try:
                 result = func(**args)
             except BaseException as exc:
@@ -363,6 +374,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 changed=changed_since(snap, sys.modules, trusted) + own_changes(),
                 foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from),
                 import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
+                tracers=sorted(self.tracers),
                 exitstatus=int(exitstatus),
             )
 
@@ -372,7 +384,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     def own_changes():
         now = vars(_Recorder)
         bad = [k for k, (v, c) in own.items() if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c]
-        bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in ("phases", "inner", "registered_from")]
+        known = ("phases", "inner", "registered_from", "tracer", "tracers")
+        bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in known]
         return ["recorder." + k for k in sorted(bad)]
 
     if os.read(go_r, 1) != b"1":  # the supervisor could not prepare the run
