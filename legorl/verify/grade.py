@@ -253,7 +253,7 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
         raise GraderFault("select", str(exc)) from None
     host, like = canary_host(task, sel.directives)
     guard = guarded_files([*extra, *sel.directives])
-    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard)
+    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard, wanted=wanted)
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
     await _exec(sb, "runner", "mkdir -p " + " ".join(shlex.quote(d) for d in sorted(dirs)), cfg)

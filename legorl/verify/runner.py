@@ -139,13 +139,16 @@ def plan_run(
     plant_in: str | None = None,
     like: list[str] | None = None,
     guard: list[str] | None = None,
+    wanted: list[str] | None = None,
 ) -> RunnerPlan:
     """Plan a hardened, supervised run of `pytest ARGS` in `repo` with fresh random names.
 
     With `plant_in` (a repo-relative test file the args already select) the canaries are
     planted among that file's tests, named like `like` (its tests' function names; the
     supervisor reports the names it took, see `canaries`); the args are unchanged. `guard`:
-    repo-relative files (the task's tests) whose content must be the same after the run. Without it they get a file of their own,
+    repo-relative files (the task's tests) whose content must be the same after the run.
+    `wanted`: the task's test ids; the summary then carries only their records (and the
+    canaries'), the supervisor keeps them from the child. Without it they get a file of their own,
     added to the args (task generation, where nothing adversarial runs).
     """
     rng = secrets.SystemRandom()
@@ -193,6 +196,7 @@ def plan_run(
             "key": key,
             "plant": plant,
             "guard": list(guard or []),
+            "wanted": list(wanted or []),
         }
     )
     env = [

@@ -181,11 +181,12 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
     # breaks an import) or whose every test errors is the agent's doing, graded 0.
     c_recs = [records.get(canary_pass), fail_rec]
     host = canary_pass.split("::", 1)[0] + "::"
-    neighbours = [r for t, r in records.items() if t.startswith(host) and t not in (canary_pass, canary_fail)]
-    absent = all(r is None for r in c_recs) and canary_pass not in report and canary_fail not in report and bool(neighbours)
-    unset = all(r is not None and (r.get("phases") or {}).get("setup") == "failed" for r in c_recs) and any(
-        (r.get("phases") or {}).get("setup") == "passed" for r in neighbours
-    )
+    near = [r for t, r in records.items() if t.startswith(host) and t not in (canary_pass, canary_fail)]
+    stats = summary.get("neighbours") or {}  # the supervisor's count when it kept only the task's records
+    ran = len(near) + int(stats.get("ran", 0))
+    set_up = sum((r.get("phases") or {}).get("setup") == "passed" for r in near) + int(stats.get("set_up", 0))
+    absent = all(r is None for r in c_recs) and canary_pass not in report and canary_fail not in report and ran > 0
+    unset = all(r is not None and (r.get("phases") or {}).get("setup") == "failed" for r in c_recs) and set_up > 0
     if (absent or unset) and end is not None and run.report is not None and not (set(flags) - CANARY_FLAGS):
         return Verdict(tests=tests, flags=[], evidence=ev, fault=f"canaries {'absent' if absent else 'errored in setup'}")
     integrity = (
