@@ -29,8 +29,6 @@ TAMPER = "tamper_attempt"
 # Hooks that can turn a failure into a pass; an implementation from package code (not a
 # conftest) plus a test function that our innermost observer never saw run is a hijack.
 CALL_HOOKS = ("pytest_pyfunc_call", "pytest_runtest_call")
-# Flags that canaries which never ran or never set up raise by themselves.
-CANARY_FLAGS = {TAMPER, "report_inconsistent", "report_unconfirmed"}
 
 
 @dataclass
@@ -187,7 +185,7 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
     set_up = sum((r.get("phases") or {}).get("setup") == "passed" for r in near) + int(stats.get("set_up", 0))
     absent = all(r is None for r in c_recs) and canary_pass not in report and canary_fail not in report and ran > 0
     unset = all(r is not None and (r.get("phases") or {}).get("setup") == "failed" for r in c_recs) and set_up > 0
-    if (absent or unset) and end is not None and run.report is not None and not (set(flags) - CANARY_FLAGS):
+    if (absent or unset) and end is not None and run.report is not None and TAMPER not in flags:
         return Verdict(tests=tests, flags=[], evidence=ev, fault=f"canaries {'absent' if absent else 'errored in setup'}")
     integrity = (
         run.report is not None
