@@ -128,21 +128,29 @@ def _func(obj):
     return getattr(obj, "__func__", None) or getattr(obj, "fget", None) or obj
 
 
-def changed_since(snap, sys_modules, trusted):
+def changed_since(snap, sys_modules, repo, started_ns):
     """What of the snapshot is no longer what it was (replaced, re-coded, added to a class).
 
-    pytest patches a few of its own classes while it configures (`legacypath` adds
-    `fspath` properties, …): a new value whose code lives in pytest's or pluggy's own
-    install directory (`trusted`) is theirs, and plain data added to a class is ignored.
-    """
+    pytest and the task's installed plugins patch some of pytest's classes while they
+    configure (`legacypath` adds `fspath` properties, …). A new value is theirs when its
+    code lives outside the repository in a file that existed before this run (ctime: a
+    file the code under test wrote during the run, to import it from there, is newer, and
+    ctime cannot be set back); plain data added to a class is ignored."""
 
     def theirs(obj):
         code = getattr(_func(obj), "__code__", None)
         if code is not None:
-            return code.co_filename.startswith(trusted)
-        if isinstance(obj, type):
-            return getattr(sys_modules.get(obj.__module__), "__file__", "").startswith(trusted)
-        return False
+            fn = code.co_filename
+        elif isinstance(obj, type):
+            fn = getattr(sys_modules.get(obj.__module__), "__file__", None) or ""
+        else:
+            return False
+        if not os.path.isabs(fn) or fn.startswith(repo):
+            return False
+        try:
+            return os.stat(fn).st_ctime_ns < started_ns
+        except OSError:
+            return False
 
     changed = []
     for key, old in snap.items():
@@ -235,6 +243,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     Importing pytest and taking the snapshot overlap with the supervisor planting the
     canaries and hashing the test files (two cores are two cores)."""
     _exit = os._exit  # bound before the repository can replace it
+    started_ns = time.time_ns()
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
@@ -257,9 +266,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     skipped_exc, xfailed_exc = _pytest.outcomes.Skipped, _pytest.outcomes.XFailed
     function_cls = _pytest.python.Function
     snap = snapshot(sys.modules)
-    import pluggy
 
-    trusted = tuple(os.path.dirname(m.__file__) + os.sep for m in (sys.modules["_pytest"], pluggy, pytest))
     repo = cfg["repo"].rstrip("/") + "/"
     write, dumps, mac_of, gettrace = os.write, json.dumps, hmac.digest, sys.gettrace
     seq = [0]
@@ -383,7 +390,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             yield
             send(
                 "end",
-                changed=changed_since(snap, sys.modules, trusted) + own_changes(),
+                changed=changed_since(snap, sys.modules, repo, started_ns) + own_changes(),
                 foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from),
                 import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
                 tracers=sorted(self.tracers),
