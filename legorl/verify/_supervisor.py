@@ -337,7 +337,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             tracer = gettrace()  # a tracer already active can skip a test's lines (its asserts)
             if tracer is not None and tracer is not self.tracer:
                 self.tracer = tracer
-                where = _where(_func(getattr(tracer, "__call__", tracer)) if not hasattr(tracer, "__code__") else tracer, repo)
+                target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)
+                where = _where(_func(target), repo)
                 self.tracers.add(where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?")))
             try:
                 result = func(**args)
