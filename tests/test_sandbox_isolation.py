@@ -156,3 +156,26 @@ async def test_no_administration_from_inside(backend, task: ImageRef) -> None:
         assert (await sb.exec("cat /proc/1/environ")).exit_code != 0
         await sb.exec("kill -9 1")
         assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_no_host_sysfs_or_host_paths_in_mount_tables(backend, task: ImageRef, tmp_path: Path) -> None:
+    """/sys is a small synthetic tmpfs, not the host's sysfs (block devices, PCI, DMI, cgroup
+    paths naming the container), and no mount table names a host path: not the image store
+    or scratch dir behind the overlay, not the source of a read-only mount (dir or file)."""
+    shared = tmp_path / f"legorl-shared-{uuid.uuid4().hex[:8]}"
+    shared.mkdir()
+    (shared / "tool.txt").write_text("tool\n")
+    single = tmp_path / "single.txt"
+    single.write_text("single\n")
+    mounts = {str(shared): "/opt/shared", str(single): "/opt/one/single.txt"}
+    host_paths = [str(tmp_path), str(Path.home()), "/var/lib", "/run/legorl", "/root/.cache", "/work"]
+    async with await backend.start(SandboxSpec(image=task.key, readonly_mounts=mounts)) as sb:
+        assert (await sb.exec("cat /opt/shared/tool.txt /opt/one/single.txt")).stdout == "tool\nsingle\n"
+        assert (await sb.exec("touch /opt/shared/x || touch /opt/one/single.txt")).exit_code != 0
+        fs = await sb.exec("stat -f -c %T /sys; ls /sys; ls /sys/block /sys/class /sys/fs/cgroup /sys/devices/pci0000:00 2>&1")
+        assert fs.stdout.split()[0] == "tmpfs" and "No such file" in fs.stdout, fs.stdout
+        assert (await sb.exec("touch /sys/x")).exit_code != 0
+        for table in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
+            text = (await sb.exec(f"cat {table}")).stdout
+            leaks = [ln for ln in text.splitlines() if any(p in ln for p in host_paths) or "sysfs" in ln or "devtmpfs" in ln]
+            assert not leaks and text.strip(), (table, leaks)

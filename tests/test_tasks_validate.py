@@ -97,3 +97,23 @@ def test_rollout_command_prints_one_json_line(tmp_path: Path, capsys: pytest.Cap
         assert key in line
     assert line["instance_id"] == task.instance_id and line["status"] == "resolved" and line["reward"] == 1.0
     assert line["masked"] is False and line["flags"] == []
+
+
+@pytest.mark.parametrize("backend_name", [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)])
+async def test_shipped_subset_is_valid_with_a_test_cmd_that_names_no_paths(backend_name: str) -> None:
+    """SWE-bench's common shape: only the runner and its flags (`python -m pytest -o addopts=`).
+    The task's test files are selected all the same: gold resolves, empty does not."""
+    import shlex
+
+    from legorl.tasks.validate import check_tasks
+    from legorl.verify.selection import select_tests
+    from tasks_util import backend_and_images
+
+    ids = set(one_per_project())
+    tasks = [
+        dataclasses.replace(t, test_cmd=shlex.join(["python", "-m", "pytest", *select_tests(t).flags]))
+        for t in load_shipped() if t.instance_id in ids
+    ]
+    async with backend_and_images(backend_name) as (backend, images):
+        res = await check_tasks(tasks, backend, images, concurrency=2)
+    assert len(res) == len(ids) and all(r.ok for r in res), [r.to_json() for r in res if not r.ok]

@@ -5,11 +5,17 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tasks_util import (
+    append_lines_diff,
+    backend_and_images,
+    base_file,
+    package_init,
+    pick_task,
+)
 
 from legorl.sandbox.base import SandboxError, SandboxSpec
 from legorl.types import Status
 from legorl.verify.grade import GradeConfig, grade
-from tasks_util import append_lines_diff, backend_and_images, base_file, package_init, pick_task
 
 BACKENDS = [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)]
 
@@ -107,3 +113,37 @@ async def test_infrastructure_faults_are_retried_then_masked() -> None:
     assert Status.INFRA_ERROR.is_infra
     # A test_patch that does not apply to restored test files is the task's fault, not the agent's.
     assert bad.status is Status.INFRA_ERROR and bad.masked and "test_patch" in bad.evidence["errors"][0]
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_a_test_cmd_without_paths_selects_the_task_tests(backend_name: str) -> None:
+    """`python -m pytest -q` names no test paths: the task's test files are the directives,
+    the grader's canaries go among them, and the gold patch resolves, the empty one fails."""
+    task = dataclasses.replace(pick_task(), test_cmd="python -m pytest -q")
+    async with backend_and_images(backend_name) as (backend, images):
+        image = await images.for_task(task)
+        gold = await grade(task, task.patch, backend, image)
+        empty = await grade(task, "", backend, image)
+    files = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS})
+    assert gold.evidence["test_args"] == ["-q", *files]
+    assert gold.status is Status.RESOLVED and gold.reward == 1.0 and gold.flags == [], gold
+    assert all(s == "passed" for s in gold.tests.values()) and set(gold.tests) == set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+    assert empty.status is Status.FAILED and empty.reward == 0.0 and empty.flags == [], empty
+    assert all(empty.tests[t] in ("failed", "error") for t in task.FAIL_TO_PASS)
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_a_test_patch_the_agent_broke_is_its_fault(backend_name: str) -> None:
+    """The test patch needs a directory where the agent left a file: 0, flagged, not masked.
+    The same test patch on the untouched tree applies, so the machinery is not at fault."""
+    task = pick_task()
+    pkg = package_init(task).rsplit("/", 1)[0]
+    task = dataclasses.replace(task, test_patch=task.test_patch + new_file(f"{pkg}/fixtures/data.txt", "x"))
+    in_the_way = new_file(f"{pkg}/fixtures", "not a directory")
+    async with backend_and_images(backend_name) as (backend, images):
+        image = await images.for_task(task)
+        out = await grade(task, task.patch + in_the_way, backend, image)
+        fine = await grade(task, task.patch, backend, image)
+    assert out.status is Status.FAILED and out.reward == 0.0 and not out.masked, out
+    assert "test_patch_conflict" in out.flags and out.evidence["grade_attempts"] == 1
+    assert fine.status is Status.RESOLVED, fine

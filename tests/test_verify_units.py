@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from legorl.verify.junit import ReportError, TestStatus, node_id, parse_junit
 from legorl.verify.patch import filter_diff, split_diff, unquote
 from legorl.verify.protect import Category, classify
-from legorl.verify.runner import TestCmdError, parse_test_cmd, plan_run
+from legorl.verify.runner import TestCmdError, parse_summary, parse_test_cmd, plan_run
 
 SAMPLE_TESTS = {
     "pkg/__init__.py": "",
@@ -244,3 +245,36 @@ def test_parse_test_cmd() -> None:
     for bad in ("tox -e py311", "bash run.sh", "pytest 'unclosed"):
         with pytest.raises(TestCmdError):
             parse_test_cmd(bad)
+
+
+def test_the_supervisor_kills_what_the_run_left_behind_and_nothing_else(tmp_path: Path) -> None:
+    """A detached daemon started by the code under test is killed before the report is
+    written; a process that is not the run's (started beside it on the host) lives on."""
+    repo = tmp_path / "repo"
+    pidfile = tmp_path / "daemon.pid"
+    write_tree(repo, {
+        "pkg/__init__.py": (
+            "import subprocess, sys\n"
+            f"p = subprocess.Popen(['sleep', '60'], start_new_session=True)\nopen({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        ),
+        "tests/test_a.py": "import pkg\n\ndef test_a():\n    assert True\n",
+    })
+    plan = plan_run(str(repo), ["tests/test_a.py"], python=sys.executable, tmp_root=str(repo.parent))
+    for path, text in plan.files.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        proc = subprocess.run(plan.command, shell=True, capture_output=True, text=True, timeout=120, check=False)
+        summary, tags = parse_summary(proc.stdout, plan.nonce)
+        assert tags == 1 and summary is not None and summary["stray_processes"] == 1, proc.stdout + proc.stderr
+        daemon = int(pidfile.read_text())
+        with pytest.raises(ProcessLookupError):
+            for _ in range(50):  # it is gone (or a zombie of init's until reaped)
+                os.kill(daemon, 0)
+                if Path(f"/proc/{daemon}/stat").read_text().split(") ", 1)[1].startswith("Z"):
+                    raise ProcessLookupError
+                time.sleep(0.02)
+        assert bystander.poll() is None  # not the run's: untouched
+    finally:
+        bystander.kill()

@@ -401,6 +401,62 @@ def serve(rfd, wfd):
 
 
 MS_NOSUID, MS_NODEV, MS_MOVE, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8192, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOEXEC, MS_REMOUNT = 1, 8, 32
+SYS_CPU_FILES = ("online", "possible", "present")
+
+
+def ro_mount_unnamed(src, dst, empty, mount, umount):
+    """Mount `src` read-only at `dst` so that the sandbox's mountinfo names no host path.
+
+    A bind mount shows its source's path (`/work/…/docs /opt/docs`); a read-only overlay
+    of `src` and an empty dir, named by file descriptor, shows `/proc/self/fd/N` instead.
+    A file is bound from such an overlay of its directory, mounted at a staging point that
+    is detached right after (its mountinfo root is then just `/<name>`). `empty` is an
+    empty directory of the sandbox's own; `umount(path)` detaches."""
+    flags = MS_RDONLY | MS_NOSUID | MS_NODEV
+
+    def overlay(lower, at):
+        fds = [os.open(lower, os.O_PATH | os.O_DIRECTORY), os.open(empty, os.O_PATH | os.O_DIRECTORY)]
+        try:
+            mount("overlay", at, "overlay", flags, "lowerdir=/proc/self/fd/%d:/proc/self/fd/%d" % tuple(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    if os.path.isdir(src):
+        overlay(src, dst)
+        return
+    stage = empty + ".stage"
+    os.makedirs(stage, mode=0o755, exist_ok=True)
+    overlay(os.path.dirname(src) or "/", stage)
+    try:
+        mount(stage + "/" + os.path.basename(src), dst, None, MS_BIND, None)
+        mount(None, dst, None, MS_REMOUNT | MS_BIND | flags, None)
+    finally:
+        umount(stage)
+
+
+def synthetic_sys(target, mount):
+    """Put a small read-only tmpfs at `target` (a sandbox's /sys) instead of sysfs.
+
+    A sysfs mounted in a sandbox is the host's: its block devices, PCI tree, DMI strings,
+    cgroup paths naming the container. Nothing a task needs lives there; the CPU lists are
+    copied because C libraries size thread pools from them (glibc falls back to /proc).
+    `mount` is the caller's mount(source, target, fstype, flags, data) wrapper."""
+    cpus = {}
+    for name in SYS_CPU_FILES:
+        try:
+            with open("/sys/devices/system/cpu/" + name) as f:
+                cpus[name] = f.read()
+        except OSError:
+            pass
+    os.makedirs(target, mode=0o755, exist_ok=True)
+    mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=755,size=64k")
+    os.makedirs(target + "/devices/system/cpu", mode=0o755)
+    for name, text in cpus.items():
+        with open(target + "/devices/system/cpu/" + name, "w") as f:
+            f.write(text)
+    mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
 CAP_SYS_CHROOT, CAP_SYS_ADMIN, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 18, 21, 24, 4
 PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 38, 39
 
@@ -422,8 +478,8 @@ def read_blob(fd):
 
 def enter_private_root(disk_mb, keep):
     """Docker: move into an overlay of the image whose writable layer is a tmpfs of
-    `disk_mb` (the disk quota, as in the local backend), keeping /proc, /dev, /sys and the
-    read-only binds `keep`; then give up CAP_SYS_ADMIN for good (bounding set and own sets)
+    `disk_mb` (the disk quota, as in the local backend), keeping /proc, /dev and the
+    read-only binds `keep`, with a synthetic /sys (`synthetic_sys`); then give up CAP_SYS_ADMIN for good (bounding set and own sets)
     and CAP_SYS_CHROOT, and become non-dumpable, so nothing started later can mount, leave
     the new root or inspect this process."""
     import ctypes
@@ -449,16 +505,37 @@ def enter_private_root(disk_mb, keep):
     for d in ("upper", "work", "root"):
         os.mkdir(rw + "/" + d, 0o755)
     root = rw + "/root"
-    opts = "lowerdir=%s,upperdir=%s/upper,workdir=%s/work,redirect_dir=off,metacopy=off,index=off" % (lower, rw, rw)
-    mount("overlay", root, "overlay", 0, opts)
-    for path in ["/proc", "/dev", "/sys"] + list(keep):
-        if os.path.exists(path):
-            if os.path.isdir(path):
+    # Named by file descriptor, as the local backend does: the mount table shows them as given.
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in (lower, rw + "/upper", rw + "/work")]
+    opts = "lowerdir=/proc/self/fd/%d,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d,redirect_dir=off,metacopy=off,index=off" % tuple(fds)
+    try:
+        mount("overlay", root, "overlay", 0, opts)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    synthetic_sys(root + "/sys", mount)  # not the container's sysfs, which is the host's
+    os.mkdir(rw + "/empty", 0o755)
+
+    def umount(path):
+        call(libc.umount2(path.encode(), 2), "umount %s" % path)  # MNT_DETACH
+
+    for item in ["/proc", "/dev"] + list(keep):
+        path, src = (item, item) if isinstance(item, str) else (item[0], item[1])
+        if os.path.exists(src):
+            if os.path.isdir(src):
                 os.makedirs(root + path, exist_ok=True)
             elif not os.path.exists(root + path):
                 os.makedirs(os.path.dirname(root + path), exist_ok=True)
                 open(root + path, "a").close()
-            mount(path, root + path, None, MS_BIND | MS_REC)
+            if path in ("/proc", "/dev"):
+                mount(path, root + path, None, MS_BIND | MS_REC)
+                continue
+            # Docker's bind of a host path (a file comes as [target, file in a bound dir]):
+            # re-mounted so that no host path shows in the sandbox's mountinfo.
+            try:
+                ro_mount_unnamed(src, root + path, rw + "/empty", mount, umount)
+            except OSError:  # e.g. overlayfs' stacking limit: a bind, naming its host path
+                mount(src, root + path, None, MS_BIND | MS_REC)
     # Docker's seccomp profile forbids pivot_root: switch roots as an initramfs does (move
     # the new root over "/", chroot into it). Without CAP_SYS_CHROOT, dropped below, no
     # process can climb back out to the container's own (quota-free) filesystem.

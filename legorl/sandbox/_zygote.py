@@ -11,8 +11,10 @@ namespace and, in order:
   1. joins the sandbox's cgroups (created and limited by the host beforehand);
   2. unshares mount, network, ipc, uts and cgroup namespaces;
   3. mounts a size-limited tmpfs (the disk quota) holding the overlay's upper and work dirs,
-     the overlay of the image's read-only layers on top, then /proc, a minimal /dev, a
-     read-only /sys, the requested read-only bind mounts, and masks /proc like Docker does;
+     the overlay of the image's read-only layers on top (named by file descriptor, so no
+     host path shows in the sandbox's mountinfo), then a minimal /dev, /proc (masked like
+     Docker does, with the sandbox's own /dev/null), a synthetic read-only /sys (not the
+     host's sysfs), the requested read-only bind mounts;
   4. brings up `lo`, sets the hostname, pivots into the overlay and detaches the host's
      filesystem completely;
   5. moves into a new user namespace (identity-mapped by a short-lived helper), so that
@@ -93,9 +95,9 @@ def _setup_proc(root):
     proc = root + "/proc"
     _mkdirs(proc)
     L.mount("proc", proc, "proc", L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
-    for name in MASK_FILES:
+    for name in MASK_FILES:  # the sandbox's own /dev/null: the host's devtmpfs would show in mountinfo
         if os.path.exists(proc + "/" + name):
-            L.mount("/dev/null", proc + "/" + name, None, L.MS_BIND)
+            L.mount(root + "/dev/null", proc + "/" + name, None, L.MS_BIND)
     for name in MASK_DIRS:
         if os.path.isdir(proc + "/" + name):
             L.mount("tmpfs", proc + "/" + name, "tmpfs", L.MS_RDONLY)
@@ -116,14 +118,21 @@ def _setup_root(req):
         upper, work, root = scratch + "/upper", scratch + "/work", scratch + "/root"
         for d in (upper, work, root):
             os.mkdir(d, 0o755)
-    opts = "lowerdir=%s,upperdir=%s,workdir=%s,%s" % (":".join(req["lowers"]), upper, work, OVERLAY_OPTS)
-    L.mount("overlay", root, "overlay", 0, opts)
-    _setup_proc(root)
+    # The layers are named by file descriptor: overlayfs shows its options as given in the
+    # sandbox's mountinfo, and host paths (image store, scratch dir) have no business there.
+    fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in [*req["lowers"], upper, work]]
+    names = ["/proc/self/fd/%d" % fd for fd in fds]
+    opts = "lowerdir=%s,upperdir=%s,workdir=%s,%s" % (":".join(names[:-2]), names[-2], names[-1], OVERLAY_OPTS)
+    try:
+        L.mount("overlay", root, "overlay", 0, opts)
+    finally:
+        for fd in fds:
+            os.close(fd)
     _setup_dev(root)
-    _mkdirs(root + "/sys")
-    L.mount("sysfs", root + "/sys", "sysfs", L.MS_RDONLY | L.MS_NOSUID | L.MS_NODEV | L.MS_NOEXEC)
-    if os.path.isdir(root + "/sys/firmware"):
-        L.mount("tmpfs", root + "/sys/firmware", "tmpfs", L.MS_RDONLY)
+    _setup_proc(root)
+    _init.synthetic_sys(root + "/sys", L.mount)  # not sysfs, which is the host's
+    if req["mounts"] and not req.get("upper"):
+        os.mkdir(scratch + "/empty", 0o755)
     for host, target in req["mounts"]:
         dst = root + "/" + target.lstrip("/")
         if os.path.isdir(host):
@@ -132,7 +141,13 @@ def _setup_root(req):
             _mkdirs(os.path.dirname(dst))
             if not os.path.exists(dst):
                 open(dst, "a").close()
-        _ro_bind(host, dst)
+        if req.get("upper"):  # an image build (task-owned setup, no agent code): a plain bind
+            _ro_bind(host, dst)
+        else:
+            try:
+                _init.ro_mount_unnamed(host, dst, scratch + "/empty", L.mount, lambda p: L.umount2(p, L.MNT_DETACH))
+            except OSError:  # e.g. overlayfs' stacking limit: a bind, naming its host path
+                _ro_bind(host, dst)
     L.sethostname(req.get("hostname", "sandbox"))
     L.loopback_up()
     with open("/proc/sys/net/ipv4/ip_unprivileged_port_start", "w") as f:

@@ -121,14 +121,25 @@ class DockerBackend:
         binds = sorted(spec.readonly_mounts.items())
         # The init mounts a tmpfs of disk_mb as the writable layer (see _init.enter_private_root):
         # it needs CAP_SYS_ADMIN for that and drops it before any command runs.
-        config = {"disk_mb": lim.disk_mb, "keep": [t for _, t in binds]}
+        # A file is bound through its directory (at a staging path the sandbox cannot reach
+        # once it has switched roots), so that the init can re-mount it naming no host path.
+        keep: list[Any] = []
+        docker_binds: list[str] = []
+        for i, (h, t) in enumerate(binds):
+            if os.path.isdir(h):
+                keep.append(t)
+                docker_binds.append(f"{h}:{t}:ro")
+            else:
+                keep.append([t, f"/.legorl-ro/{i}/{os.path.basename(h)}"])
+                docker_binds.append(f"{os.path.dirname(os.path.abspath(h))}:/.legorl-ro/{i}:ro")
+        config = {"disk_mb": lim.disk_mb, "keep": keep}
         host: dict[str, Any] = {
             "NetworkMode": "none",
             "Memory": lim.memory_mb << 20,
             "MemorySwap": lim.memory_mb << 20,
             "PidsLimit": lim.pids,
             "NanoCpus": int(lim.cpus * 1e9),
-            "Binds": [f"{h}:{t}:ro" for h, t in binds],
+            "Binds": docker_binds,
             "CapAdd": ["SYS_ADMIN"],
             "SecurityOpt": ["no-new-privileges"],
             "IpcMode": "private",

@@ -3,8 +3,10 @@
 One JSON object per line with the SWE-bench instance fields
 (`instance_id, repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS,
 PASS_TO_PASS`) plus `repo_path`: a local git repository or `git bundle`, relative to the
-JSONL file (or absolute). Optional: `test_cmd` (a pytest command line; default: pytest on
-the files holding the task's tests), `env_setup` (shell commands run offline when the task
+JSONL file (or absolute). Optional: `test_cmd` (a pytest command line; when it names no
+test paths, as `python -m pytest -q` does, grading adds the files holding the task's tests,
+as SWE-bench does; a test_cmd whose selection would miss a FAIL_TO_PASS/PASS_TO_PASS test,
+or that uses an option grading cannot honour such as `-x`, is rejected here), `env_setup` (shell commands run offline when the task
 image is built), `image`, `split`. Unknown fields (`hints_text`, `version`, …) are allowed
 and ignored. FAIL_TO_PASS/PASS_TO_PASS may be lists or JSON-encoded lists (as on the
 Hugging Face hub).
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl.types import Task
-from legorl.verify.runner import TestCmdError, parse_test_cmd
+from legorl.verify.selection import selection_problems
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 _STR_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "repo_path")
@@ -103,11 +105,9 @@ def task_from_dict(row: Any, base_dir: Path, where: str, errs: list[str], check_
     if row["test_patch"].strip() and "diff --git" not in row["test_patch"]:
         errs.append(f"{where}: field 'test_patch': expected a git diff or an empty string, got {_short(row['test_patch'])}")
     test_cmd = row.get("test_cmd") or ""
-    if test_cmd.strip():
-        try:
-            parse_test_cmd(test_cmd)
-        except TestCmdError as exc:
-            errs.append(f"{where}: field 'test_cmd': {exc}")
+    probe = Task(row["instance_id"], row["repo"], row["base_commit"], "", "", row["test_patch"], f2p, p2p, test_cmd=test_cmd)
+    for problem in selection_problems(probe):  # the tests grading would run must be the task's
+        errs.append(f"{where}: field 'test_cmd': {problem}")
     repo_path = Path(row["repo_path"])
     if not repo_path.is_absolute():
         repo_path = (base_dir / repo_path).resolve()

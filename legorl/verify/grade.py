@@ -7,15 +7,20 @@ Steps (one fresh sandbox from the task image; nothing of the agent's sandbox sur
    every protected path that changed is put back (new ones deleted, others checked out
    from pre), byte code is deleted, and a third snapshot must show no protected change;
 3. apply the task's `test_patch`;
-4. run the tests with the hardened runner (`runner.py`) and read per-test results from its
-   JUnit report, cross-checked with the runner's exit status and the canary tests.
+4. run the task's tests as SWE-bench selects them (`selection.py`: test_cmd's flags, its paths
+   or else the task's test files) under the supervised runner (`runner.py`,
+   `_supervisor.py`), with canaries planted among the task's own tests, and decide from
+   three channels that must agree (`verdict.py`): the JUnit report, the recorder's records
+   of what each test raised plus its check of pytest's machinery, and the canaries.
 
 A FAIL_TO_PASS or PASS_TO_PASS test that is missing, skipped or errored counts as failed.
-Resolved ⇔ all of them pass and nothing in the evidence says the report was tampered with.
+Resolved ⇔ all of them pass in the report, the records confirm it, and nothing in the
+evidence says the report or the runner was tampered with.
 
-Failure classes: anything the agent's diff causes (does not apply, hangs or crashes the
-tests, fills the disk) is agent-caused and graded 0. A fault of the machinery (sandbox
-start, lost sandbox, a task whose test_patch does not apply) raises `GraderFault`/
+Failure classes: anything the agent's diff causes (does not apply, makes the task's
+test_patch conflict, hangs or crashes the tests, fills the disk) is agent-caused and graded
+0. A fault of the machinery (sandbox start, lost sandbox, a task whose test_patch does not
+apply even to the untouched tree) raises `GraderFault`/
 `SandboxError`; `grade()` retries those in a fresh sandbox and finally returns a masked
 `infra_error`. If a sandbox dies *while the agent's code runs* in every attempt, a control
 run with the empty diff decides: when it completes, the agent's code killed the sandbox.
@@ -23,6 +28,7 @@ run with the empty diff decides: when it completes, the agent's code killed the 
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import shlex
 import time
@@ -34,9 +40,9 @@ from legorl.types import Outcome, Status, Task
 from legorl.verify.junit import ReportError, TestStatus, parse_junit
 from legorl.verify.patch import filter_diff, split_diff
 from legorl.verify.protect import Category, classify, test_files_of
-from legorl.verify.runner import default_test_args, parse_test_cmd, plan_run
-
-TAMPER = "tamper_attempt"
+from legorl.verify.runner import SETUP_FAILED, TestCmdError, parse_summary, plan_run
+from legorl.verify.selection import covers, select_tests
+from legorl.verify.verdict import TAMPER, RunEvidence, judge
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,15 @@ echo "FINAL $final"
 
 _TEST_PATCH = """set -u
 W={w}
-if [ -s "$W/test.diff" ]; then git -c core.hooksPath=/dev/null apply --whitespace=nowarn "$W/test.diff" || exit 99; fi
+G="{git}"
+if [ -s "$W/test.diff" ] && ! $G apply --whitespace=nowarn "$W/test.diff" 2>"$W/tp.err"; then
+  cat "$W/tp.err" >&2
+  # Does it apply to the task's own tree? Then the agent's changes are in its way.
+  export GIT_INDEX_FILE="$W/index.tp"
+  $G read-tree {pre} || exit 99
+  if $G apply --cached --check --whitespace=nowarn "$W/test.diff" 2>/dev/null; then exit 98; fi
+  exit 99
+fi
 echo "TEST_PATCH ok"
 """
 
@@ -129,10 +143,8 @@ def task_test_files(task: Task) -> list[str]:
 
 
 def test_args(task: Task) -> list[str]:
-    """The pytest arguments of a task (its test_cmd, or the files of its tests)."""
-    if task.test_cmd.strip():
-        return parse_test_cmd(task.test_cmd)
-    return default_test_args(task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    """The pytest arguments of a task: test_cmd's flags, then its paths or the task's test files."""
+    return select_tests(task).args
 
 
 async def _exec(sb: Sandbox, step: str, cmd: str, cfg: GradeConfig) -> str:
@@ -225,63 +237,100 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
         ev["unrestored"] = left
         return _outcome(Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED, flags + [TAMPER, "restore_incomplete"], missing_all, ev)
 
-    # 3. the task's tests
-    await _exec(sb, "test_patch", _TEST_PATCH.format(w=shlex.quote(w)), cfg)
+    # 3. the task's tests; one that applies to the untouched tree but not after the agent's
+    # diff was broken by the agent (e.g. a file where the test patch needs a directory)
+    tp = await sb.exec(_TEST_PATCH.format(w=shlex.quote(w), git=_GIT, pre=pre), timeout_s=cfg.step_timeout_s, cwd=cfg.repo_dir)
+    if tp.exit_code == 98 and not tp.timed_out:
+        ev["test_patch_error"] = (tp.stderr or tp.stdout).strip()[-800:]
+        return _outcome(Status.FAILED, flags + ["test_patch_conflict"], missing_all, ev)
+    if tp.exit_code != 0 or tp.timed_out:
+        raise GraderFault("test_patch", f"exit {tp.exit_code}: {(tp.stderr or tp.stdout).strip()[-800:]}")
 
-    # 4. run them
-    args = test_args(task)
-    plan = plan_run(cfg.repo_dir, args, python=cfg.python, tmp_root=w)
-    ev["test_args"] = args
-    await _exec(sb, "runner", f"mkdir -p {shlex.quote(plan.work_dir)} {shlex.quote(plan.canary_path.rsplit('/', 1)[0])}", cfg)
+    # 4. run them: the task's selection, canaries planted among its own tests
+    try:
+        sel = select_tests(task)
+    except TestCmdError as exc:
+        raise GraderFault("select", str(exc)) from None
+    host, like = canary_host(task, sel.directives)
+    guard = guarded_files([*extra, *sel.directives])
+    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard, wanted=wanted)
+    ev["test_args"] = sel.args
+    dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
+    await _exec(sb, "runner", "mkdir -p " + " ".join(shlex.quote(d) for d in sorted(dirs)), cfg)
     for path, text in plan.files.items():
         await sb.write_file(path, text.encode())
     state["step"] = "tests"
     run = await sb.exec(plan.command, timeout_s=cfg.test_timeout_s, cwd=cfg.repo_dir)
     state["step"] = "report"
     ev["exit_code"] = run.exit_code
-    ev["test_output"] = (run.stdout[-3000:] + ("\n" + run.stderr[-1500:] if run.stderr.strip() else "")).strip()
+    ev["test_output"] = (run.stderr[-3000:] + ("\n" + _untagged(run.stdout, plan.nonce)[-1500:])).strip()
     ev["test_duration_s"] = round(run.duration_s, 3)
     if run.timed_out:
         flags.append("test_timeout")
     if run.resource_exhausted:
         flags.append("resource_exhausted")
 
+    summary, tags = parse_summary(run.stdout, plan.nonce)
+    if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
+        raise GraderFault("runner", run.stderr.strip()[-800:])
+    report: dict[str, TestStatus] | None = None
+    sha: str | None = None
     try:
-        report: dict[str, TestStatus] | None = parse_junit(await sb.read_file(plan.junit_path))
+        data = await sb.read_file(plan.junit_path)
+        sha = hashlib.sha256(data).hexdigest()
+        report = parse_junit(data)
         ev["report"] = "ok"
     except OSError:
-        report = None
         ev["report"] = "missing"
     except ReportError as exc:
-        report = None
         ev["report"] = f"invalid: {exc}"
-        flags.append(TAMPER)
-    results = dict(report or {})
-    canary_pass = results.pop(plan.canary_pass, TestStatus.MISSING)
-    canary_fail = results.pop(plan.canary_fail, TestStatus.MISSING)
-    ev["canary"] = {"pass": canary_pass.value, "fail": canary_fail.value}
-    tests = {t: results.get(t, TestStatus.MISSING).value for t in wanted}
-    all_ok = bool(wanted) and all(TestStatus(s).ok for s in tests.values())
+    c_pass, c_fail = plan.canaries(summary)
+    evidence = RunEvidence(report, ev["report"], summary, tags, sha, run.exit_code, run.timed_out)
+    agent_files = frozenset(p for st, p in changed if st != "D") - set(remove + restore)
+    verdict = judge(wanted, c_pass, c_fail, evidence, agent_files)
+    if verdict.fault:
+        raise GraderFault("canary", verdict.fault)
+    flags += verdict.flags
+    ev.update(verdict.evidence)
+    if report is None and "report_missing" not in flags and run.exit_code != 0 and ev["report"] == "missing":
+        flags.append("report_missing")
+    tests = verdict.tests
     ev["f2p_passed"] = sum(TestStatus(tests[t]).ok for t in task.FAIL_TO_PASS)
     ev["p2p_passed"] = sum(TestStatus(tests[t]).ok for t in task.PASS_TO_PASS)
-
-    # Tamper evidence: the canary that must fail did not, or the exit code contradicts the report.
-    if canary_fail in (TestStatus.PASSED, TestStatus.SKIPPED, TestStatus.XFAILED):
-        flags.append(TAMPER)
-        flags.append("report_inconsistent")
-    if run.exit_code == 0 and not run.timed_out:
-        flags.append(TAMPER)
-        flags.append("report_missing" if report is None else "report_inconsistent")
-    if report is None and run.exit_code != 0:
-        flags.append("report_missing")
-    integrity = report is not None and canary_fail is TestStatus.FAILED and canary_pass is TestStatus.PASSED and run.exit_code != 0
-    if all_ok and not integrity:
-        flags.append(TAMPER)
-        flags.append("report_inconsistent")
     ev["duration_s"] = round(time.monotonic() - t0, 3)
     if TAMPER in flags and cfg.penalize_tamper:
         return _outcome(Status.HACK_DETECTED, flags, tests, ev)
-    return _outcome(Status.RESOLVED if (all_ok and integrity) else Status.FAILED, flags, tests, ev)
+    return _outcome(Status.RESOLVED if verdict.resolved else Status.FAILED, flags, tests, ev)
+
+
+def _untagged(stdout: str, nonce: str) -> str:
+    """The run's stdout without the supervisor's tagged summary (evidence only)."""
+    return "\n".join(ln for ln in stdout.splitlines() if not ln.startswith(nonce + " "))
+
+
+def guarded_files(paths: list[str]) -> list[str]:
+    """The task's test modules and the conftests pytest loads for them (those of their
+    directories up to the root): no honest run writes to them. Data files are left out, as
+    tests may regenerate those."""
+    out = {p for p in paths if p.endswith(".py")}
+    for p in list(out):
+        parts = p.split("/")[:-1]
+        out |= {"/".join([*parts[:i], "conftest.py"]) for i in range(len(parts) + 1)}
+    return sorted(out)
+
+
+def canary_host(task: Task, directives: list[str]) -> tuple[str | None, list[str]]:
+    """The task test file to plant the canaries in, and its tests' function names.
+
+    A file that holds FAIL_TO_PASS tests, so that sparing "other files" spares nothing; the
+    names make the canaries look like that file's tests (`test_merge` → `test_merge_nested`).
+    """
+    for tid in task.FAIL_TO_PASS + task.PASS_TO_PASS:
+        file = tid.split("::", 1)[0]
+        if file.endswith(".py") and any(covers(d, tid) for d in directives) and not any("::" in d for d in directives):
+            names = [t.split("::")[-1].split("[", 1)[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS if t.startswith(file + "::")]
+            return file, names
+    return None, []
 
 
 async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig | None = None) -> Outcome:

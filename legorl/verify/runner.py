@@ -2,8 +2,8 @@
 
 What the repository under test could otherwise do to the runner, and what stops it:
 - shadow pytest or its dependencies (`pytest.py`, `_pytest/` in the repo): the runner is
-  imported by a small bootstrap script *before* the repository is on `sys.path`, and the
-  repository is then appended (not prepended) to `sys.path`, with `--import-mode=append`;
+  imported by the bootstrap *before* the repository is on `sys.path`, and the repository
+  is then appended (not prepended) to `sys.path`, with `--import-mode=append`;
 - start-up hooks (`sitecustomize`, `usercustomize`, `.pth`) and environment variables
   (`PYTHONPATH`, `PYTEST_ADDOPTS`, `PYTEST_PLUGINS`): `python -I` (isolated: no user site,
   no `PYTHON*` variables, no script directory on the path) under `env -i`;
@@ -11,50 +11,65 @@ What the repository under test could otherwise do to the runner, and what stops 
   `PYTEST_DISABLE_PLUGIN_AUTOLOAD=1`;
 - stale or planted byte code: `-B` and the grader deletes `__pycache__` before the run;
 - a cache that survives between runs: `-p no:cacheprovider`;
-- rewritten reports: results are read from a JUnit XML written to a random path outside
-  the repository, and a pair of canary tests (one must pass, one must fail) under a random
-  name shows whether reporting was tampered with; the bootstrap leaves with `os._exit`, so
-  `atexit` hooks of the code under test never run after the report is written;
-- an early `os._exit(0)`: no report is written, so every test counts as missing (failed),
-  and the exit code 0 contradicts the canary that must fail.
+- rewritten reports, from conftest-free package code in the same interpreter: the run is
+  supervised (`_supervisor.py`): a grader plugin registered before any repository import
+  records what each test raised and whether pytest's reporting machinery was changed, and
+  streams that over a pipe the package cannot forge records into; the report itself goes
+  to a pipe, so nothing written after pytest (`atexit`, `os._exit` wrappers, daemons) can
+  replace it; a pair of canaries (one must pass, one must fail), planted among the task's
+  own tests under names like theirs, catches blanket rewrites of outcomes;
+- an early `os._exit(0)`: no report and no end-of-session record, so every test counts as
+  missing (failed), and the exit code 0 contradicts the canary that must fail.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-_BOOTSTRAP = '''\
-import os
-import sys
+SUPERVISOR = Path(__file__).with_name("_supervisor.py")
+SETUP_FAILED = 86  # the supervisor's exit status when it could not prepare the run (keep in sync with it)
+CANARY_WORDS = (
+    "basic", "empty", "nested", "default", "roundtrip", "unicode", "large", "negative", "twice", "order",
+    "none", "single", "mixed", "repeat", "edge", "simple", "multiple", "kwargs", "copy", "types",
+)
 
-sys.dont_write_bytecode = True
-import pytest  # imported while the repository is not yet on sys.path
-
-sys.path.append({repo!r})
-try:
-    code = int(pytest.main({args!r}))
-except BaseException:  # raised by the code under test; the report decides what happened
-    import traceback
-
-    traceback.print_exc()
-    code = 3
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
-'''
-
-_CANARY = '''\
+_CANARY_FILE = """\
 def test_{nonce}_pass():
     assert True
 
 
 def test_{nonce}_fail():
     assert False, "canary"
-'''
+"""
+
+
+def canary_candidates(like: list[str], rng: secrets.SystemRandom, n: int = 12) -> list[str]:
+    """Fresh test names shaped like the task's own (`test_merge` → `test_merge_nested`).
+
+    The supervisor takes the first two that the file does not already contain."""
+    bases = sorted({b for b in like if b.isidentifier()}) or ["test"]
+    out: list[str] = []
+    while len(out) < n:
+        name = f"{rng.choice(bases)}_{rng.choice(CANARY_WORDS)}"
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def canary_source(must_pass: bool, rng: secrets.SystemRandom) -> str:
+    """A small, ordinary-looking test (`{name}` to fill in); the two differ only in literals."""
+    values = rng.sample(range(2, 99), 4)
+    expected = sorted(values)
+    if not must_pass:
+        i = rng.randrange(3)
+        expected[i], expected[i + 1] = expected[i + 1], expected[i]
+    return f"def {{name}}():\n    values = {values!r}\n    assert sorted(values) == {expected!r}\n"
 
 
 class TestCmdError(ValueError):
@@ -88,29 +103,76 @@ class RunnerPlan:
     """Everything one hardened test run needs: files to write and the command to execute."""
 
     work_dir: str  # outside the repository, random name
-    junit_path: str
+    junit_path: str  # written by the supervisor from what pytest sent down the report pipe
     script_path: str
     script: str
-    canary_path: str  # absolute, inside the repository (so its configuration applies)
-    canary_source: str
-    canary_pass: str  # node ids of the canaries
+    config_path: str  # read and deleted by the supervisor before the code under test runs
+    config: str
+    nonce: str  # tags the supervisor's one summary line on stdout
+    key: str  # HMAC key of the recorder's records
+    canary_path: str  # absolute path of the file that holds the canaries
+    canary_source: str  # the file to write ("" when they are planted into a task test file)
+    canary_pass: str  # node ids of the canaries ("" when planted: the supervisor picks the names)
     canary_fail: str
     command: str  # shell command; run with cwd = the repository
 
+    def canaries(self, summary: dict | None) -> tuple[str, str]:
+        """(must-pass, must-fail) node ids: fixed, or as the supervisor planted them."""
+        if self.canary_pass:
+            return self.canary_pass, self.canary_fail
+        got = (summary or {}).get("canaries") or {}
+        return str(got.get("pass", "")), str(got.get("fail", ""))
+
     @property
     def files(self) -> dict[str, str]:
-        return {self.script_path: self.script, self.canary_path: self.canary_source}
+        out = {self.script_path: self.script, self.config_path: self.config}
+        if self.canary_source:
+            out[self.canary_path] = self.canary_source
+        return out
 
 
-def plan_run(repo: str, args: list[str], python: str = "python3", tmp_root: str = "/tmp") -> RunnerPlan:
-    """Plan a hardened run of `pytest ARGS` in `repo` with a fresh random nonce."""
-    nonce = secrets.token_hex(8)
+def plan_run(
+    repo: str,
+    args: list[str],
+    python: str = "python3",
+    tmp_root: str = "/tmp",
+    plant_in: str | None = None,
+    like: list[str] | None = None,
+    guard: list[str] | None = None,
+    wanted: list[str] | None = None,
+) -> RunnerPlan:
+    """Plan a hardened, supervised run of `pytest ARGS` in `repo` with fresh random names.
+
+    With `plant_in` (a repo-relative test file the args already select) the canaries are
+    planted among that file's tests, named like `like` (its tests' function names; the
+    supervisor reports the names it took, see `canaries`); the args are unchanged. `guard`:
+    repo-relative files (the task's tests) whose content must be the same after the run.
+    `wanted`: the task's test ids; the summary then carries only their records (and the
+    canaries'), the supervisor keeps them from the child. Without it they get a file of their own,
+    added to the args (task generation, where nothing adversarial runs).
+    """
+    rng = secrets.SystemRandom()
     work = f"{tmp_root.rstrip('/')}/.lg-{secrets.token_hex(8)}"
     junit = f"{work}/{secrets.token_hex(8)}.xml"
-    canary_rel = f".lg-{nonce}/test_{nonce}.py"
+    repo_root = repo.rstrip("/")
+    plant: dict[str, object] = {}
+    if plant_in:
+        rel = plant_in
+        plant = {
+            "path": f"{repo_root}/{rel}",
+            "rel": rel,
+            "candidates": canary_candidates(like or [], rng),
+            "pass": canary_source(True, rng),
+            "fail": canary_source(False, rng),
+        }
+        file_source, run_args, p_id, f_id = "", list(args), "", ""
+    else:
+        nonce = secrets.token_hex(8)
+        rel = f".lg-{nonce}/test_{nonce}.py"
+        p_id, f_id = f"{rel}::test_{nonce}_pass", f"{rel}::test_{nonce}_fail"
+        file_source, run_args = _CANARY_FILE.format(nonce=nonce), [*args, rel]
     full_args = [
-        *args,
-        canary_rel,
+        *run_args,
         f"--rootdir={repo}",
         "--import-mode=append",
         "--continue-on-collection-errors",
@@ -120,11 +182,23 @@ def plan_run(repo: str, args: list[str], python: str = "python3", tmp_root: str 
         "junit_family=xunit1",
         "-o",
         "console_output_style=classic",
-        f"--junitxml={junit}",
         "--tb=short",
         "-q",
     ]
-    script = _BOOTSTRAP.format(repo=repo, args=full_args)
+    nonce, key = secrets.token_hex(16), secrets.token_hex(32)
+    config = json.dumps(
+        {
+            "repo": repo,
+            "args": full_args,
+            "junit": junit,
+            "log": f"{work}/out.log",
+            "nonce": nonce,
+            "key": key,
+            "plant": plant,
+            "guard": list(guard or []),
+            "wanted": list(wanted or []),
+        }
+    )
     env = [
         "env",
         "-i",
@@ -134,18 +208,40 @@ def plan_run(repo: str, args: list[str], python: str = "python3", tmp_root: str 
         "LANG=C.UTF-8",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
     ]
+    cfg_path = f"{work}/{secrets.token_hex(8)}.json"
     command = (
         f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && "
-        f"cd {shlex.quote(repo)} && exec {shlex.join(env)} {shlex.quote(python)} -I -B {shlex.quote(work)}/run.py"
+        f"cd {shlex.quote(repo)} && exec {shlex.join(env)} {shlex.quote(python)} -I -B "
+        f"{shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
     )
     return RunnerPlan(
         work_dir=work,
         junit_path=junit,
         script_path=f"{work}/run.py",
-        script=script,
-        canary_path=f"{repo.rstrip('/')}/{canary_rel}",
-        canary_source=_CANARY.format(nonce=nonce),
-        canary_pass=f"{canary_rel}::test_{nonce}_pass",
-        canary_fail=f"{canary_rel}::test_{nonce}_fail",
+        script=SUPERVISOR.read_text(encoding="utf-8"),
+        config_path=cfg_path,
+        config=config,
+        nonce=nonce,
+        key=key,
+        canary_path=f"{repo_root}/{rel}",
+        canary_source=file_source,
+        canary_pass=p_id,
+        canary_fail=f_id,
         command=command,
     )
+
+
+def parse_summary(stdout: str, nonce: str) -> tuple[dict | None, int]:
+    """The supervisor's summary from its stdout, and how many lines carried the tag.
+
+    Exactly one tagged line is trusted; none (the run died) or several (someone learned the
+    tag) is evidence, not a result.
+    """
+    found = [ln[len(nonce) + 1 :] for ln in stdout.splitlines() if ln.startswith(nonce + " ")]
+    if len(found) != 1:
+        return None, len(found)
+    try:
+        data = json.loads(found[0])
+    except json.JSONDecodeError:
+        return None, 1
+    return (data if isinstance(data, dict) else None), 1

@@ -1,0 +1,612 @@
+"""The grading test run as it executes inside the sandbox (the image's Python; never imports legorl).
+
+Why a supervisor: the code under test runs in the same interpreter as pytest's reporting,
+so anything that process writes (its JUnit report, its exit status) can be rewritten by the
+package. The verdict therefore rests on channels the package cannot rewrite *selectively*:
+
+1. This process (the supervisor) reads its configuration, deletes it, plants the grader's
+   canary tests among the task's own tests, then forks. It never imports the repository.
+2. The child imports pytest (before the repository is on `sys.path`), takes a *snapshot* of
+   pytest's, pluggy's and unittest's functions and classes, and runs pytest with the
+   `_Recorder` plugin registered first. The recorder notes what each test really raised,
+   at the innermost level (`pytest_pyfunc_call`) and per phase, and streams the records
+   over a pipe, each with an HMAC, as they happen. At session end it diffs the snapshot
+   (report classes, hook implementations, the JUnit writer: patched ⇒ listed) and sends it.
+3. The JUnit report goes to a pipe (`--junitxml=/proc/self/fd/N`), not a file: whatever
+   writes into it after pytest did (an `atexit`/`os._exit` trick, a left-behind daemon)
+   can only append, which breaks the XML. The supervisor writes it to the report path and
+   prints one summary line, tagged with a nonce the child never sees, to its own stdout
+   (the child's output goes to a log file).
+
+Usage: `python -I -B run.py CONFIG.json`; the grader compares the summary, the recorder's
+records and the report (`legorl/verify/verdict.py`).
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import select
+import sys
+import time
+
+SETUP_FAILED = 86  # exit status when the supervisor itself could not prepare the run (before any repository code)
+GRACE_S = 0.5  # how long pipes are drained after the child exits and its strays are killed
+WATCH_PREFIXES = ("_pytest.", "pluggy.")
+WATCH_MODULES = ("pytest", "_pytest", "pluggy", "unittest.case", "unittest.result", "xml.etree.ElementTree")
+# Single functions of other modules that only a forger replaces (tests' monkeypatches are undone by then).
+WATCH_ATTRS = {
+    "os": ("_exit", "write", "open"),
+    "sys": ("exit", "settrace", "gettrace"),
+    "atexit": ("register",),
+    "builtins": ("open", "__import__"),
+}
+
+
+def _pick(seq):
+    return seq[int.from_bytes(os.urandom(4), "little") % len(seq)]
+
+
+def plant(spec):
+    """Insert the two canaries before random top-level definitions of the task's test file.
+
+    Canaries among the task's tests (not appended at the end, not in a file of their own)
+    are, as far as a file's layout goes, indistinguishable from them. Returns their node ids.
+    """
+    with open(spec["path"], encoding="utf-8") as f:
+        text = f.read()
+    names = [n for n in spec["candidates"] if n not in text][:2]
+    if len(names) < 2:
+        raise LookupError("no free canary name in %s" % spec["rel"])
+    import ast  # here, not at the top: it runs while the child imports pytest
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    try:
+        starts = []
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                starts.append(min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1)
+    except (SyntaxError, ValueError):
+        starts = []
+    cuts = sorted(set(starts)) or [len(lines)]
+    inserts = {}
+    blocks = [spec["pass"].replace("{name}", names[0]), spec["fail"].replace("{name}", names[1])]
+    for block in blocks:
+        inserts.setdefault(_pick(cuts), []).append(block.rstrip("\n") + "\n\n\n")
+    out = []
+    for i, line in enumerate(lines):
+        out.extend(inserts.pop(i, []))
+        out.append(line)
+    for rest in inserts.values():
+        out.extend(["\n\n"] + rest)
+    with open(spec["path"], "w", encoding="utf-8") as f:
+        f.write("".join(out))
+    return {"pass": "%s::%s" % (spec["rel"], names[0]), "fail": "%s::%s" % (spec["rel"], names[1])}
+
+
+def snapshot(sys_modules):
+    """{(module, name[, member]): object} for pytest's machinery, taken before the repository is importable.
+
+    Every function and class a watched module holds is kept by identity (and functions by
+    code object too); classes defined there also by the set of their attributes and each
+    method's identity and code, so adding a property to `TestReport` shows as well as
+    replacing `TestReport.from_item_and_call` or `_pytest.runner.TestReport`.
+    """
+    snap = {}
+    for name in sorted(sys_modules):
+        if not (name in WATCH_MODULES or name.startswith(WATCH_PREFIXES)):
+            continue
+        mod = sys_modules[name]
+        snap[(name,)] = mod
+        for attr, val in list(vars(mod).items()):
+            if isinstance(val, type):
+                snap[(name, attr)] = val
+                if getattr(val, "__module__", None) != name:
+                    continue
+                snap[(name, attr, "__dict__")] = frozenset(vars(val))
+                for member, mval in list(vars(val).items()):
+                    func = _func(mval)
+                    if hasattr(func, "__code__"):
+                        snap[(name, attr, member)] = (mval, func.__code__)
+            elif hasattr(val, "__code__"):
+                snap[(name, attr)] = (val, val.__code__)
+            elif callable(val) and type(val).__name__ == "builtin_function_or_method":
+                snap[(name, attr)] = val
+    for name, attrs in WATCH_ATTRS.items():
+        mod = sys_modules.get(name)
+        if mod is not None:
+            snap[(name,)] = mod
+            for attr in attrs:
+                if attr in vars(mod):
+                    snap[(name, attr)] = vars(mod)[attr]
+    return snap
+
+
+def _func(obj):
+    """The function behind a method, static/class method or property."""
+    return getattr(obj, "__func__", None) or getattr(obj, "fget", None) or obj
+
+
+def changed_since(snap, sys_modules, repo, started_ns):
+    """What of the snapshot is no longer what it was (replaced, re-coded, added to a class).
+
+    pytest and the task's installed plugins patch some of pytest's classes while they
+    configure (`legacypath` adds `fspath` properties, …). A new value is theirs when its
+    code lives outside the repository in a file that existed before this run (ctime: a
+    file the code under test wrote during the run, to import it from there, is newer, and
+    ctime cannot be set back); plain data added to a class is ignored."""
+
+    def theirs(obj):
+        code = getattr(_func(obj), "__code__", None)
+        if code is not None:
+            fn = code.co_filename
+        elif isinstance(obj, type):
+            fn = getattr(sys_modules.get(obj.__module__), "__file__", None) or ""
+        else:
+            return False
+        if not os.path.isabs(fn) or fn.startswith(repo):
+            return False
+        try:
+            return os.stat(fn).st_ctime_ns < started_ns
+        except OSError:
+            return False
+
+    changed = []
+    for key, old in snap.items():
+        if len(key) == 1:
+            if sys_modules.get(key[0]) is not old:
+                changed.append(key[0])
+            continue
+        cur = vars(snap[(key[0],)]).get(key[1])
+        if len(key) == 3 and key[2] == "__dict__":
+            if isinstance(cur, type) and frozenset(vars(cur)) != old:
+                now = vars(cur)
+                odd = [k for k in set(now) - old if (callable(now[k]) or hasattr(now[k], "__get__")) and not theirs(now[k])]
+                odd += ["-" + k for k in old - set(now)]
+                if odd:
+                    changed.append("%s.%s{%s}" % (key[0], key[1], ",".join(sorted(odd))))
+            continue
+        if len(key) == 3:
+            cur = vars(cur).get(key[2]) if isinstance(cur, type) else None
+        if isinstance(old, tuple):
+            same = cur is old[0] and getattr(_func(cur), "__code__", None) is old[1]
+        else:
+            same = cur is old
+        if not same and not (cur is not None and theirs(cur)):
+            changed.append(".".join(key))
+    return changed
+
+
+def _where(func, repo):
+    """`hook:relative/file.py` for code in the repository, `hook:<generated>` for code that
+    claims no real file; None for anything else (pytest, installed plugins)."""
+    code = getattr(func, "__code__", None) or getattr(func, "f_code", None)
+    fn = code.co_filename if code else ""
+    if fn.startswith(repo):
+        return fn[len(repo):] if not fn.endswith("/conftest.py") else None
+    if code is not None and not fn.startswith("<frozen") and (fn.startswith("<") or not os.path.exists(fn)):
+        return "<generated>"
+    return None
+
+
+def foreign_hooks(pm, repo, registered_from):
+    """Every hook implementation that package code (not a conftest) registered:
+    {"hook", "file", "object"}; `object` when the plugin is not a module (pytest registers
+    the modules a conftest's `pytest_plugins` names; an object is registered by code)."""
+    found = {}
+    for name in dir(pm.hook):
+        caller = getattr(pm.hook, name, None)
+        if name.startswith("pytest_") and hasattr(caller, "get_hookimpls"):
+            for impl in caller.get_hookimpls():
+                where = _where(impl.function, repo)
+                if where:
+                    is_obj = type(impl.plugin).__name__ != "module"
+                    found[(name, where)] = {"hook": name, "file": where, "object": is_obj,
+                                            "registered_from": registered_from.get(id(impl.plugin), [])}
+    return [found[k] for k in sorted(found)]
+
+
+def import_hooks(meta_path, path_hooks, repo):
+    """Import finders/hooks defined in the repository or in generated code (they can rewrite
+    test modules as pytest imports them)."""
+    found = set()
+    for hook in list(meta_path) + list(path_hooks):
+        owner = hook if isinstance(hook, type) else type(hook)
+        funcs = [hook] if hasattr(hook, "__code__") else []
+        funcs += [getattr(owner, a, None) for a in ("find_spec", "find_module", "exec_module", "__call__", "__init__")]
+        for func in funcs:
+            where = _where(_func(func), repo) if func is not None else None
+            if where:
+                found.add("%s:%s" % (getattr(owner, "__name__", "?"), where))
+    return sorted(found)
+
+
+def digests(paths):
+    """{path: (sha256, inode, ctime)} of the files that exist (the task's test modules and
+    their conftests, before and after). ctime shows a write even when the content was put
+    back afterwards (rewritten for the import, restored before the end)."""
+    out = {}
+    for p in paths:
+        try:
+            with open(p, "rb") as f:
+                st = os.fstat(f.fileno())
+                out[p] = (hashlib.sha256(f.read()).hexdigest(), st.st_ino, st.st_ctime_ns)
+        except OSError:
+            out[p] = None
+    return out
+
+
+def child(cfg, key, rec_w, junit_w, log_fd, go_r):
+    """Run pytest with the recorder once the supervisor says go; never returns.
+
+    Importing pytest and taking the snapshot overlap with the supervisor planting the
+    canaries and hashing the test files (two cores are two cores)."""
+    _exit = os._exit  # bound before the repository can replace it
+    started_ns = time.time_ns()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.dont_write_bytecode = True
+    import importlib
+
+    import _pytest.config
+    import _pytest.outcomes
+    import _pytest.python
+    import pytest  # imported while the repository is not yet on sys.path
+
+    for plugin in _pytest.config.default_plugins:
+        try:
+            importlib.import_module("_pytest." + plugin)
+        except ImportError:
+            pass
+    skipped_exc, xfailed_exc = _pytest.outcomes.Skipped, _pytest.outcomes.XFailed
+    function_cls = _pytest.python.Function
+    snap = snapshot(sys.modules)
+
+    repo = cfg["repo"].rstrip("/") + "/"
+    write, dumps, mac_of, gettrace = os.write, json.dumps, hmac.digest, sys.gettrace
+    seq = [0]
+    pending = []
+
+    encode_str = json.encoder.encode_basestring_ascii  # a test record by hand: ~3x faster than dumps
+    flag = {True: "true", False: "false"}
+
+    def encode(kind, fields):
+        if kind != "test":
+            return dumps(dict(fields, k=kind, n=seq[0]))
+        ph = ",".join('"%s":"%s"' % kv for kv in fields["phases"].items())
+        return '{"k":"test","n":%d,"id":%s,"phases":{%s},"function":%s,"inner":%s,"xfail":%s,"runtest":%s}' % (
+            seq[0], encode_str(fields["id"]), ph, flag[fields["function"]], flag[fields["inner"]],
+            flag[bool(fields["xfail"])], flag[fields["runtest"]])
+
+    def send(kind, **fields):
+        # Records go out in batches (each write wakes the supervisor: ~0.1 ms), and at the
+        # session's end; a run that dies before then has no report to contradict anyway.
+        seq[0] += 1
+        body = encode(kind, fields)
+        pending.append(mac_of(key, body.encode(), "sha256").hex() + " " + body + "\n")
+        if len(pending) >= 64 or kind == "end":
+            data = "".join(pending).encode()
+            del pending[:]
+            while data:
+                data = data[write(rec_w, data) :]
+
+    def kind_of(exc):
+        if exc is None:
+            return "passed"
+        if isinstance(exc, skipped_exc):
+            return "skipped"
+        if isinstance(exc, xfailed_exc):
+            return "xfailed"
+        return "failed"
+
+    class _Recorder:
+        def __init__(self):
+            self.phases = {}
+            self.inner = set()
+            self.registered_from = {}
+            self.tracer, self.tracers = None, set()
+
+        def pytest_plugin_registered(self, plugin, manager):
+            # Who registers a plugin: pytest for the task's conftests and `pytest_plugins`,
+            # or package code, whose frame is then on the stack (generated code included).
+            files, f = set(), sys._getframe(1)
+            while f is not None:
+                where = _where(f, repo)
+                if where:
+                    files.add(where)
+                f = f.f_back
+            if files:
+                self.registered_from[id(plugin)] = sorted(files)
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_pyfunc_call(self, pyfuncitem):
+            # The innermost observation: the test function itself, nothing in between.
+            func = pyfuncitem.obj
+            names = pyfuncitem._fixtureinfo.argnames
+            args = {a: pyfuncitem.funcargs[a] for a in names}
+            if hasattr(func, "__code__") and func.__code__.co_flags & 0x180:  # coroutine / async generator
+                self.inner.add(pyfuncitem.nodeid)  # an async plugin of the task runs it
+                self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "deferred"
+                return None
+            self.inner.add(pyfuncitem.nodeid)
+            tracer = gettrace()  # a tracer already active can skip a test's lines (its asserts)
+            if tracer is not None and tracer is not self.tracer:
+                self.tracer = tracer
+                target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)
+                where = _where(_func(target), repo)
+                self.tracers.add(where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?")))
+            try:
+                result = func(**args)
+            except BaseException as exc:
+                self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = kind_of(exc)
+                raise
+            self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "passed"
+            if hasattr(result, "__await__") or hasattr(result, "__aiter__"):
+                self.phases[pyfuncitem.nodeid]["inner"] = "skipped"
+                pytest.skip("async def function and no async plugin installed")
+            return True
+
+        def _phase(self, item, when, outcome):
+            exc = outcome.excinfo[1] if outcome.excinfo else None
+            pending = getattr(item, "_excinfo", None)  # unittest items keep failures here
+            if when == "call" and exc is None and pending:
+                exc = pending[0].value
+            self.phases.setdefault(item.nodeid, {})[when] = kind_of(exc)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_setup(self, item):
+            outcome = yield
+            self._phase(item, "setup", outcome)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_call(self, item):
+            outcome = yield
+            self._phase(item, "call", outcome)
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_runtest_teardown(self, item, nextitem):
+            outcome = yield
+            self._phase(item, "teardown", outcome)
+            ph = self.phases.pop(item.nodeid, {})
+            send(
+                "test",
+                id=item.nodeid,
+                phases=ph,
+                function=type(item) is function_cls,
+                inner=item.nodeid in self.inner,
+                # as pytest's skipping plugin sees them (the task's conftests may add some;
+                # markers added by the agent's own hooks are caught as agent_hooks); only
+                # asked when it matters, a test that raised (the walk costs ~10 µs a test)
+                xfail="failed" in ph.values() and any(True for _ in item.iter_markers("xfail")),
+                runtest=("runtest" in vars(item)),
+            )
+
+        @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+        def pytest_sessionfinish(self, session, exitstatus):
+            yield
+            send(
+                "end",
+                changed=changed_since(snap, sys.modules, repo, started_ns) + own_changes(),
+                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from),
+                import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
+                tracers=sorted(self.tracers),
+                exitstatus=int(exitstatus),
+            )
+
+    recorder = _Recorder()
+    own = {k: (v, getattr(_func(v), "__code__", None)) for k, v in vars(_Recorder).items()}
+
+    def own_changes():
+        now = vars(_Recorder)
+        bad = [k for k, (v, c) in own.items() if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c]
+        known = ("phases", "inner", "registered_from", "tracer", "tracers")
+        bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in known]
+        return ["recorder." + k for k in sorted(bad)]
+
+    if os.read(go_r, 1) != b"1":  # the supervisor could not prepare the run
+        _exit(SETUP_FAILED)
+    os.close(go_r)
+    sys.path.append(repo[:-1])
+    args = list(cfg["args"]) + ["--junitxml=/proc/self/fd/%d" % junit_w]
+    cfg.clear()
+    try:
+        code = int(pytest.main(args, plugins=[recorder]))
+    except BaseException:  # raised by the code under test; the records decide what happened
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        _exit(code)
+
+
+def _undumpable():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+
+
+def _orphans(me):
+    """Our children other than the test child: with this process a child subreaper, every
+    descendant the test run left behind (setsid or not) is re-parented here."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p, "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] != b"Z":
+            out.append(int(p))
+    return out
+
+
+def kill_strays(me):
+    """SIGKILL the processes the test run left behind (detached daemons of the code under
+    test), before the report is written out, and reap them; how many. Only descendants:
+    this also runs on a host (task generation), where other processes are none of ours."""
+    killed = set()
+    for _ in range(50):  # a stray may fork while we kill; its children come to us in turn
+        new = [p for p in _orphans(me) if p not in killed]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, 9)
+            except OSError:
+                pass
+            killed.add(p)
+        time.sleep(0.002)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+    return len(killed)
+
+
+def _subreaper():
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def main():
+    cfg_path = sys.argv[1]
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(cfg_path)
+    nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
+    spec = cfg.pop("plant")
+    wanted = set(cfg.pop("wanted", None) or ())  # the task's tests: only theirs go in the summary
+    rec_r, rec_w = os.pipe()
+    junit_r, junit_w = os.pipe()
+    go_r, go_w = os.pipe()
+    log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nonce = wanted = None  # noqa: F841  (the child must learn neither the tag nor the task's tests)
+            for fd in (rec_r, junit_r, go_w):
+                os.close(fd)
+            child(cfg, key, rec_w, junit_w, log_fd, go_r)
+        finally:
+            os._exit(3)
+    for fd in (rec_w, junit_w, log_fd, go_r):
+        os.close(fd)
+    # While the child imports pytest: become the reaper of whatever the run leaves behind,
+    # non-dumpable (the child cannot open this process's fds or memory: the summary's
+    # tag), plant the canaries, hash the test files; then let the child run the tests.
+    _subreaper()
+    _undumpable()
+    guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
+    try:
+        canaries = plant(spec) if spec else None
+    except (LookupError, OSError, UnicodeDecodeError) as exc:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        sys.stderr.write("legorl-supervisor: %s\n" % exc)
+        os._exit(SETUP_FAILED)
+    guarded = digests(guard)
+    os.write(go_w, b"1")
+    os.close(go_w)
+    bufs = {rec_r: bytearray(), junit_r: bytearray()}
+    status, deadline, strays = None, None, 0
+    open_fds = set(bufs)
+    while open_fds:
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, deadline = st, time.monotonic() + GRACE_S
+                strays = kill_strays(os.getpid())
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+        strays = kill_strays(os.getpid())
+    for fd in list(open_fds):  # whatever a killed stray held open is closed now
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                bufs[fd] += chunk
+        except BlockingIOError:
+            pass
+    after = digests(guard)
+    root = cfg["repo"].rstrip("/") + "/"
+    tests_changed = sorted(p[len(root):] for p in guard if after[p] != guarded[p])
+    records, bad = [], 0
+    for line in bytes(bufs[rec_r]).split(b"\n"):
+        if not line:
+            continue
+        mac, _, body = line.partition(b" ")
+        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
+            bad += 1
+            continue
+        records.append(json.loads(body))
+    if wanted and canaries:
+        # Keep the summary small (a run may have thousands of tests): the records of the
+        # task's tests and the canaries, and how the canaries' neighbours fared.
+        host = canaries["pass"].split("::", 1)[0] + "::"
+        keep = wanted | set(canaries.values())
+        near = [r for r in records if r.get("k") == "test" and r["id"].startswith(host) and r["id"] not in keep]
+        neighbours = {"ran": len(near), "set_up": sum((r.get("phases") or {}).get("setup") == "passed" for r in near)}
+        records = [r for r in records if r.get("k") != "test" or r["id"] in keep]
+    else:
+        neighbours = None
+    junit = bytes(bufs[junit_r])
+    if junit:
+        with open(cfg["junit"], "wb") as f:
+            f.write(junit)
+    summary = {
+        "exit": os.waitstatus_to_exitcode(status),
+        "records": records,
+        "bad_records": bad,
+        "junit_sha256": hashlib.sha256(junit).hexdigest() if junit else None,
+        "open_after_exit": len(open_fds),
+        "stray_processes": strays,
+        "canaries": canaries,
+        "neighbours": neighbours,
+        "tests_changed": tests_changed,
+    }
+    try:  # the tail of the child's output, for evidence only
+        with open(cfg["log"], "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 4000))
+            sys.stderr.write(f.read().decode("utf-8", "replace"))
+        sys.stderr.flush()
+    except OSError:
+        pass
+    sys.stdout.write("\n%s %s\n" % (nonce, json.dumps(summary, sort_keys=True)))
+    sys.stdout.flush()
+    code = summary["exit"]
+    os._exit(code if 0 <= code < 256 else 128 + (-code % 128))
+
+
+if __name__ == "__main__":
+    main()
