@@ -99,17 +99,19 @@ class FlakyBackend:
         return await self.inner.start(spec)  # type: ignore[attr-defined]
 
 
-async def test_infrastructure_faults_are_retried_then_masked() -> None:
+async def test_infrastructure_faults_are_masked() -> None:
+    """One attempt: a fault of ours is a masked infra_error, which the rollout worker (the one
+    owner of retries) runs again in a fresh sandbox and session (tests/test_loop_worker.py)."""
     task = pick_task()
     async with backend_and_images("local") as (backend, images):
         image = await images.for_task(task)
-        recovered = await grade(task, task.patch, FlakyBackend(backend, 1), image)  # type: ignore[arg-type]
-        lost = await grade(task, task.patch, FlakyBackend(backend, 99), image, GradeConfig(retries=1))  # type: ignore[arg-type]
+        lost = await grade(task, task.patch, FlakyBackend(backend, 1), image)  # type: ignore[arg-type]
+        fine = await grade(task, task.patch, backend, image)
         broken_task = dataclasses.replace(task, test_patch=task.test_patch.replace("\n+", "\n+#", 3).replace("@@ -", "@@ -9999", 1))
-        bad = await grade(broken_task, task.patch, backend, image, GradeConfig(retries=0))
-    assert recovered.status is Status.RESOLVED and recovered.evidence["grade_attempts"] == 2
+        bad = await grade(broken_task, task.patch, backend, image)
+    assert fine.status is Status.RESOLVED
     assert lost.status is Status.INFRA_ERROR and lost.masked and lost.reward == 0.0
-    assert lost.evidence["cause"] == "grader_error" and len(lost.evidence["errors"]) == 2
+    assert lost.evidence["cause"] == "grader_error" and len(lost.evidence["errors"]) == 1
     assert Status.INFRA_ERROR.is_infra
     # A test_patch that does not apply to restored test files is the task's fault, not the agent's.
     assert bad.status is Status.INFRA_ERROR and bad.masked and "test_patch" in bad.evidence["errors"][0]
@@ -145,5 +147,5 @@ async def test_a_test_patch_the_agent_broke_is_its_fault(backend_name: str) -> N
         out = await grade(task, task.patch + in_the_way, backend, image)
         fine = await grade(task, task.patch, backend, image)
     assert out.status is Status.FAILED and out.reward == 0.0 and not out.masked, out
-    assert "test_patch_conflict" in out.flags and out.evidence["grade_attempts"] == 1
+    assert "test_patch_conflict" in out.flags and not out.masked
     assert fine.status is Status.RESOLVED, fine

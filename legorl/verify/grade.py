@@ -21,8 +21,8 @@ Failure classes: anything the agent's diff causes (does not apply, makes the tas
 test_patch conflict, hangs or crashes the tests, fills the disk) is agent-caused and graded
 0. A fault of the machinery (sandbox start, lost sandbox, a task whose test_patch does not
 apply even to the untouched tree) raises `GraderFault`/
-`SandboxError`; `grade()` retries those in a fresh sandbox and finally returns a masked
-`infra_error`. If a sandbox dies *while the agent's code runs* in every attempt, a control
+`SandboxError`; `grade()` returns them as a masked
+`infra_error` (the rollout worker retries the whole rollout). If the sandbox dies *while the agent's code runs*, a control
 run with the empty diff decides: when it completes, the agent's code killed the sandbox.
 """
 
@@ -55,7 +55,6 @@ class GradeConfig:
     step_timeout_s: float = 120.0  # git steps; longer means the machinery is stuck
     max_diff_bytes: int = 8 << 20  # a larger diff is graded 0 (`patch_too_large`)
     penalize_tamper: bool = True  # a visible tamper attempt → hack_detected, reward 0
-    retries: int = 2  # fresh-sandbox retries after an infrastructure fault
     limits: Limits = field(default_factory=Limits)
 
 
@@ -334,21 +333,16 @@ def canary_host(task: Task, directives: list[str]) -> tuple[str | None, list[str
 
 
 async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig | None = None) -> Outcome:
-    """Grade `diff` for `task` in a fresh sandbox from `image`, retrying infrastructure faults."""
+    """Grade `diff` for `task` in a fresh sandbox from `image`: one attempt. A fault of ours
+    is a masked `infra_error` (the rollout worker, the one owner of retries, runs the whole
+    rollout again in a fresh sandbox and session); when the sandbox died while the agent's
+    code ran, a control run with the empty diff decides whose fault it was."""
     cfg = cfg or GradeConfig()
-    errors: list[str] = []
-    died_running_agent_code = 0
-    attempts = cfg.retries + 1
-    for _ in range(attempts):
-        outcome, err, step = await _attempt(task, diff, backend, image, cfg)
-        if outcome is not None:
-            outcome.evidence["grade_attempts"] = len(errors) + 1
-            if errors:
-                outcome.evidence["grade_retried_after"] = errors
-            return outcome
-        errors.append(err)
-        died_running_agent_code += step == "tests"
-    if diff.strip() and died_running_agent_code == attempts:
+    outcome, err, step = await _attempt(task, diff, backend, image, cfg)
+    if outcome is not None:
+        return outcome
+    errors = [err]
+    if diff.strip() and step == "tests":
         control, cerr, _ = await _attempt(task, "", backend, image, cfg)
         if control is not None:  # the machinery works: the agent's code took the sandbox down
             return Outcome(0.0, Status.FAILED, flags=["grader_sandbox_killed"], evidence={"errors": errors})
