@@ -217,7 +217,8 @@ async def test_weight_update_changes_outputs_and_bumps_version(tmp_path) -> None
 
 async def test_close_aborts_requests_in_flight() -> None:
     engine = HFEngine("tiny-qwen3")
-    task = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=100000)))
+    # seed 2 samples no end-of-turn within its first 1,500 tokens (an unseeded draw could stop first)
+    task = asyncio.create_task(engine.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_tokens=100000, seed=2)))
     await asyncio.sleep(0.3)
     await engine.close()
     g = await asyncio.wait_for(task, 10)
