@@ -75,6 +75,7 @@ def worker(out_dir: str) -> None:
     if rank == 0:
         torch.save(results, Path(out_dir) / f"world{dist.get_world_size() if dist.is_initialized() else 1}.pt")
     if dist.is_initialized():
+        dist.barrier()  # both ranks done before the group goes (a rank leaving first can abort gloo's threads)
         dist.destroy_process_group()
 
 
