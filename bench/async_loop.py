@@ -31,18 +31,9 @@ from legorl.loop.config import load_run_config
 from legorl.loop.train import train
 from legorl.tasks.loader import load_shipped
 
-AGENT = """#!/bin/bash
-python3 - <<'PY'
-import json, os, urllib.request
-base = os.environ["OPENAI_BASE_URL"]
-msgs = [{"role": "user", "content": open(os.environ["LEGORL_PROBLEM_FILE"]).read()[:300]}]
-for _ in range(2):
-    body = {"model": "policy", "messages": msgs, "max_tokens": 16}
-    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json"})
-    reply = json.load(urllib.request.urlopen(req, timeout=300))
-    msgs += [reply["choices"][0]["message"], {"role": "user", "content": "continue"}]
-PY
+ROOT = Path(__file__).resolve().parents[1]
+# examples/agents/ask-twice.sh (two policy calls through the proxy), then the long tail, then the fix
+AGENT = (ROOT / "examples" / "agents" / "ask-twice.sh").read_text() + """
 if [ $((RANDOM % 10)) -eq 0 ]; then sleep 10; else sleep 1; fi
 case "$LEGORL_INSTANCE_ID" in
 __CASES__

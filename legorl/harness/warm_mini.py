@@ -100,6 +100,7 @@ class WarmMiniSweAgent:
     _start_lock: asyncio.Lock | None = field(default=None, init=False, repr=False)
     _home: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+    _config_path: str = field(default="", init=False, repr=False)  # resolved once, at start
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -111,6 +112,7 @@ class WarmMiniSweAgent:
         async with self._start_lock:
             if self._proc is not None and self._proc.returncode is None:
                 return
+            self._config_path = self._config_path or resolve_config(self.config)
             await self._spawn()
 
     async def _spawn(self) -> None:
@@ -237,7 +239,7 @@ class WarmMiniSweAgent:
             return AgentRun(-1, status=Status.INFRA_ERROR, details={"error": "no proxy session for mini-swe-agent"})
         try:
             await self.start()
-            config = resolve_config(self.config)
+            config = self._config_path
         except (HarnessNotInstalled, DriverGone, StopIteration) as e:
             return AgentRun(-1, status=Status.INFRA_ERROR, details={"error": str(e)[-2000:], "harness": self.name})
         rid = uuid.uuid4().hex
