@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from legorl.engine.registry import make_engine
 from legorl.loop.config import load_run_config
 from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, rollout_backend, warm_start_phase
@@ -109,7 +111,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         t0 = time.monotonic()
-        await warm_start_phase(cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, _Quiet())
+        await warm_start_phase(cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, Console(quiet=True))
         out["warm_start_s"] = round(time.monotonic() - t0, 1)
         t_up = time.monotonic()
         async with rollout_backend(cfg, engine) as worker:  # one in-process worker, or Ray actors
@@ -152,11 +154,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         store.close()
     out["load_after"] = os.getloadavg()
     return out
-
-
-class _Quiet:
-    def print(self, *a: Any, **k: Any) -> None:
-        return None
 
 
 def main() -> None:
