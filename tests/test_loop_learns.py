@@ -79,8 +79,11 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     assert end >= warm + 0.05, res
     with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
         rate = dict(db.execute("SELECT step, value FROM metrics WHERE key = 'resolved_rate'"))
-        first, last = sum(rate[s] for s in (0, 1, 2)) / 3, sum(rate[s] for s in (9, 10, 11)) / 3
-        assert last >= first + 0.08, rate
+        # step 0 is sampled by the warm-started policy before any GSPO update (128 rollouts); the
+        # last three steps by the trained one (384). The rise must be significant (one-sided
+        # two-proportion z-test at 5%), not a fixed margin: the slice's per-step noise is ~±4 points
+        # and the rise mostly happens in the first update, so thirds against thirds flaked.
+        assert rise_is_significant(rate[0], 128, sum(rate[s] for s in (9, 10, 11)) / 3, 384), rate
         # every rollout of every phase is in the run store, graded
         rows = dict(db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0"))
         spans = {s: (a, b) for s, a, b in db.execute("SELECT step, t_start, t_end FROM steps WHERE step >= 0")}
@@ -89,6 +92,13 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     if max_staleness:  # the next step's rollouts ran while the trainer trained, none older than allowed
         assert all(spans[s + 1][0] < spans[s][1] for s in range(11)), spans
         assert len(stale) == 12 and max(stale) <= max_staleness
+
+
+def rise_is_significant(p_before: float, n_before: int, p_after: float, n_after: int) -> bool:
+    """One-sided two-proportion z-test (pooled), z >= 1.645: `after` is higher than `before`."""
+    pooled = (p_before * n_before + p_after * n_after) / (n_before + n_after)
+    se = (pooled * (1 - pooled) * (1 / n_before + 1 / n_after)) ** 0.5
+    return se > 0 and (p_after - p_before) / se >= 1.645
 
 
 def free_port() -> int:
