@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from legorl.engine.base import Engine
+from legorl.engine.base import Engine, HoldsTokenizer
 from legorl.harness.command import HostHarness
 from legorl.loop.config import HarnessSection, RunConfig
 from legorl.models import load_tokenizer
@@ -103,7 +103,7 @@ class RolloutWorker:
 
     async def __aenter__(self) -> RolloutWorker:
         if self.engine is not None:
-            tok = getattr(self.engine, "tokenizer", None) or load_tokenizer(self.cfg.engine.model)
+            tok = self.engine.tokenizer if isinstance(self.engine, HoldsTokenizer) else load_tokenizer(self.cfg.engine.model)
             self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0)
             await self.proxy.start()
         else:
@@ -204,7 +204,7 @@ class RolloutWorker:
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
-        engine_errors = int(getattr(session, "engine_errors", 0))
+        engine_errors = session.engine_errors
         outcome = result.outcome
         if engine_errors and not outcome.status.is_infra:
             outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=list(outcome.flags),
