@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import socket
 import subprocess
@@ -31,7 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(ROOT)],
+    src = tmp / "src"  # a copy: setuptools writes build/ and *.egg-info beside the sources
+    shutil.copytree(ROOT / "legorl", src / "legorl", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(src)],
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     (wheel,) = tmp.glob("legorl-*.whl")
     env = tmp / "venv"

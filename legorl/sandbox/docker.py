@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from legorl.sandbox.base import SandboxError, SandboxSpec
+from legorl.sandbox.base import BackendLifecycle, SandboxError, SandboxSpec
 from legorl.sandbox.cgroups import counters_for_pid
 from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
 from legorl.sandbox.docker_images import ensure_docker_image
@@ -60,8 +60,8 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 START_TIMEOUT_S = 60.0
 
 
-class DockerBackend:
-    """Starts sandboxes as Docker containers. Call `aclose()` when done."""
+class DockerBackend(BackendLifecycle):
+    """Starts sandboxes as Docker containers (`async with`, or `aclose()` when done)."""
 
     name = "docker"
 
