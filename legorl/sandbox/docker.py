@@ -67,7 +67,9 @@ class DockerBackend(BackendLifecycle):
 
     def __init__(self, store: ImageStore | None = None, socket_path: str | None = None) -> None:
         self.store = store or ImageStore()
-        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET", DEFAULT_SOCKET)
+        host = os.environ.get("DOCKER_HOST", "")  # the docker CLI's variable: both must reach one engine
+        cli_socket = host.removeprefix("unix://") if host.startswith("unix://") else None
+        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET") or cli_socket or DEFAULT_SOCKET
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api = ""
