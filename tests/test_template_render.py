@@ -61,7 +61,10 @@ def _conversation(rng: random.Random, name: str) -> list[dict]:
     """A random agent conversation valid for the template (gpt-oss: one call per message,
     content or reasoning but not both with a call; every template: a user query first)."""
     words = ["def", "foo", "(x):", "\n", "  ", "return", "x+1", "héllo", "😀", "{}", '"q"', "\t", "ls -la", "12345"]
-    text = lambda: "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+
+    def text() -> str:
+        return "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+
     harmony = name.startswith("gpt-oss")
     msgs: list[dict] = []
     if rng.random() < 0.8:
