@@ -1,13 +1,16 @@
-"""Faults classified by cause (local backend): a sandbox killed from outside and a dead
-backend are infrastructure — masked, flagged with the cause, never a reward of 0 — and the
-backend recovers; what the agent does inside its own limits stays the agent's
-(tests/test_verify_rollout.py: `kill -9 -1`, OOM, a full disk)."""
+"""Faults classified by cause, on both backends: a sandbox killed from outside (a signal to
+its pid 1 from the host, `docker kill`, the container removed) and a dead backend are
+infrastructure — masked, flagged with the cause, never a reward of 0 — and the backend
+recovers; what the agent does inside its own limits stays the agent's
+(tests/test_verify_rollout.py: `kill -9 -1`, OOM, a full disk; here: its own memory limit
+vs an OOM outside it)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import subprocess
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, run_rollout
 from legorl.sandbox.base import SandboxSpec
 from legorl.types import Status
+from conftest import BACKENDS
 from tasks_util import backend_and_images, pick_task
 
 
@@ -40,18 +44,47 @@ async def _kill_when_running(rec: Recording, kill: Any) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_init_killed_from_outside_is_infrastructure() -> None:
+def _pid1(sb: Any) -> int:
+    return int(sb.netns_path.split("/")[2])  # /proc/<host pid of the sandbox's init>/ns/net
+
+
+def _docker(*args: str, sb: Any) -> None:
+    cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=legorl.sandbox={sb.id}"],
+                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    assert len(cid) == 1, cid
+    subprocess.run(["docker", *args, cid[0]], capture_output=True, check=True)
+
+
+# (backend, how the sandbox is killed from outside, the flags that name it)
+KILLS = [
+    ("local", "sigkill_pid1", {"killed_by_signal_9"}),
+    ("docker", "sigkill_pid1", {"killed_by_signal_9"}),
+    ("docker", "docker_kill", {"killed_by_signal_9"}),
+    # `rm -f` kills, then deletes: inspected in between it reads as the kill.
+    ("docker", "docker_rm", {"container_removed", "killed_by_signal_9"}),
+]
+KILLERS = {
+    "sigkill_pid1": lambda sb: os.kill(_pid1(sb), signal.SIGKILL),
+    "docker_kill": lambda sb: _docker("kill", sb=sb),
+    "docker_rm": lambda sb: _docker("rm", "-f", sb=sb),
+}
+
+
+@pytest.mark.parametrize(
+    ("backend_name", "how", "flags"),
+    [pytest.param(*k, marks=[pytest.mark.docker] if k[0] == "docker" else [], id=f"{k[0]}-{k[1]}") for k in KILLS],
+)
+async def test_sandbox_killed_from_outside_is_infrastructure(backend_name: str, how: str, flags: set[str]) -> None:
     task = pick_task()
-    async with backend_and_images("local") as (backend, images):
+    async with backend_and_images(backend_name) as (backend, images):
         image = await images.for_task(task)
         rec = Recording(backend)
-        pid_of = lambda sb: int(sb.netns_path.split("/")[2])  # noqa: E731 - /proc/<pid>/ns/net
-        killer = asyncio.create_task(_kill_when_running(rec, lambda sb: os.kill(pid_of(sb), signal.SIGKILL)))
+        killer = asyncio.create_task(_kill_when_running(rec, KILLERS[how]))
         res = await run_rollout(task, CommandHarness("sleep 30"), rec, image, RolloutConfig(agent_timeout_s=60))
         await killer
         o = res.outcome
         assert o.status is Status.INFRA_ERROR and o.masked and o.reward == 0.0, o
-        assert o.flags == ["killed_by_signal_9"] and o.evidence["cause"] == "killed_by_signal_9"
+        assert len(o.flags) == 1 and o.flags[0] in flags and o.evidence["cause"] == o.flags[0], o
         again = await run_rollout(task, CommandHarness("true"), backend, image, RolloutConfig(agent_timeout_s=60))
         assert again.outcome.status is Status.NO_PATCH  # the backend is fine: the next rollout runs
 
