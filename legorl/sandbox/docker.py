@@ -81,6 +81,9 @@ class DockerBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api = ""
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        # Each container a top-level CPU group, as the local backend does: under the shared
+        # "docker" parent, all containers together would weigh one process.
+        self.cgroup_parent = "/"
 
     async def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -152,9 +155,7 @@ class DockerBackend:
             "CapAdd": ["SYS_ADMIN"],
             "SecurityOpt": ["no-new-privileges"],
             "IpcMode": "private",
-            # Each container a top-level CPU group, as the local backend does: under the
-            # shared "docker" parent, all containers together would weigh one process.
-            "CgroupParent": "/",
+            "CgroupParent": self.cgroup_parent,
             "ShmSize": 64 << 20,
         }
         return {
