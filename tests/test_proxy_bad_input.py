@@ -312,6 +312,25 @@ async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_
             assert (len(cache), cache.nbytes) == (n_before, bytes_before)
 
 
+async def test_a_piece_over_the_window_is_refused_before_its_ids_are_built() -> None:
+    """Off the loop, a piece that alone reaches the context window stops the render
+    (`TooLong`, a lower bound of the prompt's tokens); under the budget the ids are exact."""
+    from legorl.proxy.render import ChatRequest
+    from legorl.proxy.render_cache import OffLoopRenderer, TooLong
+
+    renderer = Renderer(tokenizer())
+    off = OffLoopRenderer(renderer)
+    try:
+        chat = ChatRequest([{"role": "user", "content": "w " * 5000}], [])
+        with pytest.raises(TooLong) as e:
+            await off.run(lambda r: r.render(chat, None), token_budget=1000)
+        ids, _ = await off.run(lambda r: r.render(chat, None), token_budget=100_000)
+        assert ids == renderer.render(chat, None)  # (rendered afresh: nothing was committed)
+        assert 1000 <= e.value.n_tokens <= len(ids)
+    finally:
+        off.close()
+
+
 def test_idle_standalone_sessions_expire() -> None:
     from legorl.proxy.sessions import SessionRegistry
 

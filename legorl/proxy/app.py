@@ -35,11 +35,11 @@ import orjson
 from legorl.engine.base import Engine
 from legorl.proxy import anthropic, openai_chat, responses
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.errors import ProxyError, error_body, stream_error_event
+from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.pipeline import Parsed, TurnRun, compile_side_regex
 from legorl.proxy.render import Renderer
-from legorl.proxy.render_cache import Journal, OffLoopRenderer, bound_renderer
+from legorl.proxy.render_cache import Journal, OffLoopRenderer, TooLong, bound_renderer
 from legorl.proxy.sessions import SessionRegistry
 from legorl.types import Dialect, SamplingParams
 
@@ -303,7 +303,10 @@ class ProxyApp:
                     p = mod.parse(body)
                     return p, r.render(p.chat, session.state)
 
-                (parsed, ids), commit = await ctx.offload.run(work)
+                try:
+                    (parsed, ids), commit = await ctx.offload.run(work, token_budget=ctx.max_context)
+                except TooLong as e:  # one piece alone is over the window: refused, its ids never built
+                    raise context_too_long(dialect, e.n_tokens, ctx.max_context) from None
                 run = TurnRun(ctx, session, dialect, body, parsed)
                 run.prepare(ids)
                 commit()

@@ -177,14 +177,31 @@ class _Overlay(dict):
         return dict.popitem(self)
 
 
-class _FastEncode:
-    """`tokenizers.Tokenizer.encode` through `encode_batch_fast`: same ids, GIL released."""
+class TooLong(Exception):
+    """One piece of the prompt alone has `n_tokens` ≥ the token budget: the whole prompt is
+    over the context window (it has at least that many tokens), so rendering stops there."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, n_tokens: int) -> None:
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
+
+class _FastEncode:
+    """`tokenizers.Tokenizer.encode` through `encode_batch_fast`: same ids, GIL released.
+
+    With a `budget`, a piece of that many tokens or more raises `TooLong` before its ids
+    become a Python list: turning a 5 MB prompt's 3.5 M ids into ints holds the GIL for
+    ~55 ms (measured, idle-equivalent CPU time), i.e. stalls the event loop, and freeing
+    them on the loop costs as much again — for a prompt that is then refused anyway."""
+
+    def __init__(self, inner: Any, budget: int | None = None) -> None:
+        self.inner, self.budget = inner, budget
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
-        return self.inner.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        enc = self.inner.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        if self.budget is not None and len(enc) >= self.budget:
+            raise TooLong(len(enc))
+        return enc
 
 
 class OffLoopRenderer:
@@ -219,7 +236,7 @@ class OffLoopRenderer:
         except RuntimeError:  # the pool was shut down meanwhile
             pass
 
-    def _shadow(self) -> Any:
+    def _shadow(self, token_budget: int | None) -> Any:
         if not self.shadowable:
             return self.renderer
         shadow = copy.copy(self.renderer)
@@ -227,14 +244,15 @@ class OffLoopRenderer:
             setattr(shadow, name, _Overlay(cache))
         fast = self.renderer._fast
         if fast is not None and hasattr(fast, "encode_batch_fast"):
-            shadow._fast = _FastEncode(fast)
+            shadow._fast = _FastEncode(fast, token_budget)
         return shadow
 
-    async def run(self, work: Callable[[Any], Any]) -> tuple[Any, Callable[[], None]]:
+    async def run(self, work: Callable[[Any], Any], token_budget: int | None = None) -> tuple[Any, Callable[[], None]]:
         """`work(renderer)` on a thread with a shadow renderer; returns its result and a
         `commit()` that merges what it cached into the shared caches (call it only for a
-        prompt that was accepted, on the loop thread)."""
-        shadow = self._shadow()
+        prompt that was accepted, on the loop thread). With `token_budget` (the context
+        window), a piece that alone reaches it raises `TooLong` (see `_FastEncode`)."""
+        shadow = self._shadow(token_budget)
         result = await asyncio.get_running_loop().run_in_executor(self.pool, work, shadow)
 
         def commit() -> None:
