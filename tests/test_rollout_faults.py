@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tasks_util import backend_and_images, pick_task
 
 from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, run_rollout
 from legorl.sandbox.base import Limits, SandboxSpec
 from legorl.types import Status
-from conftest import BACKENDS
-from tasks_util import backend_and_images, pick_task
 
 
 class Recording:
@@ -165,7 +164,7 @@ OOMS = [("local", 192, None), ("local", 1024, 192), ("docker", 192, None), ("doc
 @pytest.mark.parametrize(
     ("backend_name", "own_mb", "enclosing_mb"),
     [pytest.param(*k, marks=[pytest.mark.docker] if k[0] == "docker" else [],
-                  id=f"{k[0]}-{'outside_its_limit' if k[2] else 'own_limit'}") for k in OOMS],  # fmt: skip
+                  id=f"{k[0]}-{'outside_its_limit' if k[2] else 'own_limit'}") for k in OOMS],
 )
 async def test_oom_of_the_sandbox_is_the_agents_an_oom_outside_it_is_infrastructure(
     backend_name: str, own_mb: int, enclosing_mb: int | None

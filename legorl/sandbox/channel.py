@@ -29,7 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from legorl.sandbox.base import DiffError, ExecResult, SandboxError, SandboxLost, SandboxSpec
+from legorl.sandbox.base import (
+    DiffError,
+    ExecResult,
+    SandboxError,
+    SandboxLost,
+    SandboxSpec,
+)
 from legorl.sandbox.cgroups import Counters
 from legorl.sandbox.forwarder import Forwarder, forward
 
