@@ -122,8 +122,10 @@ def template_check(cfg: RunConfig) -> Check:
     def fn() -> str:
         from legorl.engine.registry import make_engine
         from legorl.models import load_tokenizer
-        from legorl.proxy.render import ChatRequest, RenderState, make_renderer
-        from legorl.proxy.template import TemplateError, round_trip
+        from legorl.proxy.render import ChatRequest, RenderState
+        from legorl.proxy.renderers import make_renderer
+        from legorl.proxy.template import TemplateError
+        from legorl.proxy.renderers import round_trip
         from legorl.proxy.toolcalls import parse_completion
 
         tok = load_tokenizer(cfg.engine.model)
@@ -171,7 +173,8 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
 
     async def with_sandbox(body: Any, proxy_socket: str | None = None) -> Any:
         from legorl.sandbox.base import SandboxSpec
-        from legorl.tasks.image import TaskImages, close_backend, open_backend
+        from legorl.tasks.image import TaskImages
+        from legorl.sandbox import open_backend
 
         images = TaskImages(backend=backend_name)
         base = await images.base()
@@ -185,7 +188,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
             async with sb:
                 return await body(sb)
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     def starts() -> str:
         async def body(sb: Any) -> str:
@@ -229,7 +232,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
     def reaches_proxy() -> str:
         from legorl.engine.scripted import ScriptedEngine
         from legorl.models import load_tokenizer
-        from legorl.proxy.render import make_renderer
+        from legorl.proxy.renderers import make_renderer
         from legorl.proxy.server import ProxyServer
         from legorl.proxy.session_socket import SessionSocket
 
@@ -285,7 +288,8 @@ def harness_check(cfg: RunConfig) -> Check:
 def grading_check(cfg: RunConfig) -> Check:
     def fn() -> str:
         from legorl.loop.train import load_task_split
-        from legorl.tasks.image import TaskImages, close_backend, open_backend
+        from legorl.tasks.image import TaskImages
+        from legorl.sandbox import open_backend
         from legorl.verify.grade import grade
 
         try:
@@ -300,7 +304,7 @@ def grading_check(cfg: RunConfig) -> Check:
             try:
                 return await grade(task, task.patch, backend, image), await grade(task, "", backend, image)
             finally:
-                await close_backend(backend)
+                await backend.aclose()
 
         gold, empty = _run(go())
         if gold.status is not Status.RESOLVED:

@@ -10,7 +10,7 @@ Checks are pluggable: each component contributes `Check`s (the CLI collects them
 registers them with the `@check(...)` decorator into `REGISTRY`. `run_checks` prints a
 rich table and returns the exit code (0 all passed, 1 otherwise).
 
-    @check("docker daemon", fix="start it: bash scripts/setup_docker.sh", timeout=20)
+    @check("docker daemon", fix="start it: bash scripts/setup_sandbox.sh", timeout=20)
     def docker_daemon() -> str:
         ...
         return "Docker 27.3 (cgroup v2)"

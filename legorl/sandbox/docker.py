@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from legorl.sandbox.base import SandboxError, SandboxSpec
+from legorl.sandbox.base import BackendLifecycle, SandboxError, SandboxSpec
 from legorl.sandbox.cgroups import counters_for_pid
 from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
 from legorl.sandbox.docker_images import ensure_docker_image
@@ -69,14 +69,16 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 START_TIMEOUT_S = 60.0
 
 
-class DockerBackend:
-    """Starts sandboxes as Docker containers. Call `aclose()` when done."""
+class DockerBackend(BackendLifecycle):
+    """Starts sandboxes as Docker containers (`async with`, or `aclose()` when done)."""
 
     name = "docker"
 
     def __init__(self, store: ImageStore | None = None, socket_path: str | None = None) -> None:
         self.store = store or ImageStore()
-        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET", DEFAULT_SOCKET)
+        host = os.environ.get("DOCKER_HOST", "")  # the docker CLI's variable: both must reach one engine
+        cli_socket = host.removeprefix("unix://") if host.startswith("unix://") else None
+        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET") or cli_socket or DEFAULT_SOCKET
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api = ""

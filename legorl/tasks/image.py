@@ -16,10 +16,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from legorl.sandbox.base import Backend, SandboxError
 from legorl.sandbox.images import ImageRef, ImageStore
+from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.types import Task
 
 BACKENDS = ("local", "docker")
@@ -78,7 +77,7 @@ class TaskImages:
 
     async def base(self) -> ImageRef:
         if self._base is None:
-            self._base = await self.store.ensure_base()
+            self._base = await ensure_base(self.store)
         return self._base
 
     async def for_task(self, task: Task) -> str:
@@ -102,36 +101,10 @@ class TaskImages:
             base = await self.base()
             repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
             setup = [task.env_setup] if task.env_setup.strip() else []
-            ref = await self.store.ensure_task(base, repo, task.base_commit, setup=setup)
+            ref = await ensure_task(self.store, base, repo, task.base_commit, setup=setup)
             if self.backend == "docker":
                 from legorl.sandbox.docker_images import ensure_docker_image
 
                 await ensure_docker_image(self.store, ref.key)
             self._keys[ident] = ref.key
             return ref.key
-
-
-def open_backend(name: str, store: ImageStore | None = None) -> Any:
-    """A started-on-demand Backend by name ('local' or 'docker'); close it with `close_backend`."""
-    if name == "local":
-        from legorl.sandbox.local import LocalBackend
-
-        return LocalBackend(store)
-    if name == "docker":
-        try:
-            from legorl.sandbox.docker import DockerBackend
-        except ImportError as exc:
-            raise SandboxError(f"the docker backend is not available: {exc}") from None
-        return DockerBackend(store)
-    raise ValueError(f"unknown sandbox backend {name!r}; expected one of {', '.join(BACKENDS)}")
-
-
-async def close_backend(backend: Backend) -> None:
-    """Release what a backend holds (zygote processes, clients), whatever its kind."""
-    for attr in ("aclose", "close"):
-        fn = getattr(backend, attr, None)
-        if fn is not None:
-            res = fn()
-            if asyncio.iscoroutine(res):
-                await res
-            return
