@@ -293,7 +293,7 @@ async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_
     a ByteLRU, and a refused prompt — rendered on the loop or off it — leaves nothing."""
     from template_util import standin_tokenizer, template
 
-    from legorl.proxy.render import make_renderer
+    from legorl.proxy.renderers import make_renderer
     from legorl.proxy.render_cache import ByteLRU
 
     tok = standin_tokenizer("glm45_added.json", template("glm-4.5.jinja"), "<|endoftext|>")
