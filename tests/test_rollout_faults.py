@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BACKENDS
 from tasks_util import backend_and_images, pick_task
 
 from legorl.harness.command import CommandHarness
@@ -89,6 +90,18 @@ async def test_sandbox_killed_from_outside_is_infrastructure(backend_name: str, 
         assert len(o.flags) == 1 and o.flags[0] in flags and o.evidence["cause"] == o.flags[0], o
         again = await run_rollout(task, CommandHarness("true"), backend, image, RolloutConfig(agent_timeout_s=60))
         assert again.outcome.status is Status.NO_PATCH  # the backend is fine: the next rollout runs
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+async def test_killing_every_process_it_can_see_stays_the_agents(backend_name: str) -> None:
+    """`kill -9 -1` from inside (its own harness included) cannot reach the init: graded, unmasked."""
+    task = pick_task()
+    async with backend_and_images(backend_name) as (backend, images):
+        image = await images.for_task(task)
+        harness = CommandHarness("echo x >> README.rst; kill -9 -1; sleep 5")
+        res = await run_rollout(task, harness, backend, image, RolloutConfig(agent_timeout_s=60))
+    o = res.outcome
+    assert o.status is Status.FAILED and not o.masked and o.reward == 0.0 and not o.flags, o
 
 
 async def test_dead_zygote_is_infrastructure_and_the_backend_recovers() -> None:
