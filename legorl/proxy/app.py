@@ -33,12 +33,12 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from legorl.proxy import anthropic, openai_chat, responses
-from legorl.proxy.errors import ProxyError, error_body, stream_error_event
+from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.context import ProxyContext
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import Renderer
-from legorl.proxy.render_cache import Journal
+from legorl.proxy.render_cache import Journal, TooLong
 from legorl.types import Dialect
 
 log = logging.getLogger(__name__)
@@ -259,7 +259,10 @@ class ProxyApp:
                     p = mod.parse(body)
                     return p, r.render(p.chat, session.state)
 
-                (parsed, ids), commit = await ctx.offload.run(work)
+                try:
+                    (parsed, ids), commit = await ctx.offload.run(work, token_budget=ctx.max_context)
+                except TooLong as e:  # one piece alone is over the window: refused, its ids never built
+                    raise context_too_long(dialect, e.n_tokens, ctx.max_context) from None
                 run = TurnRun(ctx, session, dialect, body, parsed)
                 run.prepare(ids)
                 commit()
