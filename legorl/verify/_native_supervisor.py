@@ -162,8 +162,11 @@ def child(cfg, key, rec_w, log_w, go_r):
         builtins.exec = exec_
         owner = builtins
     snap = base.snapshot(sys.modules)
-    for opt in cfg.get("warnings", []):
-        warnings.filterwarnings(*opt)
+    for opt in cfg.get("warnings", []):  # PYTHONWARNINGS, which `python -I` ignores
+        try:
+            warnings._setoption(opt)
+        except warnings._OptionError:
+            pass
 
     def own_changes():
         return ["recorder." + n for n, fn in wrappers.items() if getattr(owner, n, None) is not fn]
