@@ -93,13 +93,20 @@ class TaskImages:
 
                 await ensure_docker_image(self.store, task.image)
             return task.image
-        ident = (task.repo_path, task.base_commit, task.env_setup)
+        ident = (task.repo_path, task.base_commit, task.env_setup, tuple(task.requirements))
         if ident in self._keys:
             return self._keys[ident]
         async with self._lock:
             if ident in self._keys:
                 return self._keys[ident]
             base = await self.base()
+            if task.requirements:  # wheels its tests need, installed offline (from scripts/setup_swebench.sh's cache)
+                from legorl.sandbox.images import EnvSpec
+                from legorl.tasks.generator.native import wheels_dir
+
+                if not wheels_dir().is_dir():
+                    raise FileNotFoundError(f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh")
+                base = await self.store.ensure_env(base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),)))
             repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
             setup = [task.env_setup] if task.env_setup.strip() else []
             ref = await self.store.ensure_task(base, repo, task.base_commit, setup=setup)

@@ -2,7 +2,8 @@
 
 Django (its sdist ships `tests/runtests.py` and the suite) and SymPy (its sdist ships its
 tests and `sympy.testing.runtests`, but not `bin/`: `bin/test` is recreated here the way
-the repository has it). The same bug injection as the shipped set (`mutate.py`, `hide.py`):
+the repository has it, calling `sympy.testing.runtests.test`, the runner whose log SWE-bench's
+SymPy parser reads: since 1.13 `sympy.test()` itself hands over to pytest when installed). The same bug injection as the shipped set (`mutate.py`, `hide.py`):
 mutate one source file, run the one test module with the project's runner on the host,
 keep mutants that make 1..`max_f2p` passing tests fail, cut those tests out of the base
 commit (a parentless commit of the buggy tree) and put them back in `test_patch`.
@@ -79,9 +80,9 @@ if not options.cache:
 if options.types:
     os.environ["SYMPY_GROUND_TYPES"] = options.types
 
-import sympy
+from sympy.testing.runtests import test
 
-ok = sympy.test(*args, verbose=options.verbose, kw=options.kw, tb=options.tb, pdb=options.pdb,
+ok = test(*args, verbose=options.verbose, kw=options.kw, tb=options.tb, pdb=options.pdb,
                 colors=options.colors, force_colors=options.force_colors, sort=options.sort,
                 seed=options.seed, slow=options.slow, timeout=options.timeout,
                 subprocess=options.subprocess, enhance_asserts=options.enhance_asserts,
