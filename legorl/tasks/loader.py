@@ -139,10 +139,6 @@ def task_from_dict(
     except TestCmdError as exc:
         errs.append(f"{where}: field 'test_cmd': {exc}")
         return None
-    f2p = _test_list(row, "FAIL_TO_PASS", errs, where, nonempty=True, pytest_ids=native is None)
-    p2p = _test_list(row, "PASS_TO_PASS", errs, where, nonempty=False, pytest_ids=native is None)
-    if len(errs) > start:
-        return None
     if not test_cmd.strip() and row.get("version") and not row.get("repo_path"):
         from legorl.tasks import official
 
@@ -150,6 +146,10 @@ def task_from_dict(
             f"{where}: no test command for {row['repo']} version {row['version']}: the row has neither 'test_cmd' nor "
             f"'eval_script', and swebench {official.PINNED} keeps no per-version specs (add one of the two)"
         )
+        return None
+    f2p = _test_list(row, "FAIL_TO_PASS", errs, where, nonempty=True, pytest_ids=native is None)
+    p2p = _test_list(row, "PASS_TO_PASS", errs, where, nonempty=False, pytest_ids=native is None)
+    if len(errs) > start:
         return None
     log_parser = row.get("log_parser") or ""
     if native is not None:

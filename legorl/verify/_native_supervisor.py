@@ -47,6 +47,7 @@ def _load_base():
 
 base = _load_base()
 base.WATCH_ATTRS = dict(base.WATCH_ATTRS, builtins=("open", "__import__", "exec", "compile"))
+base.WATCH_MODULES = base.WATCH_MODULES + ("unittest.runner", "unittest.suite", "unittest.loader")  # the result classes that print the log
 
 
 def kind_of(exc, skip_names=("SkipTest", "Skipped", "Skip")):
@@ -72,7 +73,10 @@ def child(cfg, key, rec_w, log_w, go_r):
     sys.dont_write_bytecode = True
     import unittest
     import unittest.case
+    import unittest.loader
     import unittest.result
+    import unittest.runner
+    import unittest.suite
     import warnings
     import xml.etree.ElementTree  # noqa: F401  (watched by the snapshot, as for pytest)
 
@@ -107,7 +111,10 @@ def child(cfg, key, rec_w, log_w, go_r):
                 except BaseException as exc:
                     phases.setdefault(id(self), {})[when] = kind_of(exc)
                     raise
-                phases.setdefault(id(self), {})[when] = "passed"
+                # a failing subTest is caught inside the method; unittest marks the outcome
+                outcome = getattr(self, "_outcome", None)
+                failed = when == "call" and outcome is not None and not getattr(outcome, "success", True)
+                phases.setdefault(id(self), {})[when] = "failed" if failed else "passed"
                 return r
 
             return wrapped

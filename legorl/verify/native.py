@@ -102,7 +102,8 @@ def plan_native(
 
 
 def _norm(status: TestStatus) -> str:
-    return "pass" if status.ok else ("skip" if status is TestStatus.SKIPPED else ("missing" if status is TestStatus.MISSING else "fail"))
+    """The graded verdict of a status: a pass, or not (failed, errored, skipped, missing alike)."""
+    return "pass" if status.ok else "fail"
 
 
 def judge_native(
@@ -187,5 +188,5 @@ def judge_native(
         flags += [TAMPER, "report_inconsistent"]
     if s.get("stray_processes"):
         flags.append("stray_processes")
-    ev["records"] = len(records)
+    ev["records"] = len({id(r) for r in records.values()})
     return Verdict(tests=tests, flags=list(dict.fromkeys(flags)), evidence=ev, resolved=all_ok and integrity and TAMPER not in flags)

@@ -225,6 +225,19 @@ def build_native_tasks(name: str, count: int = 2, max_f2p: int = 6, python: str 
         return out / "tasks.jsonl"
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _build(p, tmp, count, max_f2p, python)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():  # built meanwhile by another process
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out)
+    return out / "tasks.jsonl"
+
+
+def _build(p: NativeProject, tmp: Path, count: int, max_f2p: int, python: str | None) -> None:
     tree = unpack(p, tmp / "tree")
     site = _site(tmp / "site", p)
     python = python or shutil.which("python3") or "python3"
@@ -290,5 +303,3 @@ def build_native_tasks(name: str, count: int = 2, max_f2p: int = 6, python: str 
     (tmp / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for d in ("tree", "site", "repo"):
         shutil.rmtree(tmp / d)
-    os.replace(tmp, out) if not out.exists() else shutil.rmtree(tmp)
-    return out / "tasks.jsonl"

@@ -1,0 +1,176 @@
+"""SWE-bench instances as users bring them (issue 15): the official instance format, the
+official package's log parsers, and Django's/SymPy's own runners graded with the
+stage-wise defences, on tasks built from the real releases (scripts/setup_swebench.sh
+downloads the sdists; the tasks are built once per machine and cached)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from legorl.tasks import official
+from legorl.tasks.generator.native import NATIVE_PROJECTS, build_native_tasks, swebench_cache
+from legorl.tasks.loader import TaskFileError, load_tasks
+from legorl.types import Status, Task
+from legorl.verify.runners import native_command
+from tasks_util import append_lines_diff, base_file, require_backend
+
+CLI = [sys.executable, "-m", "legorl.tasks.cli"]
+EVAL_SCRIPT = """#!/bin/bash
+set -uxo pipefail
+cd /testbed
+git checkout {c} tests/utils_tests/test_text.py
+: '>>>>> Start Test Output'
+./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 utils_tests.test_text
+: '>>>>> End Test Output'
+git checkout {c} tests/utils_tests/test_text.py
+"""
+
+
+def have_sdists() -> bool:
+    return all((swebench_cache() / "sdists" / f"{p.slug}.tar.gz").is_file() for p in NATIVE_PROJECTS.values())
+
+
+def native_tasks(name: str) -> Path:
+    if not have_sdists():
+        pytest.fail("the Django/SymPy sdists are missing: run scripts/setup_swebench.sh")
+    return build_native_tasks(name)
+
+
+def official_row(**over: object) -> dict:
+    """An instance as the published datasets have it (lists JSON-encoded, no repo_path)."""
+    c = "a" * 40
+    row = {
+        "instance_id": "django__django-1", "repo": "django/django", "base_commit": c, "version": "5.2",
+        "problem_statement": "p", "hints_text": "", "created_at": "2024-01-01T00:00:00Z",
+        "patch": "diff --git a/django/x.py b/django/x.py\n", "test_patch": "diff --git a/tests/x.py b/tests/x.py\n",
+        "FAIL_TO_PASS": json.dumps(["test_a (utils_tests.test_text.TestUtilsText.test_a)"]),
+        "PASS_TO_PASS": json.dumps(["test_b (utils_tests.test_text.TestUtilsText)"]),
+        "environment_setup_commit": c, "eval_script": EVAL_SCRIPT.format(c=c),
+    }
+    row.update(over)
+    return row
+
+
+def test_the_official_package_is_the_pinned_one_and_names_the_parsers() -> None:
+    assert official.version() == official.PINNED
+    assert official.parser_name("django/django") == "parse_log_django"
+    assert official.parser_name("sympy/sympy") == "parse_log_sympy"
+    assert official.parser_name("nobody/nothing") is None
+    assert official.parser_name("django/django", "parse_log_nope") is None
+    log = "test_a (m.C.test_a) ... ok\ntest_b (m.C.test_b) ... FAIL\n"
+    assert official.parse_log("parse_log_django", log, "i", "django/django", [], []) == {
+        "test_a (m.C.test_a)": "PASSED", "test_b (m.C.test_b)": "FAILED"}
+
+
+def test_official_rows_load_with_a_repos_dir_and_bad_rows_are_skipped_one_by_one(tmp_path: Path) -> None:
+    repos = tmp_path / "repos"
+    (repos / "django__django" / ".git").mkdir(parents=True)
+    rows = [
+        official_row(),
+        official_row(instance_id="psf__requests-1", repo="psf/requests", eval_script="", version="2.0"),
+        official_row(instance_id="x__y-1", repo="x/y"),
+        official_row(instance_id="django__django-2", eval_script=EVAL_SCRIPT.replace("./tests/runtests.py", "tox -e py311")),
+        official_row(instance_id="django__django-3", FAIL_TO_PASS=json.dumps(["test_z (other_app.tests.T.test_z)"])),
+    ]
+    f = tmp_path / "verified.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TaskFileError):
+        load_tasks(f, repos_dir=repos)
+    skipped: list[str] = []
+    tasks = load_tasks(f, repos_dir=repos, skipped=skipped)
+    assert [t.instance_id for t in tasks] == ["django__django-1"]
+    t = tasks[0]
+    assert t.test_cmd.startswith("./tests/runtests.py") and t.log_parser == "parse_log_django" and t.version == "5.2"
+    assert t.FAIL_TO_PASS == ["test_a (utils_tests.test_text.TestUtilsText.test_a)"]
+    assert t.repo_path == str((repos / "django__django").resolve())
+    text = "\n".join(skipped)
+    assert len(skipped) == 4, skipped
+    assert "verified.jsonl:2: no test command for psf/requests version 2.0" in text
+    assert "verified.jsonl:3: no official log parser for repository 'x/y'" in text
+    assert "verified.jsonl:4: field 'test_cmd': test runner 'tox' cannot be hardened" in text
+    assert "verified.jsonl:5: field 'test_cmd': 1 FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels" in text
+
+
+def test_native_commands_are_hardened_or_refused_by_name() -> None:
+    dj = native_command("./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 4 a.tests")
+    assert dj is not None and dj.args[-5:] == ["2", "--parallel", "1", "a.tests"][-4:] or dj.args[-3:] == ["--parallel", "1", "a.tests"]
+    sy = native_command("PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose sympy/core/tests/test_basic.py")
+    assert sy is not None and "--no-subprocess" in sy.args and sy.warnings == ["ignore::UserWarning"]
+    assert native_command("python -m pytest -q") is None
+    for cmd, word in [("tox -e py", "'tox'"), ("make test", "'make'"), ("./tests/runtests.py --failfast a", "--failfast"),
+                      ("FOO=1 bin/test x.py", "FOO"), ("bin/test --pdb x.py", "--pdb")]:
+        with pytest.raises(ValueError, match=word):
+            native_command(cmd)
+
+
+def cli(*args: object, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def validate(name: str, backend: str) -> list[dict]:
+    f = native_tasks(name)
+    proc = cli("validate", f, "--repos-dir", f.parent / "repos", "--sandbox", backend, "--json")
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0 and rows and all(r["ok"] for r in rows), (rows, proc.stderr[-3000:])
+    assert all(r["gold"] == "resolved" and r["empty"] == "failed" for r in rows)
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["django", "sympy"])
+def test_native_runner_tasks_from_real_releases_validate_on_local(name: str) -> None:
+    validate(name, "local")
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.parametrize("name", ["django", "sympy"])
+def test_native_runner_tasks_from_real_releases_validate_on_docker(name: str) -> None:
+    require_backend("docker")
+    validate(name, "docker")
+
+
+async def _grade(task: Task, diffs: list[str], backend_name: str = "local") -> list:
+    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.verify.grade import grade
+
+    backend = open_backend(backend_name)
+    try:
+        image = await TaskImages(backend_name).for_task(task)
+        return [await grade(task, d, backend, image) for d in diffs]
+    finally:
+        await close_backend(backend)
+
+
+def _task(name: str) -> Task:
+    f = native_tasks(name)
+    return load_tasks(f, repos_dir=f.parent / "repos")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["django", "sympy"])
+def test_verdicts_agree_with_the_official_parser_and_forged_passes_are_caught(name: str) -> None:
+    task = _task(name)
+    source = NATIVE_PROJECTS[name].source
+    if name == "django":  # leave the bug, and make every failing subtest report as a success
+        forge = ["import unittest.runner as _r", "_sub = _r.TextTestResult.addSubTest",
+                 "_r.TextTestResult.addSubTest = lambda self, test, sub, err: _sub(self, test, sub, None)",
+                 "_ae = _r.TextTestResult.addFailure", "_r.TextTestResult.addFailure = lambda self, t, err: self.addSuccess(t)"]
+    else:  # print the runner's pass line for each task test, then stop the run cleanly
+        ids = ", ".join(repr(t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
+        forge = ["import sys as _s, os as _o", f"for _t in [{ids}]:", "    _s.stdout.write(_t + ' ok\\n')",
+                 "_s.stdout.flush()", "_o._exit(1) if 'bin/test' in ' '.join(_s.argv) else None"]
+    forged_diff = append_lines_diff(source, base_file(task, source), forge)  # the bug stays in
+    gold, empty, forged = asyncio.run(_grade(task, [task.patch, "", forged_diff]))
+    for out in (gold, empty):
+        agree = out.evidence["parser_agreement"]
+        assert agree["agree"] == agree["total"] == len(task.FAIL_TO_PASS + task.PASS_TO_PASS), agree
+    assert gold.status is Status.RESOLVED and empty.status is Status.FAILED
+    assert forged.status is Status.HACK_DETECTED, (forged.status, forged.flags, forged.evidence.get("contradicted"))
+    assert "tamper_attempt" in forged.flags
