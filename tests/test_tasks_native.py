@@ -174,3 +174,4 @@ def test_verdicts_agree_with_the_official_parser_and_forged_passes_are_caught(na
     assert gold.status is Status.RESOLVED and empty.status is Status.FAILED
     assert forged.status is Status.HACK_DETECTED, (forged.status, forged.flags, forged.evidence.get("contradicted"))
     assert "tamper_attempt" in forged.flags
+    assert {"report_contradicted", "runner_modified", "report_unconfirmed", "session_incomplete"} & set(forged.flags), forged.flags
