@@ -175,3 +175,26 @@ def test_verdicts_agree_with_the_official_parser_and_forged_passes_are_caught(na
     assert forged.status is Status.HACK_DETECTED, (forged.status, forged.flags, forged.evidence.get("contradicted"))
     assert "tamper_attempt" in forged.flags
     assert {"report_contradicted", "runner_modified", "report_unconfirmed", "session_incomplete"} & set(forged.flags), forged.flags
+
+
+def test_eval_writes_the_official_results_shape() -> None:
+    from legorl.loop.official_report import run_report
+    from legorl.types import Outcome
+
+    def task(i: str) -> Task:
+        return Task(i, "o/r", "a" * 40, "", "", "", ["t.py::f"], ["t.py::p"])
+
+    tasks = [task("a"), task("b"), task("c"), task("d"), task("e")]
+    outcomes = {
+        "a": Outcome(1.0, Status.RESOLVED, tests={"t.py::f": "passed", "t.py::p": "passed"}),
+        "b": Outcome(0.0, Status.FAILED, tests={"t.py::f": "failed", "t.py::p": "passed"}),
+        "c": Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"errors": ["sandbox_start_failed: x"]}),
+        "d": Outcome(0.0, Status.NO_PATCH),
+    }
+    rep = run_report(tasks, outcomes)
+    assert rep["schema_version"] == 2 and rep["total_instances"] == 5 and rep["submitted_instances"] == 4
+    assert rep["resolved_ids"] == ["a"] and rep["unresolved_ids"] == ["b"] and rep["error_ids"] == ["c"]
+    assert rep["empty_patch_ids"] == ["d"] and rep["incomplete_ids"] == ["e"] and rep["completed_ids"] == ["a", "b"]
+    assert rep["instances"]["b"]["tests_status"]["FAIL_TO_PASS"] == {"success": [], "failure": ["t.py::f"]}
+    assert rep["instances"]["a"]["resolved"] and not rep["instances"]["b"]["resolved"]
+    assert "c" not in rep["instances"]  # an infrastructure error is never an unresolved instance

@@ -20,6 +20,7 @@ from typing import Any
 
 from legorl.sandbox.base import Backend, SandboxError
 from legorl.sandbox.images import ImageRef, ImageStore
+from legorl.tasks.prebuilt import import_image, is_cache_key
 from legorl.types import Task
 
 BACKENDS = ("local", "docker")
@@ -81,13 +82,31 @@ class TaskImages:
             self._base = await self.store.ensure_base()
         return self._base
 
+    async def _prebuilt(self, task: Task) -> str:
+        """A Docker image by reference (`prebuilt.py`): imported once with its repository taken
+        out, then the task layer on it as for any task (time-safe history)."""
+        ident = ("image", task.image, task.base_commit, task.env_setup)
+        async with self._lock:
+            if ident not in self._keys:
+                layer, source = await import_image(self.store, task.image)
+                setup = [task.env_setup] if task.env_setup.strip() else []
+                ref = await self.store.ensure_task(layer, source, task.base_commit, setup=setup)
+                if self.backend == "docker":
+                    from legorl.sandbox.docker_images import ensure_docker_image
+
+                    await ensure_docker_image(self.store, ref.key)
+                self._keys[ident] = ref.key
+            return self._keys[ident]
+
     async def for_task(self, task: Task) -> str:
         """The task image key (built if missing; a Docker image too for the docker backend).
 
-        A task that names a prebuilt `image` (a key of the cache) uses it as it is.
+        A task that names a prebuilt `image` (a key of the cache) uses it as it is; one that
+        names a Docker image (present locally or a tarball, never pulled) is imported.
         """
+        if task.image and not await asyncio.to_thread(is_cache_key, self.store, task.image):
+            return await self._prebuilt(task)
         if task.image:
-            self.store.get(task.image)  # ImageNotFound names the cache and how to build
             if self.backend == "docker":
                 from legorl.sandbox.docker_images import ensure_docker_image
 
