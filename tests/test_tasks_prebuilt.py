@@ -44,7 +44,9 @@ def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Task, str]:
     task = pick_task("pytoolz/toolz")
     tmp = tmp_path_factory.mktemp("prebuilt")
     repo = tmp / "repo"
-    subprocess.run(["git", "clone", "-q", str(materialize_repo(task.repo_path, store.root)), str(repo)], env=GIT_ENV, check=True)
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "fetch", "-q", str(materialize_repo(task.repo_path, store.root)), "+refs/remotes/origin/*:refs/heads/*")
     git(repo, "checkout", "-q", "-b", "future", task.base_commit)
     git(repo, "apply", stdin=task.patch.encode())
     git(repo, "commit", "-qam", "the fix, from the future")
@@ -83,7 +85,7 @@ def test_the_agent_sees_no_future_and_the_task_validates(prebuilt: tuple[Task, s
         try:
             key = await images.for_task(task)
             async with await backend.start(SandboxSpec(image=key, workdir="/repo")) as sb:
-                log = await sb.exec("git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e " + future + " && echo LEAK")
+                log = await sb.exec(f"git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e {future} 2>/dev/null && echo LEAK || echo clean")
                 assert log.exit_code == 0 and log.stdout.split()[:2] == ["1", "0"] and "LEAK" not in log.stdout, log
                 net = await sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"")
                 assert net.exit_code != 0

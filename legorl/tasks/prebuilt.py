@@ -15,6 +15,7 @@ sandbox is `--network none`). Both backends then run it like any other task imag
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -92,6 +93,9 @@ async def import_image(store: ImageStore, ref: str, repo_dir: str = "/repo") -> 
 
 
 def is_cache_key(store: ImageStore, image: str) -> bool:
+    """Is `image` a layer of the cache (a content key or a unique prefix of one)?"""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", image):
+        return False
     try:
         store.get(image)
     except (ImageNotFound, ValueError):
