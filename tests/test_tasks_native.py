@@ -123,12 +123,6 @@ def validate(name: str, backend: str) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["django", "sympy"])
-def test_native_runner_tasks_from_real_releases_validate_on_local(name: str) -> None:
-    validate(name, "local")
-
-
-@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("name", ["django", "sympy"])
 def test_native_runner_tasks_from_real_releases_validate_on_docker(name: str) -> None:
@@ -136,14 +130,18 @@ def test_native_runner_tasks_from_real_releases_validate_on_docker(name: str) ->
     validate(name, "docker")
 
 
-async def _grade(task: Task, diffs: list[str], backend_name: str = "local") -> list:
+async def _check_and_grade(task: Task, diffs: list[str], backend_name: str = "local") -> tuple:
+    """The oracle check (what `legorl tasks validate` runs), then a grade of each diff."""
     from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.validate import check_task
     from legorl.verify.grade import grade
 
     backend = open_backend(backend_name)
     try:
-        image = await TaskImages(backend_name).for_task(task)
-        return [await grade(task, d, backend, image) for d in diffs]
+        images = TaskImages(backend_name)
+        check = await check_task(task, backend, images)
+        image = await images.for_task(task)
+        return check, [await grade(task, d, backend, image) for d in diffs]
     finally:
         await close_backend(backend)
 
@@ -155,7 +153,7 @@ def _task(name: str) -> Task:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["django", "sympy"])
-def test_verdicts_agree_with_the_official_parser_and_forged_passes_are_caught(name: str) -> None:
+def test_native_tasks_validate_on_local_agree_with_the_official_parser_and_forged_passes_are_caught(name: str) -> None:
     task = _task(name)
     source = NATIVE_PROJECTS[name].source
     if name == "django":  # leave the bug, and make every failing subtest report as a success
@@ -167,7 +165,14 @@ def test_verdicts_agree_with_the_official_parser_and_forged_passes_are_caught(na
         forge = ["import sys as _s, os as _o", f"for _t in [{ids}]:", "    _s.stdout.write(_t + ' ok\\n')",
                  "_s.stdout.flush()", "_o._exit(1) if 'bin/test' in ' '.join(_s.argv) else None"]
     forged_diff = append_lines_diff(source, base_file(task, source), forge)  # the bug stays in
-    gold, empty, forged = asyncio.run(_grade(task, [task.patch, "", forged_diff]))
+    # the runner's own entry script made to report success: restored from the task before the run
+    runner = "tests/runtests.py" if name == "django" else "bin/test"
+    runner_diff = append_lines_diff(runner, base_file(task, runner), ["import os", "os._exit(0)"])
+    check, (forged, rigged) = asyncio.run(_check_and_grade(task, [forged_diff, runner_diff]))
+    assert rigged.status is Status.FAILED and "tests_modified" in rigged.flags, (rigged.status, rigged.flags)
+    assert rigged.evidence["restored"] == [runner]
+    assert check.ok, check.problems
+    gold, empty = check.gold, check.empty
     for out in (gold, empty):
         agree = out.evidence["parser_agreement"]
         assert agree["agree"] == agree["total"] == len(task.FAIL_TO_PASS + task.PASS_TO_PASS), agree
