@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tasks_util import pick_task, require_backend
 
 from legorl.sandbox.base import SandboxSpec
 from legorl.sandbox.docker_images import ensure_docker_image
@@ -21,7 +22,6 @@ from legorl.tasks.image import TaskImages, close_backend, materialize_repo, open
 from legorl.tasks.prebuilt import PrebuiltImageError, resolve
 from legorl.tasks.validate import check_task
 from legorl.types import Task
-from tasks_util import pick_task, require_backend
 
 pytestmark = pytest.mark.docker
 GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "u",
