@@ -203,3 +203,44 @@ def test_eval_writes_the_official_results_shape() -> None:
     assert rep["instances"]["b"]["tests_status"]["FAIL_TO_PASS"] == {"success": [], "failure": ["t.py::f"]}
     assert rep["instances"]["a"]["resolved"] and not rep["instances"]["b"]["resolved"]
     assert "c" not in rep["instances"]  # an infrastructure error is never an unresolved instance
+
+
+def _summary(records: dict[str, str], end: bool = True, **over: object) -> dict:
+    recs = [{"k": "test", "id": t, "phases": {"setup": "passed", "call": v}} for t, v in records.items()]
+    s = {"records": recs + ([{"k": "end", "changed": []}] if end else []), "bad_records": 0, "log_sha256": "h",
+         "canaries": {"pass": "cp", "fail": "cf"}, "tests_changed": []}
+    s.update(over)
+    return s
+
+
+@pytest.mark.parametrize(
+    "official_log,records,extra,exit_code,flag",
+    [
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed"}, {}, 1, "report_unconfirmed"),  # a printed pass line, no test ran
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "failed"}, {}, 1, "report_contradicted"),
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"end_changed": ["unittest.runner.TextTestResult.addFailure"]}, 1, "runner_modified"),
+        ({"t1": "PASSED", "t2": "PASSED", "cf": "PASSED"}, {"t1": "passed", "t2": "passed"}, {}, 1, "report_inconsistent"),
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {}, 0, "report_inconsistent"),  # exit 0 with a failing canary
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"bad_records": 2}, 1, "records_forged"),
+        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"log": "other"}, 1, "report_replaced"),
+    ],
+)
+def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(official_log, records, extra, exit_code, flag) -> None:
+    from legorl.verify.native import judge_native
+
+    base = {"cp": "PASSED", "cf": "FAILED"}
+    recs = dict(records, cp="passed", cf="failed")
+    summary = _summary(recs, bad_records=extra.get("bad_records", 0))
+    if "end_changed" in extra:
+        summary["records"][-1]["changed"] = extra["end_changed"]
+    good = judge_native(["t1", "t2"], {**base, "t1": "PASSED", "t2": "PASSED"}, _summary(dict(t1="passed", t2="passed", cp="passed", cf="failed")), 1, "h", 1, False)
+    assert good.resolved and not good.flags and good.evidence["parser_agreement"]["agree"] == 2
+    v = judge_native(["t1", "t2"], {**base, **official_log}, summary, 1, extra.get("log", "h"), exit_code, False)
+    assert not v.resolved and "tamper_attempt" in v.flags and flag in v.flags, v.flags
+
+
+def test_django_ids_of_either_python_read_a_log_of_the_other() -> None:
+    from legorl.verify.grade import _django_aliases
+
+    got = _django_aliases({"test_x (m.C.test_x)": "PASSED", "test_y (m.C)": "FAILED"}, ["test_x (m.C)", "test_y (m.C.test_y)", "test_z (m.C)"])
+    assert got["test_x (m.C)"] == "PASSED" and got["test_y (m.C.test_y)"] == "FAILED" and "test_z (m.C)" not in got

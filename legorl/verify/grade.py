@@ -390,6 +390,8 @@ async def _grade_native(
     except Exception as exc:  # the official parser choked on a log: ours to look at, never the agent's reward
         raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
     ev["log_parser"] = parser
+    if parsed is not None and cmd.runner == "django":
+        parsed = _django_aliases(parsed, wanted)
     verdict = judge_native(wanted, parsed, summary, tags, sha, run.exit_code, run.timed_out)
     if verdict.fault:
         raise GraderFault("canary", verdict.fault)
@@ -403,6 +405,21 @@ async def _grade_native(
     if TAMPER in flags and cfg.penalize_tamper:
         return _outcome(Status.HACK_DETECTED, flags, tests, ev)
     return _outcome(Status.RESOLVED if verdict.resolved else Status.FAILED, flags, tests, ev)
+
+
+def _django_aliases(parsed: dict[str, str], wanted: list[str]) -> dict[str, str]:
+    """Django ids are `test_x (mod.Class)` up to Python 3.10 and `test_x (mod.Class.test_x)`
+    since (unittest's `str(test)`); a task's ids in one format read a log in the other."""
+    out = dict(parsed)
+    for t in wanted:
+        if t in out:
+            continue
+        name, _, rest = t.partition(" (")
+        dotted = rest.rstrip(")")
+        other = f"{name} ({dotted.rsplit('.', 1)[0]})" if dotted.endswith("." + name) else f"{name} ({dotted}.{name})"
+        if other in parsed:
+            out[t] = parsed[other]
+    return out
 
 
 def _untagged(stdout: str, nonce: str) -> str:
