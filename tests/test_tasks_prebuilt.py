@@ -36,13 +36,14 @@ def docker(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, check=True, timeout=600).stdout.decode().strip()
 
 
-@pytest.fixture(scope="module")
-def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Task, str]:
-    """(a shipped task naming an image tarball, the future commit inside that image)."""
-    require_backend("docker")
+def build_image(tmp: Path, layout: str) -> tuple[Task, str]:
+    """(a shipped task naming an image tarball, the future commit inside that image).
+
+    `ours`: the repository at /repo. `official`: as the official per-instance images have
+    it, the repository at /testbed and the project's environment first on the image's
+    ENV PATH (a venv at /opt/env here, a conda env there)."""
     store = ImageStore()
     task = pick_task("pytoolz/toolz")
-    tmp = tmp_path_factory.mktemp("prebuilt")
     repo = tmp / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
@@ -55,10 +56,15 @@ def prebuilt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Task, str]:
     git(repo, "checkout", "-q", "--detach", task.base_commit)
     base_tag = asyncio.run(ensure_docker_image(store, asyncio.run(store.ensure_base()).key))
     name = f"legorl-test-prebuilt:{secrets.token_hex(4)}"
-    cid = docker("create", "--network", "none", base_tag, "/bin/true")
+    if layout == "official":
+        cid = docker("create", "--network", "none", base_tag, "python3", "-m", "venv", "--system-site-packages", "/opt/env")
+        docker("start", "-a", cid)
+        change = ["--change", "ENV PATH=/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    else:
+        cid, change = docker("create", "--network", "none", base_tag, "/bin/true"), []
     try:
-        docker("cp", str(repo), f"{cid}:/repo")
-        docker("commit", cid, name)
+        docker("cp", str(repo), f"{cid}:{'/testbed' if layout == 'official' else '/repo'}")
+        docker("commit", *change, cid, name)
     finally:
         docker("rm", "-f", cid)
     tar = tmp / "image.tar"
@@ -75,9 +81,10 @@ def test_a_missing_image_is_a_clear_error_and_never_pulled() -> None:
         resolve("/nonexistent/image.tar")
 
 
-@pytest.mark.parametrize("backend_name", ["local", "docker"])
-def test_the_agent_sees_no_future_and_the_task_validates(prebuilt: tuple[Task, str], backend_name: str) -> None:
-    task, future = prebuilt
+@pytest.mark.parametrize("layout,backend_name", [("ours", "local"), ("official", "docker")])
+def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout: str, backend_name: str) -> None:
+    require_backend("docker")
+    task, future = build_image(tmp_path, layout)
 
     async def run() -> None:
         backend = open_backend(backend_name)
@@ -89,6 +96,9 @@ def test_the_agent_sees_no_future_and_the_task_validates(prebuilt: tuple[Task, s
                 assert log.exit_code == 0 and log.stdout.split()[:2] == ["1", "0"] and "LEAK" not in log.stdout, log
                 net = await sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"")
                 assert net.exit_code != 0
+                if layout == "official":  # the image's environment is the sandbox's python3; /testbed is the repository
+                    env = await sb.exec("python3 -c 'import sys; print(sys.prefix)'; readlink /testbed")
+                    assert env.stdout.split() == ["/opt/env", "/repo"], env
             res = await check_task(task, backend, images)
             assert res.ok, res.problems
         finally:

@@ -2,8 +2,8 @@
 local engine, or a tarball we `docker load`), never pulled.
 
 The image is imported once into the layer cache (keyed by its Docker image id), with its
-repository *taken out*: the repository directory (default `/repo`) is copied from the
-image to the side, and the layer keeps the rest (the environment: interpreter, installed
+repository *taken out*: the repository directory (`/repo`, or `/testbed` as in the official
+per-instance images) is moved from the image to the side, and the layer keeps the rest (the environment: interpreter, installed
 dependencies). The task layer on top is then built by the usual path (`ensure_task`):
 the repository at `base_commit` as a fresh one-commit repository, so the agent stage on
 such an image gets the same treatment as on ours: no future history (whatever branches,
@@ -15,6 +15,7 @@ sandbox is `--network none`). Both backends then run it like any other task imag
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 from legorl.sandbox.images import ImageNotFound, ImageRef, ImageStore
 
 DOCKER = "docker"
-RECIPE = 1
+RECIPE = 2
 
 
 class PrebuiltImageError(ValueError):
@@ -58,8 +59,26 @@ def resolve(ref: str) -> str:
     return proc.stdout.decode().strip()
 
 
-def _export(image_id: str, rootfs: Path, repo_dir: str, source: Path) -> None:
-    """The image's filesystem into `rootfs`, its repository moved to `source`."""
+REPO_DIRS = ("/repo", "/testbed")  # ours, and the official per-instance images
+WRAPPER = '#!/bin/sh\n# the interpreter of the imported image (first python on its ENV PATH)\nexec {python} "$@"\n'
+
+
+def _image_path(image_id: str) -> list[str]:
+    """The directories of the image's ENV PATH."""
+    proc = _docker("image", "inspect", "--format", "{{json .Config.Env}}", image_id)
+    env = json.loads(proc.stdout or b"null") or []
+    for e in env:
+        if e.startswith("PATH="):
+            return [d for d in e[5:].split(":") if d]
+    return []
+
+
+def _export(image_id: str, rootfs: Path, source: Path) -> dict[str, Any]:
+    """The image's filesystem into `rootfs`, its repository (at /repo or /testbed) moved to
+    `source`. The official images keep the repository at /testbed and the project installed
+    in a conda env on their ENV PATH: /testbed becomes a link to /repo, where the task layer
+    puts the repository (so editable installs resolve), and that env's python becomes the
+    sandbox's `python3` (what the grader and agents run)."""
     cid = _docker("create", "--network", "none", image_id, "/bin/true").stdout.decode().strip()
     if not cid:
         raise PrebuiltImageError(f"docker create {image_id} failed")
@@ -72,21 +91,35 @@ def _export(image_id: str, rootfs: Path, repo_dir: str, source: Path) -> None:
             raise PrebuiltImageError(f"docker export {image_id} failed: {tar.stderr.decode()[-400:]}")
     finally:
         _docker("rm", "-f", cid)
-    repo = rootfs / repo_dir.strip("/")
-    if not (repo / ".git").exists():
-        raise PrebuiltImageError(f"image {image_id[:19]} has no git repository at {repo_dir}")
+    found = [d for d in REPO_DIRS if (rootfs / d.strip("/") / ".git").exists()]
+    if not found:
+        raise PrebuiltImageError(f"image {image_id[:19]} has no git repository at {' or '.join(REPO_DIRS)}")
+    repo = rootfs / found[0].strip("/")
     shutil.move(str(repo), str(source))
-    repo.mkdir()
+    (rootfs / "repo").mkdir(exist_ok=True)
+    python = ""
+    if found[0] != "/repo":
+        repo.symlink_to("/repo")
+        for d in _image_path(image_id):
+            cand = rootfs / d.strip("/") / "python3"
+            if d not in ("/usr/local/bin", "/usr/bin", "/bin") and (cand.is_file() or cand.is_symlink()):
+                python = f"{d.rstrip('/')}/python3"
+                wrapper = rootfs / "usr/local/bin/python3"
+                wrapper.parent.mkdir(parents=True, exist_ok=True)
+                wrapper.write_text(WRAPPER.format(python=python))
+                wrapper.chmod(0o755)
+                break
+    return {"repo_dir_in_image": found[0], "python": python or "python3"}
 
 
-async def import_image(store: ImageStore, ref: str, repo_dir: str = "/repo") -> tuple[ImageRef, Path]:
+async def import_image(store: ImageStore, ref: str) -> tuple[ImageRef, Path]:
     """(the imported layer, the repository taken out of it) for a Docker image reference."""
     image_id = await asyncio.to_thread(resolve, ref)
-    recipe = {"kind": "imported", "image_id": image_id, "repo_dir": repo_dir, "v": RECIPE}
+    recipe = {"kind": "imported", "image_id": image_id, "v": RECIPE}
 
     async def build(dest: Path) -> dict[str, Any]:
-        await asyncio.to_thread(_export, image_id, dest / "rootfs", repo_dir, dest / "source")
-        return {"image": ref, "image_id": image_id}
+        found = await asyncio.to_thread(_export, image_id, dest / "rootfs", dest / "source")
+        return {"image": ref, "image_id": image_id, **found}
 
     layer = await store._ensure("base", None, recipe, build)  # a parentless layer, like a base
     return layer, layer.path / "source"
