@@ -260,5 +260,8 @@ class Task:
     repo_path: str = ""  # absolute path of a git repository or bundle
     test_cmd: str = ""
     env_setup: str = ""
-    image: str = ""
+    image: str = ""  # an image-cache key, or a Docker image present locally (`docker load`ed; never pulled)
     split: str = "train"
+    version: str = ""  # the official instance's repository version
+    log_parser: str = ""  # the official parser of its runner's log (a key of swebench's PARSER_REGISTRY)
+    requirements: list[str] = field(default_factory=list)  # wheels its tests need, installed offline (an env layer)

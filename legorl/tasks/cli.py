@@ -26,12 +26,15 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(path: Path, split: str | None = None) -> list:  # type: ignore[type-arg]
+def _load(path: Path, split: str | None = None, repos_dir: Path | None = None, skip_invalid: bool = False) -> list:  # type: ignore[type-arg]
+    skipped: list[str] | None = [] if skip_invalid else None
     try:
-        return load_tasks(path, split=split)
+        tasks = load_tasks(path, split=split, repos_dir=repos_dir, skipped=skipped)
     except TaskFileError as exc:
         _fail(str(exc))
-    raise AssertionError  # unreachable: _fail raises
+    for problem in skipped or []:
+        typer.secho(f"legorl: skipped {problem}", err=True, fg=typer.colors.YELLOW)
+    return tasks
 
 
 def _check_backend(name: str) -> None:
@@ -62,10 +65,12 @@ def validate(
     limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
     concurrency: int = typer.Option(2, help="Tasks checked at once."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per task."),
+    repos_dir: Optional[Path] = typer.Option(None, help="Directory of repositories (owner__name: clone or bundle) for rows without repo_path."),
+    skip_invalid: bool = typer.Option(False, help="Report invalid rows and check the rest (default: refuse the file)."),
 ) -> None:
     """Oracle check: the gold patch must resolve each task, the empty patch must not."""
     _check_backend(sandbox)
-    selected = _load(tasks, split)
+    selected = _load(tasks, split, repos_dir, skip_invalid)
     if instance:
         try:
             selected = [get_task(selected, i) for i in instance]
