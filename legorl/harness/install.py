@@ -14,6 +14,8 @@ Layers:
   on 3.11) with its rpath made relative, so it runs wherever the layer is mounted.
 - `openhands`, `mini-swe-agent`: venvs built from that interpreter.
 - `claude-code`, `opencode`: npm prefixes holding the self-contained native binaries.
+- `codex`: the npm prefix of Codex CLI; its static musl binary is linked as `bin/codex-native`.
+- `pi`: the npm prefix of Pi plus a node runtime (`node/`), since task images have none.
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -39,6 +41,8 @@ CLAUDE_CODE_VERSION = "2.1.332"
 OPENCODE_VERSION = "1.18.33"
 OPENHANDS_VERSION = "1.58.2"
 MINI_SWE_AGENT_VERSION = "2.4.6"
+CODEX_VERSION = "0.169.0"
+PI_VERSION = "0.73.1"
 PYTHON_SOURCE = Path(os.environ.get("LEGORL_PYTHON312", Path.home() / ".pyenv/versions/3.12.1"))
 
 
@@ -116,6 +120,43 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error opencode-
 """,
             version=OPENCODE_VERSION,
         ),
+        Recipe(
+            "codex",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @openai/codex@{CODEX_VERSION}
+# bin/codex is a node launcher; the sandbox has no node, so link the platform package's
+# static (musl) binary, which is what the launcher execs.
+case "$(uname -m)" in x86_64) triple=x86_64-unknown-linux-musl pkg=linux-x64 ;;
+                      aarch64) triple=aarch64-unknown-linux-musl pkg=linux-arm64 ;;
+                      *) echo "codex: no binary for $(uname -m)" >&2; exit 2 ;; esac
+vendor="$LAYER/lib/node_modules/@openai/codex/node_modules/@openai/codex-$pkg/vendor/$triple"
+ln -s "$vendor/bin/codex" "$LAYER/bin/codex-native"
+ln -s "$vendor/codex-path" "$LAYER/codex-path"
+"$LAYER/bin/codex-native" --version
+""",
+            version=CODEX_VERSION,
+        ),
+        Recipe(
+            "pi",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error \\
+    @mariozechner/pi-coding-agent@{PI_VERSION}
+# Pi is a node program and task images have no node: the layer carries this machine's
+# node binary and the C++ runtime it links, found through a relative rpath.
+mkdir -p "$LAYER/node/bin" "$LAYER/node/lib"
+node_bin=$(readlink -f "$(command -v node)")
+cp "$node_bin" "$LAYER/node/bin/node"
+for lib in libstdc++.so.6 libgcc_s.so.1; do
+    path=$(ldd "$node_bin" | awk -v l="$lib" '$1 == l {{print $3}}')
+    [ -z "$path" ] || cp -L "$path" "$LAYER/node/lib/$lib"
+done
+patchelf --set-rpath '$ORIGIN/../lib' "$LAYER/node/bin/node"
+"$LAYER/node/bin/node" -e 'const [a, b] = process.versions.node.split(".").map(Number);
+    if (a < 20 || (a === 20 && b < 6)) {{ console.error("pi needs node >= 20.6, have " + process.version); process.exit(2); }}'
+"$LAYER/node/bin/node" "$LAYER/lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js" --version
+""",
+            version=PI_VERSION,
+        ),
     ]
 }
 
@@ -126,6 +167,8 @@ HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
     "openhands": ("python312", "openhands"),
     "mini-swe-agent": ("python312", "mini-swe-agent"),
     "mini-swe-agent-warm": ("python312", "mini-swe-agent"),  # the same layers, run beside the sandbox
+    "codex": ("codex",),
+    "pi": ("pi",),
 }
 
 
