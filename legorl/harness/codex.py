@@ -25,7 +25,7 @@ request on the same endpoint; `context_window` sets `model_context_window`.
 
 Turn limit: Codex has no step limit of its own, so `max_turns` is enforced from outside:
 the adapter counts Codex's completed tool calls in its `--json` event stream and stops it
-after `max_turns` of them → `max_turns`. Ending (the JSONL events): `turn.completed` →
+after `max_turns` of them → `max_turns` (turn_limit.py). Ending (the JSONL events): `turn.completed` →
 graded; `turn.failed` / `error` with a 5xx or a connection failure → `engine_error`,
 another API error → `infra_error`; a context overflow it could not compact → graded;
 no `turn.*` event at all → it did not start → `infra_error`.
@@ -49,6 +49,7 @@ from legorl.harness.base import (
     run_native,
 )
 from legorl.harness.install import require
+from legorl.harness.turn_limit import LIMIT_MARK, limited
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
@@ -58,7 +59,6 @@ ERR = f"{AGENT_DIR}/codex.err"
 LAST = f"{AGENT_DIR}/codex.last"
 PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
-LIMIT_MARK = "legorl: max_turns reached"
 # Features that reach outside the sandbox or start work we do not train (sub-agents are a
 # separate issue): off, so the tool list is function tools only.
 OFF_FEATURES = ("multi_agent", "multi_agent_v2", "goals", "apps", "plugins", "image_generation", "memories",
@@ -116,20 +116,12 @@ class Codex:
             "PATH": f"{layer}/codex-path:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "RUST_LOG": "error",
         }
-        fifo = f"{AGENT_DIR}/codex.fifo"
         run = (
             f"{shlex.quote(binary)} exec --json --ephemeral --skip-git-repo-check "
-            f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} "
-            f"-o {LAST} - < {PROBLEM_FILE} > {fifo} 2> {ERR} &"
+            f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} -o {LAST} - < {PROBLEM_FILE}"
         )
-        # The turn limit: stop Codex after max_turns completed tool calls (its own events).
-        cmd = (
-            f"rm -f {fifo}; mkfifo {fifo}; {run} pid=$!; n=0; "
-            f"while IFS= read -r line; do printf '%s\\n' \"$line\" >> {OUT}; "
-            f"case \"$line\" in *'\"type\":\"item.completed\"'*'\"type\":\"command_execution\"'*) n=$((n+1));; esac; "
-            f"if [ \"$n\" -ge {int(self.max_turns)} ]; then echo '{LIMIT_MARK}' >> {ERR}; kill $pid; break; fi; "
-            f"done < {fifo}; wait $pid"
-        )
+        cmd = limited(run, fifo=f"{AGENT_DIR}/codex.fifo", events=OUT, stderr=ERR, max_turns=self.max_turns,
+                      pattern="*'\"type\":\"item.completed\"'*'\"type\":\"command_execution\"'*")
         files = {f"{CODEX_HOME}/config.toml": self.config(base_url).encode()}
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR, "last": LAST}, binary=binary)
 
