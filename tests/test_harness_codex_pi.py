@@ -6,8 +6,9 @@ Responses API; Pi: chat completions), carry what docs/harnesses.md says they car
 the oracle finds the shell tool in them; a missing layer and a bad option are one clear
 error. Slow (real binaries from their layers, in sandboxes, through the production rollout
 path as in test_harness_e2e.py): the oracle resolves two shipped tasks on the local backend
-and one on docker; the adapter's turn limit stops a run as `max_turns`; a dead engine is a
-masked `infra_error`.
+and one on docker; each compacts (Codex at `auto_compact_limit`, Pi on the proxy's honest
+overflow error) with every sampled token kept; the adapter's turn limit stops a run as
+`max_turns`; a dead engine is a masked `infra_error`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,20 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from harness_util import BrokenEngine, Setup, check_recorded, docker_missing, harness_missing, rollouts, shipped, summary
+from harness_util import (
+    BrokenEngine,
+    Setup,
+    check_recorded,
+    docker_missing,
+    harness_missing,
+    prompt_window_between,
+    rollouts,
+    shipped,
+    summary,
+)
 
 from legorl.engine.oracle import command_key, find_shell
 from legorl.harness.install import HarnessNotInstalled
@@ -115,6 +127,48 @@ def test_oracle_on_docker(harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.RESOLVED and o.reward == 1.0, summary(rec)
     check_recorded(rec)
+
+
+_calibration: dict[str, object] = {}  # harness -> a finished oracle rollout (prompt sizes per turn)
+
+
+def _calibrated(harness: str) -> Any:  # a RolloutRecord
+    if harness not in _calibration:
+        _calibration[harness] = asyncio.run(rollouts(Setup(harness), shipped(1)))[0]
+    return _calibration[harness]
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_codex_compacts_at_its_limit() -> None:
+    """Codex's own auto-compaction (a summary request without tools, a side call), placed
+    between the end of turn 0 and the prompt of turn 1: it resolves, no token lost."""
+    _need("codex")
+    limit = prompt_window_between(_calibrated("codex"), 1)
+    rec = asyncio.run(rollouts(Setup("codex", options={"auto_compact_limit": limit}), shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.RESOLVED and o.reward == 1.0, summary(rec)
+    check_recorded(rec)
+    side = [t for t in rec.turns if t.side_call]
+    assert side and all(t.completion_ids and not t.request.get("tools") for t in side), summary(rec)
+    assert len(rec.trajectory.segments) >= 2, summary(rec)
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_pi_compacts_on_overflow() -> None:
+    """The proxy's window ends inside the run: Pi compacts (a side call). In print mode it
+    then exits without retrying (its retry is scheduled after the prompt returned), which is
+    graded as a normal end with `context_exhausted`, never an infra error."""
+    _need("pi")
+    window = prompt_window_between(_calibrated("pi"), 3)
+    rec = asyncio.run(rollouts(Setup("pi", max_context=window), shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and not o.status.is_infra and not o.masked, summary(rec)
+    assert rec.result.agent.details.get("context_exhausted") == "1", summary(rec)
+    check_recorded(rec)
+    side = [t for t in rec.turns if t.side_call]
+    assert side and all(t.completion_ids and not t.request.get("tools") for t in side), summary(rec)
 
 
 @pytest.mark.harness

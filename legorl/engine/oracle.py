@@ -24,8 +24,8 @@ follows, through the harness's shell tool:
                                     system prompt asks for it — mini-swe-agent; otherwise a
                                     final text answer — Claude Code, OpenCode)
 
-A request without tools (OpenCode's and OpenHands' summarisers, title generators) or with
-Claude Code's "Do NOT call any tools" compaction instruction gets plain text: a title or
+A request without tools (OpenCode's, OpenHands' and Pi's summarisers, title generators) or with
+Claude Code's "Do NOT call any tools" or Codex's "CONTEXT CHECKPOINT COMPACTION" instruction gets plain text: a title or
 an `<analysis>`/`<summary>` that carries the task and step markers forward. A prompt that
 ends inside an assistant message (OpenCode's "maximum steps reached" prefill) is
 continued with text only.
@@ -52,12 +52,12 @@ from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 MARK = "legorl-oracle"
 _STEP_RE = re.compile(re.escape(MARK) + r":step-(\d+)")
 _TASK_RE = re.compile(re.escape(MARK) + r":task=([^\s`'\"<>]+)")
-_TOOLS_RE = re.compile(r"within <tools></tools> XML tags:\n<tools>\n(.*?)\n</tools>", re.S)
+_TOOLS_RE = re.compile(r"within <tools></tools> XML tags:\n<tools>\n(.*?)\n</tools>", re.DOTALL)
 _WS = re.compile(r"\s+")
 SHELL_NAMES = ("bash", "terminal", "execute_bash", "shell", "run_shell_command", "exec", "run", "exec_command")
 COMMAND_KEYS = ("command", "cmd")  # the shell tool's command parameter (`cmd`: Codex's exec_command)
 SUBMIT_WORD = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only")
+COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only", "CONTEXT CHECKPOINT COMPACTION")
 STEPS = 4
 PATCH_EOF = "LEGORL_ORACLE_PATCH_EOF"
 
@@ -154,7 +154,7 @@ def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[s
         if name in args:
             continue
         p = props.get(name, {}) or {}
-        if "enum" in p and p["enum"]:
+        if p.get("enum"):
             args[name] = "LOW" if "LOW" in p["enum"] else p["enum"][0]
         elif "default" in p:
             args[name] = p["default"]

@@ -56,6 +56,7 @@ from legorl.types import Status, Task
 CODEX_HOME = f"{HOME}/.codex"
 OUT = f"{AGENT_DIR}/codex.jsonl"
 ERR = f"{AGENT_DIR}/codex.err"
+LIMIT = f"{AGENT_DIR}/codex.limit"
 LAST = f"{AGENT_DIR}/codex.last"
 PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
@@ -120,19 +121,20 @@ class Codex:
             f"{shlex.quote(binary)} exec --json --ephemeral --skip-git-repo-check "
             f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} -o {LAST} - < {PROBLEM_FILE}"
         )
-        cmd = limited(run, fifo=f"{AGENT_DIR}/codex.fifo", events=OUT, stderr=ERR, max_turns=self.max_turns,
+        cmd = limited(run, fifo=f"{AGENT_DIR}/codex.fifo", events=OUT, stderr=ERR, marker=LIMIT,
+                      max_turns=self.max_turns,
                       pattern="*'\"type\":\"item.completed\"'*'\"type\":\"command_execution\"'*")
         files = {f"{CODEX_HOME}/config.toml": self.config(base_url).encode()}
-        return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR, "last": LAST}, binary=binary)
+        outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT, "last": LAST}
+        return Launch(cmd, env, files, outputs=outputs, binary=binary)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         calls = sum(1 for e in events if e.get("type") == "item.completed"
                     and (e.get("item") or {}).get("type") == "command_execution")
-        compactions = sum(1 for e in events if (e.get("item") or {}).get("type") == "context_compaction")
-        details = {"tool_calls": str(calls), "compactions": str(compactions)}
-        if LIMIT_MARK in outputs.get("stderr", ""):
+        details = {"tool_calls": str(calls)}  # compactions: Codex prints no event for them
+        if LIMIT_MARK in outputs.get("limit", ""):
             return Verdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") in ("turn.completed", "turn.failed")]
         errors = [str((e.get("error") or {}).get("message") or e.get("message") or "")

@@ -214,7 +214,7 @@ def mounts_for(harness: str) -> dict[str, str]:
     return {str(p): str(p) for p in (require(n) for n in HARNESS_LAYERS[harness])}
 
 
-def build(name: str, log=sys.stderr) -> Path:  # noqa: ANN001 - a text stream
+def build(name: str, log=sys.stderr) -> Path:
     """Build a layer (and its dependencies) unless it is already built. Idempotent."""
     recipe = _recipe(name)
     env = dict(os.environ)

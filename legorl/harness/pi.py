@@ -58,6 +58,7 @@ from legorl.types import Status, Task
 AGENT_CONFIG = f"{HOME}/.pi/agent"
 OUT = f"{AGENT_DIR}/pi.jsonl"
 ERR = f"{AGENT_DIR}/pi.err"
+LIMIT = f"{AGENT_DIR}/pi.limit"
 PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
 DEFAULT_TOOLS = "read,bash,edit,write,grep,find,ls"
@@ -126,11 +127,12 @@ class Pi:
             f"--provider {PROVIDER} --model {shlex.quote(self.model)} --thinking {shlex.quote(self.thinking)} "
             f"--tools {shlex.quote(self.tools)} < {PROBLEM_FILE}"
         )
-        cmd = limited(run, fifo=f"{AGENT_DIR}/pi.fifo", events=OUT, stderr=ERR, max_turns=self.max_turns,
+        cmd = limited(run, fifo=f"{AGENT_DIR}/pi.fifo", events=OUT, stderr=ERR, marker=LIMIT,
+                      max_turns=self.max_turns,
                       pattern="'{\"type\":\"tool_execution_end\"'*")
         files = {f"{AGENT_CONFIG}/models.json": json.dumps(self.models(base_url), indent=1).encode(),
                  f"{AGENT_CONFIG}/settings.json": json.dumps(self.settings(), indent=1).encode()}
-        return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=node)
+        return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR, "limit": LIMIT}, binary=node)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
         events = jsonl(outputs.get("events", ""))
@@ -138,7 +140,7 @@ class Pi:
         calls = sum(1 for e in events if e.get("type") == "tool_execution_end")
         compactions = sum(1 for e in events if e.get("type") == "compaction_end" and e.get("result"))
         details = {"tool_calls": str(calls), "compactions": str(compactions)}
-        if LIMIT_MARK in outputs.get("stderr", ""):
+        if LIMIT_MARK in outputs.get("limit", ""):
             return Verdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") == "agent_end"]
         if not ends:
