@@ -15,7 +15,7 @@ Layers:
 - `openhands`, `mini-swe-agent`: venvs built from that interpreter.
 - `claude-code`, `opencode`: npm prefixes holding the self-contained native binaries.
 - `codex`: the npm prefix of Codex CLI; its static musl binary is linked as `bin/codex-native`.
-- `pi`: the npm prefix of Pi plus a node runtime (`node/`), since task images have none.
+- `pi`: the npm prefix of Pi plus an official node runtime (`node/`), since task images have none.
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -43,6 +43,7 @@ OPENHANDS_VERSION = "1.58.2"
 MINI_SWE_AGENT_VERSION = "2.4.6"
 CODEX_VERSION = "0.169.0"
 PI_VERSION = "0.73.1"
+PI_NODE_VERSION = "22.23.5"  # the node runtime in Pi's layer (npm `node-linux-<arch>`: official builds)
 PYTHON_SOURCE = Path(os.environ.get("LEGORL_PYTHON312", Path.home() / ".pyenv/versions/3.12.1"))
 
 
@@ -141,18 +142,20 @@ ln -s "$vendor/codex-path" "$LAYER/codex-path"
             f"""
 npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error \\
     @mariozechner/pi-coding-agent@{PI_VERSION}
-# Pi is a node program and task images have no node: the layer carries this machine's
-# node binary and the C++ runtime it links, found through a relative rpath.
+# Pi is a node program and task images have no node: the layer carries an official node
+# build (npm's `node-linux-<arch>` package holds the binary itself) and the C++ runtime it
+# links, found through a relative rpath.
+case "$(uname -m)" in x86_64) arch=x64 ;; aarch64) arch=arm64 ;; *) echo "pi: no node for $(uname -m)" >&2; exit 2 ;; esac
+npm install --prefix "$LAYER/node-pkg" --no-fund --no-audit --loglevel=error node-linux-$arch@{PI_NODE_VERSION}
 mkdir -p "$LAYER/node/bin" "$LAYER/node/lib"
-node_bin=$(readlink -f "$(command -v node)")
+node_bin="$LAYER/node-pkg/node_modules/node-linux-$arch/bin/node"
 cp "$node_bin" "$LAYER/node/bin/node"
+rm -rf "$LAYER/node-pkg"
 for lib in libstdc++.so.6 libgcc_s.so.1; do
-    path=$(ldd "$node_bin" | awk -v l="$lib" '$1 == l {{print $3}}')
+    path=$(ldd "$LAYER/node/bin/node" | awk -v l="$lib" '$1 == l {{print $3}}')
     [ -z "$path" ] || cp -L "$path" "$LAYER/node/lib/$lib"
 done
 patchelf --set-rpath '$ORIGIN/../lib' "$LAYER/node/bin/node"
-"$LAYER/node/bin/node" -e 'const [a, b] = process.versions.node.split(".").map(Number);
-    if (a < 20 || (a === 20 && b < 6)) {{ console.error("pi needs node >= 20.6, have " + process.version); process.exit(2); }}'
 "$LAYER/node/bin/node" "$LAYER/lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js" --version
 """,
             version=PI_VERSION,
