@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the harness layers (issue 4): Claude Code and OpenCode (npm prefixes
+# Idempotent set-up of the harness layers (issues 4, 16): Claude Code, OpenCode, Codex CLI and Pi (npm prefixes
 # holding their native binaries), the OpenHands SDK and mini-swe-agent (venvs on a copy of
 # pyenv's CPython 3.12). Each layer is built once into $LEGORL_HARNESS_ROOT
 # (default /opt/legorl/harnesses) under a content key and mounted read-only into agent
