@@ -74,6 +74,34 @@ def test_pi_bodies_parse_as_chat() -> None:
     assert replayed and all(m.get("reasoning_content") and m.get("tool_calls") for m in replayed)
 
 
+def test_oracle_plan_through_codex_tools() -> None:
+    """The oracle drives Codex's `exec_command {cmd}` (not `command`) through all its steps."""
+    from legorl.engine.oracle import MARK, OraclePolicy, OracleTask
+    from legorl.models import load_tokenizer
+    from legorl.proxy.render import Renderer
+    from legorl.proxy.toolcalls import parse_completion
+
+    first = _requests("codex")[0]
+    parsed = responses.parse(first)
+    task = shipped(1)[0]
+    policy = OraclePolicy({task.instance_id: OracleTask(task.instance_id, task.problem_statement, task.patch)})
+    renderer = Renderer(load_tokenizer("tiny-qwen3"))
+    msgs = list(parsed.chat.messages)
+    for step in range(1, 5):
+        text = policy.complete(renderer.decode(renderer.render(type(parsed.chat)(msgs, parsed.chat.tools))))
+        p = parse_completion(text)
+        if step == 4:  # a final answer, no call
+            assert not p.tool_calls and f"{MARK}:step-4" in p.content
+            break
+        (call,) = p.tool_calls
+        args = json.loads(call.arguments)
+        assert call.name == "exec_command" and set(args) == {"cmd"} and f"{MARK}:step-{step}" in args["cmd"]
+        msgs += [{"role": "assistant", "content": p.content, "reasoning_content": p.reasoning,
+                  "tool_calls": [{"id": call.id, "type": "function",
+                                  "function": {"name": call.name, "arguments": call.arguments}}]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "ok"}]
+
+
 def test_config_and_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     codex = make_harness("codex", max_turns=5)
     toml = codex.config("http://127.0.0.1:9/s/abc")

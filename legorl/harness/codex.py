@@ -80,8 +80,8 @@ class Codex:
     """Adapter for Codex CLI 0.169.x."""
 
     model: str = "legorl-policy"  # the name Codex sends (it looks up no metadata for unknown names)
+    # (no output limit: Codex sends none and has no setting for one; the proxy's max_tokens caps it)
     max_turns: int = 30  # completed tool calls before the adapter stops it (Codex has no limit)
-    max_output_tokens: int = 4096  # not sent by Codex; the proxy's cap applies
     context_window: int = 32768  # model_context_window: drives auto-compaction
     auto_compact_limit: int | None = None  # model_auto_compact_token_limit (tokens)
     max_retries: int = 2  # request_max_retries / stream_max_retries
