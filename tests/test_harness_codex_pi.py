@@ -8,7 +8,8 @@ error. Slow (real binaries from their layers, in sandboxes, through the producti
 path as in test_harness_e2e.py): the oracle resolves two shipped tasks on the local backend
 and one on docker; each compacts (Codex at `auto_compact_limit`, Pi on the proxy's honest
 overflow error) with every sampled token kept; the adapter's turn limit stops a run as
-`max_turns`; a dead engine is a masked `infra_error`.
+`max_turns`; the tiny random `hf` model ends as an agent failure; a dead engine is a masked
+`infra_error`.
 """
 
 from __future__ import annotations
@@ -209,6 +210,22 @@ def test_turn_limit_is_max_turns(harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.MAX_TURNS and not o.masked, summary(rec)
     assert rec.result.agent.details["tool_calls"] == "2" and not rec.result.agent.timed_out, summary(rec)
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_tiny_hf_model_fails_as_the_agent(harness: str) -> None:
+    """Garbage answers cut at 48 tokens: an agent failure (Codex gives up on the incomplete
+    response → `format_error`; Pi takes the cut text as its answer → `no_patch`), never infra."""
+    _need(harness)
+    setup = Setup(harness, engine="hf", max_turns=2, max_tokens=48, timeout_s=300)
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and not o.status.is_infra and not o.masked, summary(rec)
+    assert o.status in (Status.NO_PATCH, Status.FAILED, Status.MAX_TURNS, Status.FORMAT_ERROR), summary(rec)
+    assert o.reward == 0.0 and not rec.result.agent.timed_out
+    assert rec.turns and all(len(t.logprobs) == len(t.completion_ids) for t in rec.turns)
 
 
 @pytest.mark.harness

@@ -14,7 +14,7 @@ Headless: `codex exec --json --ephemeral --skip-git-repo-check
 --dangerously-bypass-approvals-and-sandbox -C REPO -` with the prompt on stdin; approvals
 `never` and `danger-full-access`, since the agent sandbox is the boundary (Codex's own
 bubblewrap/landlock sandbox cannot nest in it). Off: the update check, analytics, OTEL
-export, web search (a hosted tool no local policy can serve), sub-agents (`multi_agent`),
+export, web search (a hosted tool no local policy can serve), sub-agents (`[agents]`),
 goals, apps, plugins, image generation and memories; `CODEX_HOME` lives in the fresh HOME.
 The static binary is run directly (`bin/codex-native`): the npm launcher needs node,
 which task images lack.
@@ -26,7 +26,9 @@ request on the same endpoint; `context_window` sets `model_context_window`.
 Turn limit: Codex has no step limit of its own, so `max_turns` is enforced from outside:
 the adapter counts Codex's completed tool calls in its `--json` event stream and stops it
 after `max_turns` of them → `max_turns` (turn_limit.py). Ending (the JSONL events): `turn.completed` →
-graded; `turn.failed` / `error` with a 5xx or a connection failure → `engine_error`,
+graded; an answer cut at the proxy's `max_tokens` (Codex gives up on an `incomplete`
+response: "Incomplete response returned, reason: max_output_tokens") → `format_error`;
+`turn.failed` / `error` with a 5xx or a connection failure → `engine_error`,
 another API error → `infra_error`; a context overflow it could not compact → graded;
 no `turn.*` event at all → it did not start → `infra_error`.
 """
@@ -62,7 +64,7 @@ PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
 # Features that reach outside the sandbox or start work we do not train (sub-agents are a
 # separate issue): off, so the tool list is function tools only.
-OFF_FEATURES = ("multi_agent", "multi_agent_v2", "goals", "apps", "plugins", "image_generation", "memories",
+OFF_FEATURES = ("goals", "apps", "plugins", "image_generation", "memories",
                 "remote_plugin", "tool_suggest", "browser_use", "computer_use", "in_app_updates")
 CONTEXT_OVERFLOW = ("context window", "context_length_exceeded", "maximum context length", "prompt is too long")
 
@@ -103,6 +105,7 @@ class Codex:
         lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
         lines += ["", f"[model_providers.{PROVIDER}]", *(f"{k} = {_toml(v)}" for k, v in provider.items())]
         lines += ["", "[analytics]", "enabled = false", "", "[otel]", 'exporter = "none"', "",
+                  "[agents]", "enabled = false", "",  # no sub-agent tools (`multi_agent_v1` namespace)
                   "[features]", *(f"{f} = false" for f in OFF_FEATURES)]
         return "\n".join(lines) + "\n"
 
@@ -145,6 +148,9 @@ class Codex:
             return Verdict(None, details)
         details["error"] = (errors[-1] if errors else err_tail)[:1500]
         low = details["error"].lower()
+        if "max_output_tokens" in low:  # "Incomplete response returned, reason: max_output_tokens"
+            details["output_token_limit"] = "1"  # the policy's answer hit the proxy's max_tokens
+            return Verdict(Status.FORMAT_ERROR, details)
         if any(h in low for h in CONTEXT_OVERFLOW):
             details["context_exhausted"] = "1"
             return Verdict(None, details)
