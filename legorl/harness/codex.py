@@ -7,15 +7,17 @@ Pointing it at the proxy: only Codex's own config, `$CODEX_HOME/config.toml`, wi
 `include: ["reasoning.encrypted_content"]`, `prompt_cache_key`, `client_metadata`, the
 system prompt as `developer` messages and the tools `exec_command {cmd, ...}` (unified
 exec, a PTY), `write_stdin`, `view_image`, `request_user_input`, … It never sends
-`previous_response_id`; reasoning comes back through the `encrypted_content` of its
-reasoning items, which the proxy fills (proxy/responses.py).
+`previous_response_id`: the whole conversation comes back each call, reasoning items with
+their `reasoning_text` content and the `encrypted_content` the proxy filled in
+(proxy/responses.py), tool arguments verbatim.
 
 Headless: `codex exec --json --ephemeral --skip-git-repo-check
 --dangerously-bypass-approvals-and-sandbox -C REPO -` with the prompt on stdin; approvals
 `never` and `danger-full-access`, since the agent sandbox is the boundary (Codex's own
 bubblewrap/landlock sandbox cannot nest in it). Off: the update check, analytics, OTEL
 export, web search (a hosted tool no local policy can serve), sub-agents (`[agents]`),
-goals, apps, plugins, image generation and memories; `CODEX_HOME` lives in the fresh HOME.
+goals, apps, plugins, image generation and memories; `CODEX_HOME` is a fresh directory
+outside /tmp (there Codex would refuse to create its `apply_patch` PATH helper).
 The static binary is run directly (`bin/codex-native`): the npm launcher needs node,
 which task images lack.
 
@@ -25,8 +27,9 @@ request on the same endpoint; `context_window` sets `model_context_window`.
 
 Turn limit: Codex has no step limit of its own, so `max_turns` is enforced from outside:
 the adapter counts Codex's completed tool calls in its `--json` event stream and stops it
-after `max_turns` of them → `max_turns` (turn_limit.py). Ending (the JSONL events): `turn.completed` →
-graded; an answer cut at the proxy's `max_tokens` (Codex gives up on an `incomplete`
+after `max_turns` of them → `max_turns` (turn_limit.py).
+
+Ending (the JSONL events): `turn.completed` → graded; an answer cut at the proxy's `max_tokens` (Codex gives up on an `incomplete`
 response: "Incomplete response returned, reason: max_output_tokens") → `format_error`;
 `turn.failed` / `error` with a 5xx or a connection failure → `engine_error`,
 another API error → `infra_error`; a context overflow it could not compact → graded;
@@ -41,7 +44,6 @@ from dataclasses import dataclass
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
-    HOME,
     PROBLEM_FILE,
     Launch,
     Verdict,
@@ -55,11 +57,12 @@ from legorl.harness.turn_limit import LIMIT_MARK, limited
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
-CODEX_HOME = f"{HOME}/.codex"
+# Outside /tmp: under a temporary dir Codex refuses to create its PATH helpers (the
+# `apply_patch` alias a policy may call from the shell). It dies with the sandbox anyway.
+CODEX_HOME = "/var/lib/legorl-codex"
 OUT = f"{AGENT_DIR}/codex.jsonl"
 ERR = f"{AGENT_DIR}/codex.err"
 LIMIT = f"{AGENT_DIR}/codex.limit"
-LAST = f"{AGENT_DIR}/codex.last"
 PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
 # Features that reach outside the sandbox or start work we do not train (sub-agents are a
@@ -122,13 +125,13 @@ class Codex:
         }
         run = (
             f"{shlex.quote(binary)} exec --json --ephemeral --skip-git-repo-check "
-            f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} -o {LAST} - < {PROBLEM_FILE}"
+            f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} - < {PROBLEM_FILE}"
         )
         cmd = limited(run, fifo=f"{AGENT_DIR}/codex.fifo", events=OUT, stderr=ERR, marker=LIMIT,
                       max_turns=self.max_turns,
                       pattern="*'\"type\":\"item.completed\"'*'\"type\":\"command_execution\"'*")
         files = {f"{CODEX_HOME}/config.toml": self.config(base_url).encode()}
-        outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT, "last": LAST}
+        outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT}
         return Launch(cmd, env, files, outputs=outputs, binary=binary)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
