@@ -3,13 +3,13 @@
 Pointing it at the proxy: only Pi's own config, in `PI_CODING_AGENT_DIR` (fresh HOME):
 `models.json` adds a provider `legorl` whose `baseUrl` is the session's `/v1` and whose
 `api` is the wire format (`api` option), and `settings.json` makes it the default and
-sets compaction. Which API: `openai-completions` (the default here) sends chat
-completions, streamed, with `reasoning_content` replayed on assistant messages (compat
-`thinkingFormat`/`requiresReasoningContentOnAssistantMessages`), the system prompt as a
-`system` message (`supportsDeveloperRole: false`), `max_tokens`, `stream_options`, and
-tool calls whose arguments Pi re-serialises compactly (the proxy splices its own sampled
-ids back, so the record stays token-exact); `anthropic-messages` works too
-(thinking blocks with a signature, tool input as objects).
+sets compaction and retries. Which API: `openai-completions` (the default here) sends
+chat completions, streamed, with `reasoning_content` replayed on assistant messages
+(compat `requiresReasoningContentOnAssistantMessages`), the system prompt as a `system`
+message (`supportsDeveloperRole: false`), `max_tokens`, `stream_options`, and tool calls
+whose arguments Pi re-serialises compactly (the proxy splices its own sampled ids back, so
+the record stays token-exact: one segment per oracle rollout); `anthropic-messages`
+(option `api`) replays thinking blocks and tool input objects instead.
 
 Headless: `pi -p --mode json --no-session --offline --no-extensions --no-skills
 --no-prompt-templates --no-themes --no-context-files --tools read,bash,edit,write,grep,find,ls`
@@ -18,9 +18,11 @@ no permission prompts. Off: update check and install telemetry (`--offline`,
 `PI_SKIP_VERSION_CHECK`, `PI_TELEMETRY=0`, `enableInstallTelemetry: false`). Pi is a
 node program: the layer carries a node runtime (install.py).
 
-Compaction: Pi compacts when the context nears the model's `contextWindow` minus
-`compaction.reserveTokens` (`context_window`, `reserve_tokens`), or on an overflow error,
-with a summarisation request without tools; the last `keepRecentTokens` stay verbatim.
+Compaction: Pi compacts at the end of a prompt when the context passed the model's
+`contextWindow` minus `compaction.reserveTokens` (`context_window`, `reserve_tokens`), and
+on an overflow error, with a summarisation request without tools (the last
+`keepRecentTokens` stay verbatim). In print mode it does not retry the overflowing call
+after that (the retry is scheduled after the prompt returned): the run ends, graded.
 
 Turn limit: Pi has none; the adapter counts `tool_execution_end` events and stops it
 after `max_turns` (turn_limit.py) → `max_turns`. Ending: `agent_end` whose last assistant
