@@ -8,14 +8,15 @@ error. Slow (real binaries from their layers, in sandboxes, through the producti
 path as in test_harness_e2e.py): the oracle resolves two shipped tasks on the local backend
 and one on docker; each compacts (Codex at `auto_compact_limit`, Pi on the proxy's honest
 overflow error) with every sampled token kept; the adapter's turn limit stops a run as
-`max_turns`; the tiny random `hf` model ends as an agent failure; a dead engine is a masked
-`infra_error`.
+`max_turns`; a hung model call is `agent_timeout`; the tiny random `hf` model ends as an
+agent failure; a dead engine is a masked `infra_error`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,6 +211,20 @@ def test_turn_limit_is_max_turns(harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.MAX_TURNS and not o.masked, summary(rec)
     assert rec.result.agent.details["tool_calls"] == "2" and not rec.result.agent.timed_out, summary(rec)
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_hang_is_agent_timeout() -> None:
+    """A model call that never returns: the wall-clock limit kills the harness and its
+    turn-limit wrapper (turn_limit.py, shared by both) at once → `agent_timeout`."""
+    _need("codex")
+    setup = Setup("codex", timeout_s=10, engine_options={"latency_s": 120})
+    t0 = time.monotonic()
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.AGENT_TIMEOUT and not o.masked, summary(rec)
+    assert time.monotonic() - t0 < 60, "the harness outlived its timeout"
 
 
 @pytest.mark.harness
