@@ -82,7 +82,7 @@ class Pi:
     api: str = "openai-completions"  # the wire format Pi speaks to the proxy (APIS)
     thinking: str = "medium"  # --thinking: Pi sends/replays reasoning unless "off"
     tools: str = DEFAULT_TOOLS
-    max_retries: int = 2  # retry.maxRetries: Pi's own retries of a failed call (backoff from 1 s)
+    max_retries: int = 2  # retry.maxRetries: Pi's own retries of a failed call (backoff from 1 s; none in its SDK)
     api_timeout_s: int = 600  # retry.provider.timeoutMs: per model call
     name: str = "pi"
     layers: tuple[str, ...] = ("pi",)
@@ -112,7 +112,7 @@ class Pi:
                 "compaction": {"enabled": True, "reserveTokens": self.reserve_tokens,
                                "keepRecentTokens": self.keep_recent_tokens},
                 "retry": {"enabled": self.max_retries > 0, "maxRetries": self.max_retries, "baseDelayMs": 1000,
-                          "provider": {"timeoutMs": self.api_timeout_s * 1000}}}
+                          "provider": {"timeoutMs": self.api_timeout_s * 1000, "maxRetries": 0}}}
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
         layer = require("pi")
