@@ -36,7 +36,9 @@ from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 
-NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm", "codex", "pi"]
+NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
+
+NATIVE += ["codex", "pi"]
 
 
 class CgroupPeaks:

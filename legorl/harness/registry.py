@@ -15,12 +15,12 @@ from typing import Any
 
 HARNESSES: dict[str, str] = {
     "claude-code": "legorl.harness.claude_code:ClaudeCode",
+    "codex": "legorl.harness.codex:Codex",
+    "pi": "legorl.harness.pi:Pi",
     "opencode": "legorl.harness.opencode:OpenCode",
     "openhands": "legorl.harness.openhands:OpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",
     "mini-swe-agent-warm": "legorl.harness.warm_mini:WarmMiniSweAgent",
-    "codex": "legorl.harness.codex:Codex",
-    "pi": "legorl.harness.pi:Pi",
 }
 NATIVE = tuple(n for n in HARNESSES if n != "mini-swe-agent-warm")  # harness programs (warm: a way to run one)
 
