@@ -11,8 +11,9 @@ read_file, replace, write_file, glob, grep_search, ...) run in the sandbox.
 Off, through its own settings and environment: usage statistics and telemetry, auto-update
 and its notification, IDE integration, folder trust prompts, checkpointing, the
 downloaded ripgrep (the built-in grep is used), the interactive shell (node-pty), the
-LLM loop-detection and next-speaker side calls, sub-agents, the relaunch into a child
-process (`GEMINI_CLI_NO_RELAUNCH`), and the CLI's own sandbox. `maxSessionTurns` is the turn
+LLM loop-detection and next-speaker side calls, sub-agents, the web tools
+(`tools.exclude`), the relaunch into a child process (`GEMINI_CLI_NO_RELAUNCH`), and the
+CLI's own sandbox. `maxSessionTurns` is the turn
 limit.
 
 Compaction: Gemini CLI compresses its history (a summary call, then a fresh history of
@@ -57,6 +58,7 @@ OUT = f"{AGENT_DIR}/gemini.jsonl"
 ERR = f"{AGENT_DIR}/gemini.err"
 ENTRY = "lib/node_modules/@google/gemini-cli/bundle/gemini.js"
 TURN_LIMIT_EXIT = 53  # FatalTurnLimitedError
+NETWORK_TOOLS = ("web_fetch", "google_web_search", "web_search")  # excluded: a sandbox has no network
 _STATUS = re.compile(r"\b(?:status|code)[\"':\s]*([1-5]\d\d)\b|\[(\d{3}) ")
 
 
@@ -71,7 +73,8 @@ def quiet_settings(model: str, max_turns: int, compression_threshold: float) -> 
         "security": {"folderTrust": {"enabled": False}},
         "model": {"name": model, "maxSessionTurns": max_turns, "compressionThreshold": compression_threshold,
                   "skipNextSpeakerCheck": True, "disableLoopDetection": True, "skipLoopDetection": True},
-        "tools": {"sandbox": False, "useRipgrep": False, "shell": {"enableInteractiveShell": False}},
+        "tools": {"sandbox": False, "useRipgrep": False, "shell": {"enableInteractiveShell": False},
+                  "exclude": list(NETWORK_TOOLS)},
         "experimental": {"enableAgents": False, "extensionManagement": False},
         "ui": {"hideTips": True, "hideBanner": True},
     }
