@@ -143,3 +143,17 @@ def test_a_harness_past_its_time_is_an_agent_timeout() -> None:
     _need("gemini-cli")
     rec = asyncio.run(rollouts(Setup("gemini-cli", timeout_s=1.5), shipped(1)))[0]
     assert rec.result.agent is not None and rec.result.agent.status is Status.AGENT_TIMEOUT, summary(rec)
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_gemini_cli_context_overflow_is_graded() -> None:
+    """Gemini CLI cannot compress a one-prompt run (below): the proxy's honest 400 ends it,
+    graded as the policy's doing (its context grew too long), not masked."""
+    _need("gemini-cli")
+    rec = asyncio.run(rollouts(Setup("gemini-cli", max_context=20_000, timeout_s=200), shipped(1)))[0]
+    agent = rec.result.agent
+    assert agent is not None and agent.status is None and agent.details.get("context_exhausted") == "1", summary(rec)
+    o = rec.trajectory.outcome
+    assert o is not None and not o.masked and o.status is not Status.INFRA_ERROR, summary(rec)
+    check_recorded(rec)

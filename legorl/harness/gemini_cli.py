@@ -16,11 +16,12 @@ LLM loop-detection and next-speaker side calls, sub-agents, the web tools
 CLI's own sandbox. `maxSessionTurns` is the turn
 limit.
 
-Compaction: Gemini CLI compresses its history (a summary call, then a fresh history of
-the summary) when the last prompt's `usageMetadata.promptTokenCount` exceeds
-`compressionThreshold` × the model's token limit (1,048,576 for a name it does not
-know); `compression_threshold` sets it. A prompt the proxy refuses as too long (400) is
-an API error Gemini CLI does not compact its way out of.
+Compaction: Gemini CLI compresses its history (a summary call) when the last prompt's
+`usageMetadata.promptTokenCount` exceeds `compressionThreshold` × the model's token limit
+(1,048,576 for a name it does not know), but only up to a user message that is not a
+function response: a one-prompt headless run has no such split point, so it never
+compresses. A prompt the proxy refuses as too long (400) ends the run; it is graded
+(`context_exhausted`), the policy's context having grown too long.
 
 Ending (`stream-json` JSONL; the last event is `result`): `status: success` → graded;
 exit 53 (`FatalTurnLimitedError`) or a `max_turns` error → `max_turns`; an `error`
