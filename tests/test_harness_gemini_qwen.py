@@ -157,3 +157,4 @@ def test_gemini_cli_context_overflow_is_graded() -> None:
     o = rec.trajectory.outcome
     assert o is not None and not o.masked and o.status is not Status.INFRA_ERROR, summary(rec)
     check_recorded(rec)
+

@@ -11,7 +11,9 @@ Google's error shape, never a 5xx (hypothesis over generate, stream and countTok
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +158,9 @@ async def test_errors_are_google_shaped_4xx(proxy: ProxyServer) -> None:
              {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": "9"}}, 400,
              "maxOutputTokens"),
             ("/v1beta/models/m:embedContent", {"contents": []}, 404, "embedContent"),
+            ("/v1beta/models/m:streamGenerateContent?alt=sse",
+             {"contents": [{"parts": [{"text": "x"}]}], "labels": json.loads("[" * 300 + "]" * 300)}, 400,
+             "max_json_depth"),
             ("/v1beta/models/m:generateContent", {"contents": [{"parts": [{"text": "y" * 40_000}]}]}, 400,
              "maximum number of tokens"),
         ]
@@ -169,16 +174,21 @@ async def test_errors_are_google_shaped_4xx(proxy: ProxyServer) -> None:
 
 
 # -- the real hf engine ----------------------------------------------------------------------
-@pytest.fixture
-async def hf_proxy():
+@pytest.fixture(scope="module")
+def hf() -> Iterator[Any]:
     from legorl.engine.hf import HFEngine
 
     engine = HFEngine("tiny-qwen3", tokenizer(), seed=0, num_threads=1)
-    spy = SpyEngine(engine)
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.fixture
+async def hf_proxy(hf: Any):
+    spy = SpyEngine(hf)
     async with ProxyServer(ProxyConfig(port=0, max_tokens=24), spy, Renderer(tokenizer()), standalone=True) as srv:
         srv.spy = spy
         yield srv
-    await engine.close()
 
 
 @pytest.mark.parametrize("stream", [False, True])
