@@ -14,7 +14,15 @@ import json
 from pathlib import Path
 
 import pytest
-from harness_util import Setup, check_recorded, docker_missing, harness_missing, rollouts, shipped, summary
+from harness_util import (
+    Setup,
+    check_recorded,
+    docker_missing,
+    harness_missing,
+    rollouts,
+    shipped,
+    summary,
+)
 
 from legorl.engine.oracle import find_shell
 from legorl.harness.base import run_native
@@ -103,7 +111,7 @@ def _need(harness: str) -> None:
         pytest.fail(why)  # CI installs the layers; a missing one is a broken set-up, not a skip
 
 
-def _assert_resolved(rec, harness: str) -> None:  # noqa: ANN001
+def _assert_resolved(rec, harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.RESOLVED and o.reward == 1.0, summary(rec)
     check_recorded(rec)

@@ -24,7 +24,16 @@ from google.genai import errors as genai_errors
 from google.genai import types
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_fuzz import BODIES, GEM, GEM_COUNT, GEM_STREAM, STREAM_ENDS, ThreadedProxy, is_dialect_error, turns_recorded
+from proxy_fuzz import (
+    BODIES,
+    GEM,
+    GEM_COUNT,
+    GEM_STREAM,
+    STREAM_ENDS,
+    ThreadedProxy,
+    is_dialect_error,
+    turns_recorded,
+)
 from proxy_util import SpyEngine, canonical, check_turn, tokenizer
 from test_proxy_dialects import EXPECTED_CALLS, OPENAI_TOOLS, SCRIPT
 

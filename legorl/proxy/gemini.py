@@ -297,7 +297,7 @@ class Call:
         return response(run)
 
     @staticmethod
-    def Stream(run: TurnRun) -> Stream:  # noqa: N802 - the dialect interface's name
+    def Stream(run: TurnRun) -> Stream:
         return Stream(run)
 
 
