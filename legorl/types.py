@@ -55,6 +55,7 @@ class Dialect(enum.StrEnum):
     OPENAI_CHAT = "openai_chat"
     ANTHROPIC = "anthropic"
     RESPONSES = "responses"
+    GEMINI = "gemini"
 
 
 class FinishReason(enum.StrEnum):

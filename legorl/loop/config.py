@@ -103,7 +103,7 @@ class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
     name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm",
-                  "codex", "pi"] = "command"
+                  "codex", "pi", "gemini-cli", "qwen-code"] = "command"
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
     rollout's sandbox (legorl/harness/warm_mini.py)."""

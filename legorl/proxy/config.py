@@ -27,6 +27,8 @@ DEFAULT_SIDE_CALL_PATTERNS = [
     r"You are a context summarization agent",
     r"You are maintaining a context-aware state summary",
     r"Do NOT call any tools\. Respond with plain text only",
+    r"You are a specialized system component responsible for distilling chat history",  # Gemini CLI
+    r"You are the component that summarizes a conversation when its context window",  # Qwen Code
 ]
 
 
