@@ -201,7 +201,7 @@ class RolloutWorker:
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
-        engine_errors = session.engine_errors
+        engine_errors = session.engine_errors if session is not None else 0  # none: an external endpoint, relayed
         outcome = result.outcome
         if engine_errors and not outcome.status.is_infra:
             outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=list(outcome.flags),
