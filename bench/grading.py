@@ -29,7 +29,8 @@ import statistics
 import time
 from collections import defaultdict
 
-from legorl.tasks.image import TaskImages, close_backend, open_backend
+from legorl.tasks.image import TaskImages
+from legorl.sandbox import open_backend
 from legorl.tasks.loader import load_shipped
 from legorl.types import Status, Task
 from legorl.verify.grade import grade
@@ -86,7 +87,7 @@ async def bench_backend(name: str, tasks: list[Task], concurrency: int, repeat: 
             await asyncio.gather(*(one(t, k) for t, k in zip(tasks, keys)))
         wall = time.monotonic() - t1
     finally:
-        await close_backend(backend)
+        await backend.aclose()
     return {
         "tasks": len(tasks),
         "concurrency": concurrency,

@@ -38,6 +38,8 @@ from legorl.models import load_tokenizer  # noqa: E402
 
 NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
 
+NATIVE += ["codex", "pi"]
+
 
 class CgroupPeaks:
     """Polls every sandbox cgroup's memory peak (they vanish when a sandbox ends)."""

@@ -132,7 +132,8 @@ def test_native_runner_tasks_from_real_releases_validate_on_docker(name: str) ->
 
 async def _check_and_grade(task: Task, diffs: list[str], backend_name: str = "local") -> tuple:
     """The oracle check (what `legorl tasks validate` runs), then a grade of each diff."""
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.sandbox import open_backend
+    from legorl.tasks.image import TaskImages
     from legorl.tasks.validate import check_task
     from legorl.verify.grade import grade
 
@@ -143,7 +144,7 @@ async def _check_and_grade(task: Task, diffs: list[str], backend_name: str = "lo
         image = await images.for_task(task)
         return check, [await grade(task, d, backend, image) for d in diffs]
     finally:
-        await close_backend(backend)
+        await backend.aclose()
 
 
 def _task(name: str) -> Task:

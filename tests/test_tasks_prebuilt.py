@@ -18,7 +18,9 @@ from tasks_util import pick_task, require_backend
 from legorl.sandbox.base import SandboxSpec
 from legorl.sandbox.docker_images import ensure_docker_image
 from legorl.sandbox.images import ImageStore
-from legorl.tasks.image import TaskImages, close_backend, materialize_repo, open_backend
+from legorl.sandbox import open_backend
+from legorl.sandbox.layers import ensure_base
+from legorl.tasks.image import TaskImages, materialize_repo
 from legorl.tasks.prebuilt import PrebuiltImageError, resolve
 from legorl.tasks.validate import check_task
 from legorl.types import Task
@@ -54,7 +56,7 @@ def build_image(tmp: Path, layout: str) -> tuple[Task, str, str]:
     future = git(repo, "rev-parse", "HEAD").strip()
     git(repo, "tag", "v-next")
     git(repo, "checkout", "-q", "--detach", task.base_commit)
-    base_tag = asyncio.run(ensure_docker_image(store, asyncio.run(store.ensure_base()).key))
+    base_tag = asyncio.run(ensure_docker_image(store, asyncio.run(ensure_base(store)).key))
     name = f"legorl-test-prebuilt:{secrets.token_hex(4)}"
     if layout == "official":
         cid = docker("create", "--network", "none", base_tag, "python3", "-m", "venv", "--system-site-packages", "/opt/env")
@@ -102,7 +104,7 @@ def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout:
             res = await check_task(task, backend, images)
             assert res.ok, res.problems
         finally:
-            await close_backend(backend)
+            await backend.aclose()
             subprocess.run(["docker", "rmi", name], capture_output=True)  # what `docker load` brought back
 
     asyncio.run(run())

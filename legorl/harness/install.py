@@ -10,6 +10,8 @@ at. Venvs and npm prefixes hard-code their own absolute paths, so building and m
 at one path is what makes them work unchanged inside a sandbox.
 
 Layers:
+- `codex`: the npm prefix of Codex CLI; its static musl binary is linked as `bin/codex-native`.
+- `pi`: the npm prefix of Pi plus an official node runtime (`node/`), since task images have none.
 - `python312`: a copy of pyenv's CPython 3.12 (OpenHands needs >= 3.12, the project runs
   on 3.11) with its rpath made relative, so it runs wherever the layer is mounted.
 - `openhands`, `mini-swe-agent`: venvs built from that interpreter.
@@ -35,6 +37,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+CODEX_VERSION = "0.169.0"
+PI_VERSION = "0.73.1"
+PI_NODE_VERSION = "22.23.5"  # the node runtime in Pi's layer (npm `node-linux-<arch>`: official builds)
 CLAUDE_CODE_VERSION = "2.1.332"
 OPENCODE_VERSION = "1.18.33"
 OPENHANDS_VERSION = "1.58.2"
@@ -63,6 +68,45 @@ _PY = "$DEP_PYTHON312/bin/python3.12"
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
+        Recipe(
+            "codex",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @openai/codex@{CODEX_VERSION}
+# bin/codex is a node launcher; the sandbox has no node, so link the platform package's
+# static (musl) binary, which is what the launcher execs.
+case "$(uname -m)" in x86_64) triple=x86_64-unknown-linux-musl pkg=linux-x64 ;;
+                      aarch64) triple=aarch64-unknown-linux-musl pkg=linux-arm64 ;;
+                      *) echo "codex: no binary for $(uname -m)" >&2; exit 2 ;; esac
+vendor="$LAYER/lib/node_modules/@openai/codex/node_modules/@openai/codex-$pkg/vendor/$triple"
+ln -s "$vendor/bin/codex" "$LAYER/bin/codex-native"
+ln -s "$vendor/codex-path" "$LAYER/codex-path"
+"$LAYER/bin/codex-native" --version
+""",
+            version=CODEX_VERSION,
+        ),
+        Recipe(
+            "pi",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error \\
+    @mariozechner/pi-coding-agent@{PI_VERSION}
+# Pi is a node program and task images have no node: the layer carries an official node
+# build (npm's `node-linux-<arch>` package holds the binary itself) and the C++ runtime it
+# links, found through a relative rpath.
+case "$(uname -m)" in x86_64) arch=x64 ;; aarch64) arch=arm64 ;; *) echo "pi: no node for $(uname -m)" >&2; exit 2 ;; esac
+npm install --prefix "$LAYER/node-pkg" --no-fund --no-audit --loglevel=error node-linux-$arch@{PI_NODE_VERSION}
+mkdir -p "$LAYER/node/bin" "$LAYER/node/lib"
+node_bin="$LAYER/node-pkg/node_modules/node-linux-$arch/bin/node"
+cp "$node_bin" "$LAYER/node/bin/node"
+rm -rf "$LAYER/node-pkg"
+for lib in libstdc++.so.6 libgcc_s.so.1; do
+    path=$(ldd "$LAYER/node/bin/node" | awk -v l="$lib" '$1 == l {{print $3}}')
+    [ -z "$path" ] || cp -L "$path" "$LAYER/node/lib/$lib"
+done
+patchelf --set-rpath '$ORIGIN/../lib' "$LAYER/node/bin/node"
+"$LAYER/node/bin/node" "$LAYER/lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js" --version
+""",
+            version=PI_VERSION,
+        ),
         Recipe(
             "python312",
             f"""
@@ -121,6 +165,8 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error opencode-
 
 # Which layers each harness needs mounted (dependencies included).
 HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
+    "codex": ("codex",),
+    "pi": ("pi",),
     "claude-code": ("claude-code",),
     "opencode": ("opencode",),
     "openhands": ("python312", "openhands"),
@@ -171,7 +217,7 @@ def mounts_for(harness: str) -> dict[str, str]:
     return {str(p): str(p) for p in (require(n) for n in HARNESS_LAYERS[harness])}
 
 
-def build(name: str, log=sys.stderr) -> Path:  # noqa: ANN001 - a text stream
+def build(name: str, log=sys.stderr) -> Path:
     """Build a layer (and its dependencies) unless it is already built. Idempotent."""
     recipe = _recipe(name)
     env = dict(os.environ)

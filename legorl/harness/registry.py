@@ -15,6 +15,8 @@ from typing import Any
 
 HARNESSES: dict[str, str] = {
     "claude-code": "legorl.harness.claude_code:ClaudeCode",
+    "codex": "legorl.harness.codex:Codex",
+    "pi": "legorl.harness.pi:Pi",
     "opencode": "legorl.harness.opencode:OpenCode",
     "openhands": "legorl.harness.openhands:OpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",

@@ -32,16 +32,14 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from legorl.engine.base import Engine
 from legorl.proxy import anthropic, openai_chat, responses
-from legorl.proxy.config import ProxyConfig
-from legorl.proxy.errors import ProxyError, error_body, stream_error_event
+from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
-from legorl.proxy.pipeline import Parsed, TurnRun, compile_side_regex
+from legorl.proxy.context import ProxyContext
+from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import Renderer
-from legorl.proxy.render_cache import Journal, OffLoopRenderer, bound_renderer
-from legorl.proxy.sessions import SessionRegistry
-from legorl.types import Dialect, SamplingParams
+from legorl.proxy.render_cache import Journal, TooLong
+from legorl.types import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -56,48 +54,6 @@ DIALECTS: dict[str, ModuleType] = {
 }
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
-
-
-class ProxyContext:
-    """Everything a request needs, built once per server."""
-
-    def __init__(self, cfg: ProxyConfig, engine: Engine, renderer: Renderer, sessions: SessionRegistry) -> None:
-        self.cfg = cfg
-        self.engine = engine
-        self.renderer = renderer
-        self.sessions = sessions
-        bound_renderer(renderer, cfg.render_cache_bytes)
-        self.offload = OffLoopRenderer(renderer)
-        self.eos_ids = frozenset(renderer.eos_ids)
-        # the completion format: the config's, or (`auto`) the one the model's template writes
-        self.tool_format = renderer.tool_format if cfg.tool_format == "auto" else cfg.tool_format
-        self.starts_in_reasoning = bool(getattr(renderer, "starts_in_reasoning", False))
-        tok = renderer.tokenizer
-        self.backend = getattr(tok, "backend_tokenizer", None) or tok  # a tokenizers.Tokenizer
-        engine_max = getattr(engine, "max_context", None)
-        self.max_context = min(cfg.max_context, engine_max) if isinstance(engine_max, int) else cfg.max_context
-        self.side_models = frozenset(cfg.side_call_models)
-        self.side_regex = compile_side_regex(cfg.side_call_patterns)
-        self._params: dict[tuple[int, tuple[str, ...]], tuple[SamplingParams, dict[str, Any]]] = {}
-
-    def sampling(self, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
-        """The trainer's sampling params for this cap and these stop strings (cached)."""
-        hit = self._params.get((max_tokens, stop))
-        if hit is None:
-            c = self.cfg
-            p = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=max_tokens,
-                               stop=stop, seed=c.seed)
-            hit = (p, p.to_dict())
-            if len(self._params) > 4096:
-                self._params.clear()
-            self._params[(max_tokens, stop)] = hit
-        return hit[0]
-
-    def sampling_dict(self, params: SamplingParams | None) -> dict[str, Any]:
-        if params is None:
-            return {}
-        hit = self._params.get((params.max_tokens, params.stop))
-        return dict(hit[1]) if hit is not None and hit[0] is params else params.to_dict()
 
 
 def _dialect_of_path(path: str) -> Dialect | None:
@@ -303,7 +259,10 @@ class ProxyApp:
                     p = mod.parse(body)
                     return p, r.render(p.chat, session.state)
 
-                (parsed, ids), commit = await ctx.offload.run(work)
+                try:
+                    (parsed, ids), commit = await ctx.offload.run(work, token_budget=ctx.max_context)
+                except TooLong as e:  # one piece alone is over the window: refused, its ids never built
+                    raise context_too_long(dialect, e.n_tokens, ctx.max_context) from None
                 run = TurnRun(ctx, session, dialect, body, parsed)
                 run.prepare(ids)
                 commit()

@@ -21,6 +21,8 @@ from legorl.config_base import Section
 # OpenCode's title generator and compaction agent, OpenHands' condenser, Claude Code's
 # compaction instruction (appended to the last user message).
 DEFAULT_SIDE_CALL_PATTERNS = [
+    r"You are a context summarization assistant",  # Pi's compaction
+    r"You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex's compaction
     r"You are a title generator",
     r"You are a context summarization agent",
     r"You are maintaining a context-aware state summary",

@@ -79,7 +79,8 @@ def validate(
     if limit is not None:
         selected = selected[:limit]
     from legorl.sandbox.base import SandboxError
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
     from legorl.tasks.validate import TaskCheck, check_tasks
 
     def show(res: TaskCheck) -> None:
@@ -94,7 +95,7 @@ def validate(
         try:
             return await check_tasks(selected, backend, TaskImages(sandbox), concurrency=concurrency, on_result=show)
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     try:
         results = asyncio.run(run())
@@ -138,7 +139,8 @@ def generate(
 
 def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # type: ignore[type-arg]
     """The rows whose tasks pass the oracle check on `sandbox` (others are reported and dropped)."""
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
     from legorl.tasks.validate import check_tasks
 
     tmp = out / ".candidates.jsonl"
@@ -153,7 +155,7 @@ def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # 
         try:
             return await check_tasks(tasks, backend, TaskImages(sandbox))
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     results = asyncio.run(run())
     ok = {r.instance_id for r in results if r.ok}
@@ -191,19 +193,21 @@ def rollout_command(
     except KeyError as exc:
         _fail(str(exc.args[0]))
     from legorl.harness.command import CommandHarness
-    from legorl.rollout import RolloutConfig, run_rollout
+    from legorl.loop.config import SandboxSection
+    from legorl.rollout import run_rollout
     from legorl.sandbox.base import SandboxError
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
 
     async def run() -> dict:  # type: ignore[type-arg]
         backend = open_backend(sandbox)
         try:
             image = await TaskImages(sandbox).for_task(task)
-            cfg = RolloutConfig(agent_timeout_s=agent_timeout_s)
+            cfg = SandboxSection(backend=sandbox, agent_timeout_s=agent_timeout_s).rollout_config()
             res = await run_rollout(task, CommandHarness.from_file(command_file), backend, image, cfg, proxy_socket)
             return res.to_json()
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     from legorl.sandbox.images import ImageNotFound
     from legorl.sandbox.layers import ImageBuildError

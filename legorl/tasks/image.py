@@ -16,10 +16,9 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from legorl.sandbox.base import Backend, SandboxError
 from legorl.sandbox.images import ImageRef, ImageStore
+from legorl.sandbox.layers import ensure_base, ensure_env, ensure_task
 from legorl.tasks.prebuilt import import_image, is_cache_key
 from legorl.types import Task
 
@@ -79,7 +78,7 @@ class TaskImages:
 
     async def base(self) -> ImageRef:
         if self._base is None:
-            self._base = await self.store.ensure_base()
+            self._base = await ensure_base(self.store)
         return self._base
 
     async def _prebuilt(self, task: Task) -> str:
@@ -90,7 +89,7 @@ class TaskImages:
             if ident not in self._keys:
                 layer, source = await import_image(self.store, task.image)
                 setup = [task.env_setup] if task.env_setup.strip() else []
-                ref = await self.store.ensure_task(layer, source, task.base_commit, setup=setup)
+                ref = await ensure_task(self.store, layer, source, task.base_commit, setup=setup)
                 if self.backend == "docker":
                     from legorl.sandbox.docker_images import ensure_docker_image
 
@@ -125,39 +124,13 @@ class TaskImages:
 
                 if not wheels_dir().is_dir():
                     raise FileNotFoundError(f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh")
-                base = await self.store.ensure_env(base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),)))
+                base = await ensure_env(self.store, base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),)))
             repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
             setup = [task.env_setup] if task.env_setup.strip() else []
-            ref = await self.store.ensure_task(base, repo, task.base_commit, setup=setup)
+            ref = await ensure_task(self.store, base, repo, task.base_commit, setup=setup)
             if self.backend == "docker":
                 from legorl.sandbox.docker_images import ensure_docker_image
 
                 await ensure_docker_image(self.store, ref.key)
             self._keys[ident] = ref.key
             return ref.key
-
-
-def open_backend(name: str, store: ImageStore | None = None) -> Any:
-    """A started-on-demand Backend by name ('local' or 'docker'); close it with `close_backend`."""
-    if name == "local":
-        from legorl.sandbox.local import LocalBackend
-
-        return LocalBackend(store)
-    if name == "docker":
-        try:
-            from legorl.sandbox.docker import DockerBackend
-        except ImportError as exc:
-            raise SandboxError(f"the docker backend is not available: {exc}") from None
-        return DockerBackend(store)
-    raise ValueError(f"unknown sandbox backend {name!r}; expected one of {', '.join(BACKENDS)}")
-
-
-async def close_backend(backend: Backend) -> None:
-    """Release what a backend holds (zygote processes, clients), whatever its kind."""
-    for attr in ("aclose", "close"):
-        fn = getattr(backend, attr, None)
-        if fn is not None:
-            res = fn()
-            if asyncio.iscoroutine(res):
-                await res
-            return

@@ -121,7 +121,7 @@ async def import_image(store: ImageStore, ref: str) -> tuple[ImageRef, Path]:
         found = await asyncio.to_thread(_export, image_id, dest / "rootfs", dest / "source")
         return {"image": ref, "image_id": image_id, **found}
 
-    layer = await store._ensure("base", None, recipe, build)  # a parentless layer, like a base
+    layer = await store.ensure("base", None, recipe, build)  # a parentless layer, like a base
     return layer, layer.path / "source"
 
 
