@@ -38,8 +38,8 @@ def docker(*args: str) -> str:
     return subprocess.run(["docker", *args], capture_output=True, check=True, timeout=600).stdout.decode().strip()
 
 
-def build_image(tmp: Path, layout: str) -> tuple[Task, str]:
-    """(a shipped task naming an image tarball, the future commit inside that image).
+def build_image(tmp: Path, layout: str) -> tuple[Task, str, str]:
+    """(a shipped task naming an image tarball, the future commit inside it, its name).
 
     `ours`: the repository at /repo. `official`: as the official per-instance images have
     it, the repository at /testbed and the project's environment first on the image's
@@ -72,7 +72,7 @@ def build_image(tmp: Path, layout: str) -> tuple[Task, str]:
     tar = tmp / "image.tar"
     docker("save", "-o", str(tar), name)
     docker("rmi", name)  # the task brings it back with `docker load`
-    return dataclasses.replace(task, image=str(tar), repo_path=""), future
+    return dataclasses.replace(task, image=str(tar), repo_path=""), future, name
 
 
 def test_a_missing_image_is_a_clear_error_and_never_pulled() -> None:
@@ -86,7 +86,7 @@ def test_a_missing_image_is_a_clear_error_and_never_pulled() -> None:
 @pytest.mark.parametrize("layout,backend_name", [("ours", "local"), ("official", "docker")])
 def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout: str, backend_name: str) -> None:
     require_backend("docker")
-    task, future = build_image(tmp_path, layout)
+    task, future, name = build_image(tmp_path, layout)
 
     async def run() -> None:
         backend = open_backend(backend_name)
@@ -105,5 +105,6 @@ def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout:
             assert res.ok, res.problems
         finally:
             await backend.aclose()
+            subprocess.run(["docker", "rmi", name], capture_output=True)  # what `docker load` brought back
 
     asyncio.run(run())
