@@ -182,8 +182,8 @@ def test_registry() -> None:
     assert (h.name, h.max_turns, h.context_window) == ("opencode", 3, 9000)
     with pytest.raises(ValueError, match="unknown option"):
         make_harness("claude-code", condenser_max_size=3)
-    with pytest.raises(ValueError, match="unknown harness 'codex'"):
-        make_harness("codex")
+    with pytest.raises(ValueError, match="unknown harness 'nonesuch'"):
+        make_harness("nonesuch")
     with pytest.raises(ValueError, match="command_file"):
         make_harness("command")
 
