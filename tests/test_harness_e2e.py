@@ -11,7 +11,10 @@ path (`RolloutWorker`: session → session socket → sandbox → diff → gradi
   lost (mini-swe-agent never compacts);
 - the tiny random `hf` model ends as an agent failure, never an infra error or a hang;
 - once per harness on the docker backend;
-- a dead engine (every call a 502) ends as a masked `infra_error`, not as a reward of 0.
+- a dead engine (every call a 502) ends as a masked `infra_error`, not as a reward of 0;
+- Claude Code runs a real sub-agent (the oracle delegates the task through its `Agent`
+  tool): the sub-agent's turns are their own segment beside the parent's unbroken chain,
+  and every sampled token reaches the loss (delivered fraction 1.0).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from harness_util import (
     summary,
 )
 
+from legorl.trajectory import delivered
 from legorl.types import Status
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
@@ -116,3 +120,20 @@ def test_dead_engine_is_an_infra_error(harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.INFRA_ERROR and o.masked, summary(rec)
     assert engine.calls >= 1 and rec.trajectory.segments == []
+
+
+def test_claude_code_sub_agent_is_its_own_segment() -> None:
+    if why := harness_missing("claude-code"):
+        pytest.skip(why)
+    setup = Setup("claude-code", engine_options={"delegate": True},
+                  options={"tools": "Bash,Read,Edit,Write,Glob,Grep,Agent"})
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    assert rec.trajectory.outcome.status == Status.RESOLVED, summary(rec)
+    check_recorded(rec)
+    turns = sorted(rec.turns, key=lambda t: t.index)
+    systems = [str(t.request.get("system"))[:2000] for t in turns]
+    parent = [t.index for t, sysp in zip(turns, systems, strict=True) if sysp == systems[0]]
+    child = [t.index for t in turns if t.index not in parent]
+    assert len(parent) == 2 and len(child) >= 3, summary(rec)  # delegate + final answer; the sub-agent's 4 steps
+    assert sorted(s.turn_indices for s in rec.trajectory.segments) == sorted([parent, child])
+    assert delivered(rec.turns, rec.trajectory)["fraction"] == 1.0
