@@ -3,7 +3,7 @@
 Each harness runs one oracle rollout of a shipped task through the production path with
 its command under strace (`legorl.harness.nettrace`, the harness unmodified): every
 IPv4/IPv6 destination it tried — a connect, a DNS datagram, anything sent with an address
-— must be loopback. Offline such attempts fail (or wait for a timeout) unseen, costing
+— must be the proxy's address (a DNS query to a loopback resolver counts as going out). Offline such attempts fail (or wait for a timeout) unseen, costing
 start-up time; online they would leak. To cover a new harness, add its name to `HARNESSES`.
 """
 
@@ -12,7 +12,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from harness_util import Setup, docker_missing, harness_missing, run_config, shipped, summary
+from harness_util import (
+    Setup,
+    docker_missing,
+    harness_missing,
+    run_config,
+    shipped,
+    summary,
+)
 
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.harness.install import is_built
@@ -67,3 +74,7 @@ def test_foreign_destinations_are_found() -> None:
            'inet_pton(AF_INET6, "2001:db8::1", &sin6_addr), sin6_scope_id=0}, 28) = -1 ENETUNREACH\n'
            '9 connect(6, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT\n')
     assert foreign(log) == [("192.0.2.53", 53), ("2001:db8::1", 443)]
+    dns = '1 connect(3, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0\n'
+    assert foreign(dns) == [("127.0.0.53", 53)]  # a lookup, even through a loopback resolver
+    assert foreign(log + dns, allow={("127.0.0.1", 8000)}) == [("127.0.0.53", 53), ("192.0.2.53", 53),
+                                                                ("2001:db8::1", 443)]
