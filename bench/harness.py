@@ -9,7 +9,8 @@ path), prints one JSON object with:
   the sandbox and the harness's own work between calls), `grade_s` (fresh-sandbox
   grading) and `other_s` (session, diff, image lookup);
 - `cpu_s`: CPU seconds per rollout (median): `sandboxes` (the agent and grading sandboxes'
-  cgroups: harness, tools, tests; polled, so a lower bound) and `host` (this process:
+  cgroups, or their processes' times where the cgroup counts none: harness, tools, tests;
+  polled every 0.25 s, so a lower bound) and `host` (this process:
   proxy, engine, sandbox plumbing);
 - `peak_mem_mb`: the largest memory peak of any agent/grading sandbox cgroup (harness,
   tools and the sandbox's tmpfs disk), alone and with rollouts running concurrently;
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import threading
@@ -73,7 +75,7 @@ class CgroupPeaks:
         for root in self.ROOTS:
             if not root.is_dir():
                 continue
-            for d in root.glob("**/legorl-*"):
+            for d in root.glob(f"**/legorl-{os.getpid()}-*"):  # ours only: other processes run sandboxes too
                 self._cpu(d)
                 for name in ("memory.max_usage_in_bytes", "memory.peak", "memory.current", "memory.usage_in_bytes"):
                     try:
@@ -84,17 +86,30 @@ class CgroupPeaks:
                     break
 
     def _cpu(self, d: Path) -> None:
+        """A sandbox's CPU time so far: its cgroup's counter where there is one (v2
+        `cpu.stat`, v1 `cpuacct.usage`); else (v1 without cpuacct, as here) the sum of
+        utime+stime+cutime+cstime of its processes — pid 1 reaps every orphan, so what
+        ended is in its children's times."""
+        us = None
         try:
             if (d / "cpu.stat").exists() and "usage_usec" in (text := (d / "cpu.stat").read_text()):
                 us = int(text.split("usage_usec", 1)[1].split()[0])
             elif (d / "cpuacct.usage").exists():
                 us = int((d / "cpuacct.usage").read_text()) // 1000
-            else:
-                return
+            elif (d / "cgroup.procs").exists() and d.parent.name != "cpu":
+                ticks = 0
+                for pid in (d / "cgroup.procs").read_text().split():
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+                us = ticks * 1_000_000 // os.sysconf("SC_CLK_TCK")
         except (OSError, ValueError, IndexError):
             return
-        key = d.name  # v1 has one directory per controller: count each sandbox once
-        self.cpu_us[key] = max(self.cpu_us.get(key, 0), us)
+        if us is not None:
+            key = d.name  # v1 has one directory per controller: count each sandbox once
+            self.cpu_us[key] = max(self.cpu_us.get(key, 0), us)
 
     def cpu_s(self) -> float:
         return round(sum(self.cpu_us.values()) / 1e6, 2)
@@ -238,8 +253,8 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict
         "startup_s": {"p50": _pct(starts, 0.5), "p90": _pct(starts, 0.9), "all": starts},
         "rollout_s": {k: median[k] for k in ("wall_s", "startup_s", "model_s", "tool_and_harness_s", "grade_s",
                                              "other_s")},
-        "cpu_s": {"sandboxes": statistics.median(r["sandbox_cpu_s"] for r in seq),
-                  "host": statistics.median(r["host_cpu_s"] for r in seq)},
+        "cpu_s": {"sandboxes": round(statistics.median(r["sandbox_cpu_s"] for r in seq), 2),
+                  "host": round(statistics.median(r["host_cpu_s"] for r in seq), 2)},
         "peak_mem_mb": {"alone": max(r["peak_mem_mb"] for r in seq),
                         "max_concurrent": max(peak_concurrent, *(r["peak_mem_mb"] for r in seq))},
         "delivered_fraction": min(r["delivered_fraction"] for r in all_runs),
@@ -263,7 +278,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.runs < 1 or args.max_n < 1:
         ap.error("--runs and --max-n must be at least 1")
-    import os
 
     out = {"machine": {"cpus": os.cpu_count()}, "engine": "oracle", "sandbox": "local",
            "harnesses": [bench_harness(h, args.max_n, args.runs, args.compaction) for h in (args.harness or NATIVE)]}
