@@ -60,12 +60,6 @@ class Recipe:
 
 
 _PY = "$DEP_PYTHON312/bin/python3.12"
-# pip leaves some modules without bytecode (29 of py-key-value's in the OpenHands venv), and a
-# read-only layer cannot cache it: every start would compile them again. So the build
-# compiles whatever lacks a .pyc, as unchecked-hash pycs (a layer's sources never change).
-# Exit status ignored: a few packages ship files that are not meant to compile (templates).
-_COMPILE = ('"$LAYER/venv/bin/python" -m compileall -q -j 0 --invalidation-mode unchecked-hash '
-            '"$LAYER/venv/lib/python3.12/site-packages" >/dev/null || true')
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
@@ -90,7 +84,6 @@ patchelf --set-rpath '$ORIGIN/../lib' "$LAYER/bin/python3.12"
 {_PY} -m venv "$LAYER/venv"
 "$LAYER/venv/bin/pip" install -q --disable-pip-version-check \\
     openhands-sdk=={OPENHANDS_VERSION} openhands-tools=={OPENHANDS_VERSION}
-{_COMPILE}
 LITELLM_LOCAL_MODEL_COST_MAP=True "$LAYER/venv/bin/python" -c \\
     'import openhands.sdk, openhands.tools.terminal, openhands.tools.file_editor'
 """,
@@ -102,7 +95,6 @@ LITELLM_LOCAL_MODEL_COST_MAP=True "$LAYER/venv/bin/python" -c \\
             f"""
 {_PY} -m venv "$LAYER/venv"
 "$LAYER/venv/bin/pip" install -q --disable-pip-version-check mini-swe-agent=={MINI_SWE_AGENT_VERSION}
-{_COMPILE}
 MSWEA_CONFIGURED=true LITELLM_LOCAL_MODEL_COST_MAP=True "$LAYER/venv/bin/mini" --help >/dev/null
 """,
             deps=("python312",),
