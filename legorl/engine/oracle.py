@@ -294,8 +294,9 @@ class OraclePolicy:
         prompt = f"{task.problem_statement}\n\n{MARK}:task={task.instance_id} {DELEGATED}"
         given = {"description": "Fix the reported bug", "prompt": prompt, "run_in_background": False}
         props = _params_schema(tool).get("properties", {})
-        if "subagent_type" in props:
-            given["subagent_type"] = "general-purpose"
+        if "subagent_type" in props:  # the harness's general agent: Claude Code's or OpenCode's name for it
+            blurb = json.dumps(tool)
+            given["subagent_type"] = "general-purpose" if "general-purpose" in blurb or "general" not in blurb else "general"
         args = _fill(_params_schema(tool), {k: v for k, v in given.items() if k in props}, "delegate")
         say = "I will delegate the fix to a sub-agent."
         return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
