@@ -1,19 +1,31 @@
 """Harness benchmark: what one real-harness rollout costs, and how many fit on this machine.
 
-For each harness (oracle engine, shipped task, local sandboxes, the production rollout
+For each harness (oracle engine, shipped tasks, local sandboxes, the production rollout
 path), prints one JSON object with:
-- `rollout_s`: wall time of one rollout split into `startup_s` (sandbox up and harness
-  launched until its first model call), `model_s` (time inside model calls, as the proxy
-  saw them), `tool_and_harness_s` (the rest of the agent stage: tools running in the
-  sandbox and the harness's own work between calls), `grade_s` (fresh-sandbox grading)
-  and `other_s` (session, diff, image lookup);
+- `startup_s`: p50 / p90 over `--runs` sequential rollouts of sandbox start → the
+  harness's first model request (as the proxy saw it);
+- `rollout_s`: the median rollout's wall time split into `startup_s`, `model_s` (time
+  inside model calls), `tool_and_harness_s` (the rest of the agent stage: tools running in
+  the sandbox and the harness's own work between calls), `grade_s` (fresh-sandbox
+  grading) and `other_s` (session, diff, image lookup);
+- `cpu_s`: CPU seconds per rollout (median): `sandboxes` (the agent and grading sandboxes'
+  cgroups, or their processes' times where the cgroup counts none: harness, tools, tests;
+  polled every 0.25 s, so a lower bound) and `host` (this process:
+  proxy, engine, sandbox plumbing);
 - `peak_mem_mb`: the largest memory peak of any agent/grading sandbox cgroup (harness,
-  tools and the sandbox's tmpfs disk) while rollouts ran alone and concurrently;
+  tools and the sandbox's tmpfs disk), alone and with rollouts running concurrently;
+- `delivered_fraction`: the smallest over all runs of the share of policy-sampled tokens
+  (every non-side turn's completion) found at mask-1 positions of the trajectory
+  (`legorl.trajectory.delivered`); must be 1.0. `--compaction` adds one run with a forced
+  compaction (a proxy window inside the run; OpenHands: a small condenser) and reports its
+  delivered fraction, segments and side calls;
 - `scaling`: for n = 1, 2, 4, … concurrent rollouts, wall time and rollouts per minute;
   `max_useful_concurrency` is the n after which throughput rose by less than 10 %;
 - `segments` / `turns`: per rollout (median over all runs).
 
-    .venv/bin/python bench/harness.py [--harness NAME ...] [--max-n 4]
+    .venv/bin/python bench/harness.py [--harness NAME ...] [--runs 5] [--max-n 4] [--compaction]
+
+Timings depend on the machine's load: say how loaded it was when quoting them.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import threading
@@ -30,11 +43,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness_util import Setup, harness_missing, run_config, shipped  # noqa: E402
+from harness_util import (  # noqa: E402
+    Setup,
+    harness_missing,
+    prompt_window_between,
+    run_config,
+    shipped,
+)
 
 from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
+from legorl.trajectory import delivered  # noqa: E402
 
 NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
 NATIVE += ["gemini-cli", "qwen-code"]
@@ -43,13 +63,14 @@ NATIVE += ["codex", "pi"]
 
 
 class CgroupPeaks:
-    """Polls every sandbox cgroup's memory peak (they vanish when a sandbox ends)."""
+    """Polls every sandbox cgroup's memory peak and CPU use (they vanish when a sandbox ends)."""
 
     ROOTS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")]
 
     def __init__(self, period_s: float = 0.25) -> None:
         self.period_s = period_s
         self.peaks: dict[str, int] = {}
+        self.cpu_us: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -57,7 +78,8 @@ class CgroupPeaks:
         for root in self.ROOTS:
             if not root.is_dir():
                 continue
-            for d in root.glob("**/legorl-*"):
+            for d in root.glob(f"**/legorl-{os.getpid()}-*"):  # ours only: other processes run sandboxes too
+                self._cpu(d)
                 for name in ("memory.max_usage_in_bytes", "memory.peak", "memory.current", "memory.usage_in_bytes"):
                     try:
                         v = int((d / name).read_text().split()[0])
@@ -65,6 +87,35 @@ class CgroupPeaks:
                         continue
                     self.peaks[str(d)] = max(self.peaks.get(str(d), 0), v)
                     break
+
+    def _cpu(self, d: Path) -> None:
+        """A sandbox's CPU time so far: its cgroup's counter where there is one (v2
+        `cpu.stat`, v1 `cpuacct.usage`); else (v1 without cpuacct, as here) the sum of
+        utime+stime+cutime+cstime of its processes — pid 1 reaps every orphan, so what
+        ended is in its children's times."""
+        us = None
+        try:
+            if (d / "cpu.stat").exists() and "usage_usec" in (text := (d / "cpu.stat").read_text()):
+                us = int(text.split("usage_usec", 1)[1].split()[0])
+            elif (d / "cpuacct.usage").exists():
+                us = int((d / "cpuacct.usage").read_text()) // 1000
+            elif (d / "cgroup.procs").exists() and d.parent.name != "cpu":
+                ticks = 0
+                for pid in (d / "cgroup.procs").read_text().split():
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+                us = ticks * 1_000_000 // os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return
+        if us is not None:
+            key = d.name  # v1 has one directory per controller: count each sandbox once
+            self.cpu_us[key] = max(self.cpu_us.get(key, 0), us)
+
+    def cpu_s(self) -> float:
+        return round(sum(self.cpu_us.values()) / 1e6, 2)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -100,9 +151,18 @@ def breakdown(rec: Any, t_agent_start: float) -> dict[str, float]:
     }
 
 
-async def run_n(harness: str, n: int) -> tuple[float, list[dict[str, Any]]]:
-    """n concurrent oracle rollouts (over the shipped tasks, round robin)."""
-    setup = Setup(harness, timeout_s=900)
+def _row(rec: Any, t0: float, total: float) -> dict[str, Any]:
+    row = {"wall_s": round(total, 2), **breakdown(rec, t0), "status": rec.trajectory.outcome.status.value,
+           "turns": len(rec.turns), "segments": len(rec.trajectory.segments),
+           "side_calls": len(rec.trajectory.side_turns),
+           "delivered_fraction": delivered(rec.turns, rec.trajectory)["fraction"]}
+    row["other_s"] = round(total - row["startup_s"] - row["model_s"] - row["tool_and_harness_s"] - row["grade_s"], 2)
+    return row
+
+
+async def run_n(setup: Setup, n: int, sequential: int = 0) -> tuple[float, list[dict[str, Any]]]:
+    """n concurrent oracle rollouts (over the shipped tasks, round robin); or, with
+    `sequential` > 0, that many one after another, each with its own CPU and memory figures."""
     cfg = run_config(setup)
     engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
     tasks = shipped(3)
@@ -112,37 +172,75 @@ async def run_n(harness: str, n: int) -> tuple[float, list[dict[str, Any]]]:
             await w.images.for_task(t)
 
         async def one(k: int) -> None:
-            t0 = time.time()
+            t0, c0 = time.time(), time.process_time()
             rec = await w.rollout(tasks[k % len(tasks)])
-            total = time.time() - t0
-            row = {"wall_s": round(total, 2), **breakdown(rec, t0), "status": rec.trajectory.outcome.status.value,
-                   "turns": len(rec.turns), "segments": len(rec.trajectory.segments)}
-            row["other_s"] = round(total - row["startup_s"] - row["model_s"] - row["tool_and_harness_s"]
-                                   - row["grade_s"], 2)
-            out.append(row)
+            out.append({**_row(rec, t0, time.time() - t0), "host_cpu_s": round(time.process_time() - c0, 2)})
 
         t0 = time.time()
-        await asyncio.gather(*(one(k) for k in range(n)))
+        if sequential:
+            for k in range(sequential):
+                with CgroupPeaks() as peaks:
+                    await one(k)
+                out[-1].update(sandbox_cpu_s=peaks.cpu_s(), peak_mem_mb=peaks.max_mb())
+        else:
+            await asyncio.gather(*(one(k) for k in range(n)))
         wall = time.time() - t0
     await engine.close()
     return wall, out
 
 
-def bench_harness(harness: str, max_n: int) -> dict[str, Any]:
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 2)
+
+
+def compaction_setup(harness: str) -> Setup | None:
+    """A setup that forces a compaction (None: the harness never compacts)."""
+    if harness == "openhands":
+        return Setup(harness, options={"condenser_max_size": 6, "condenser_keep_first": 1}, timeout_s=900)
+    if harness in ("claude-code", "opencode"):
+        rec = asyncio.run(_one(Setup(harness, timeout_s=900)))  # calibration: the prompt sizes per turn
+        return Setup(harness, max_context=prompt_window_between(rec, 3), timeout_s=900)
+    return None
+
+
+async def _one(setup: Setup) -> Any:
+    cfg = run_config(setup)
+    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            return await w.rollout(shipped(1)[0])
+    finally:
+        await engine.close()
+
+
+def bench_compaction(harness: str) -> dict[str, Any] | None:
+    setup = compaction_setup(harness)
+    if setup is None:
+        return None
+    rec = asyncio.run(_one(setup))
+    r = _row(rec, time.time(), 0.0)
+    return {k: r[k] for k in ("status", "turns", "segments", "side_calls", "delivered_fraction")}
+
+
+def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict[str, Any]:
     why = harness_missing(harness)
     if why:
         return {"harness": harness, "error": why}
-    scaling = []
-    runs: list[dict[str, Any]] = []
-    best = 0.0
-    useful = 1
-    peaks_by_n: dict[int, float] = {}
-    n = 1
+    setup = Setup(harness, timeout_s=900)
+    _, seq = asyncio.run(run_n(setup, 1, sequential=runs))
+    scaling = [{"n": 1, "wall_s": round(statistics.median(r["wall_s"] for r in seq), 1),
+                "rollouts_per_min": round(60.0 / statistics.median(r["wall_s"] for r in seq), 2),
+                "resolved": sum(r["status"] == "resolved" for r in seq)}]
+    all_runs: list[dict[str, Any]] = list(seq)
+    best, useful = scaling[0]["rollouts_per_min"], 1
+    peak_concurrent = 0.0
+    n = 2
     while n <= max_n:
         with CgroupPeaks() as peaks:
-            wall, rows = asyncio.run(run_n(harness, n))
-        peaks_by_n[n] = peaks.max_mb()
-        runs += rows
+            wall, rows = asyncio.run(run_n(setup, n))
+        peak_concurrent = max(peak_concurrent, peaks.max_mb())
+        all_runs += rows
         per_min = round(60.0 * n / wall, 2)
         scaling.append({"n": n, "wall_s": round(wall, 1), "rollouts_per_min": per_min,
                         "resolved": sum(r["status"] == "resolved" for r in rows)})
@@ -150,30 +248,42 @@ def bench_harness(harness: str, max_n: int) -> dict[str, Any]:
             break
         best, useful = per_min, n
         n *= 2
-    single = [r for r in runs][:1][0]
-    return {
+    starts = [r["startup_s"] for r in seq]
+    median = sorted(seq, key=lambda r: r["wall_s"])[len(seq) // 2]
+    out = {
         "harness": harness,
-        "rollout_s": {k: single[k] for k in ("wall_s", "startup_s", "model_s", "tool_and_harness_s", "grade_s",
+        "runs": len(seq),
+        "startup_s": {"p50": _pct(starts, 0.5), "p90": _pct(starts, 0.9), "all": starts},
+        "rollout_s": {k: median[k] for k in ("wall_s", "startup_s", "model_s", "tool_and_harness_s", "grade_s",
                                              "other_s")},
-        "rollout_s_median_all": round(statistics.median(r["wall_s"] for r in runs), 2),
-        "peak_mem_mb": {"alone": peaks_by_n.get(1), "max_concurrent": max(peaks_by_n.values())},
+        "cpu_s": {"sandboxes": round(statistics.median(r["sandbox_cpu_s"] for r in seq), 2),
+                  "host": round(statistics.median(r["host_cpu_s"] for r in seq), 2)},
+        "peak_mem_mb": {"alone": max(r["peak_mem_mb"] for r in seq),
+                        "max_concurrent": max(peak_concurrent, *(r["peak_mem_mb"] for r in seq))},
+        "delivered_fraction": min(r["delivered_fraction"] for r in all_runs),
         "scaling": scaling,
         "max_useful_concurrency": useful,
-        "median_turns": statistics.median(r["turns"] for r in runs),
-        "median_segments": statistics.median(r["segments"] for r in runs),
-        "statuses": sorted({r["status"] for r in runs}),
+        "median_turns": statistics.median(r["turns"] for r in all_runs),
+        "median_segments": statistics.median(r["segments"] for r in all_runs),
+        "statuses": sorted({r["status"] for r in all_runs}),
     }
+    if compaction:
+        out["compaction"] = bench_compaction(harness)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--harness", action="append", choices=NATIVE, help="default: all of them")
     ap.add_argument("--max-n", type=int, default=4, help="largest concurrency tried")
+    ap.add_argument("--runs", type=int, default=5, help="sequential rollouts for the start-up percentiles")
+    ap.add_argument("--compaction", action="store_true", help="also one run with a forced compaction")
     args = ap.parse_args()
-    import os
+    if args.runs < 1 or args.max_n < 1:
+        ap.error("--runs and --max-n must be at least 1")
 
     out = {"machine": {"cpus": os.cpu_count()}, "engine": "oracle", "sandbox": "local",
-           "harnesses": [bench_harness(h, args.max_n) for h in (args.harness or NATIVE)]}
+           "harnesses": [bench_harness(h, args.max_n, args.runs, args.compaction) for h in (args.harness or NATIVE)]}
     print(json.dumps(out))
 
 

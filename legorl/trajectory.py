@@ -2,10 +2,14 @@
 
 A harness keeps its own copy of the conversation and may compact it, reorder it or
 re-serialise it. The trainer must nevertheless learn from exactly what was sampled, and
-as cheaply as possible: when turn t's prompt extends turn t-1's prompt+completion
-token-for-token, both belong to one **segment** (one forward pass in the trainer, the
-shared prefix counted once). When it does not, a new segment starts — nothing sampled is
-dropped, it is just no longer a prefix of what follows.
+as cheaply as possible: when turn t's prompt extends an earlier turn's prompt+completion
+token-for-token (the last turn of a segment), both belong to one **segment** (one forward
+pass in the trainer, the shared prefix counted once). When it extends none, a new segment
+starts — nothing sampled is dropped, it is just no longer a prefix of what follows. Any
+segment may be continued, not only the latest: a harness that runs a sub-agent (Claude
+Code's `Agent` tool, OpenCode's subagents) interleaves two conversations in one session,
+and each keeps its own segment. `delivered` checks, from the turns' side, that every
+sampled token of a policy turn reached the loss.
 
 Loss masks are 1 exactly on completion tokens (what the policy sampled); prompt tokens,
 harness-inserted text and tool outputs are 0, even when they lie between two completions.
@@ -104,14 +108,36 @@ def _start_routing(turn: Turn) -> _SegmentRouting | None:
     return _SegmentRouting(turn)
 
 
+def _segment_for(turn: Turn, segments: list[Segment], prev_seg: int | None) -> int | None:
+    """The segment `turn` continues: the one whose tokens its prompt begins with. Several
+    conversations can be open at once in one session (a sub-agent's turns interleaved with
+    its parent's, parallel threads), so every segment is a candidate, not only the last.
+    The segment of the turn just before wins (the proxy trimmed this turn's routing
+    against that one); otherwise the longest match."""
+    if prev_seg is not None and extends(turn.prompt_ids, segments[prev_seg].token_ids):
+        return prev_seg
+    best: int | None = None
+    for k, seg in enumerate(segments):
+        if (best is None or len(seg.token_ids) > len(segments[best].token_ids)) and extends(turn.prompt_ids,
+                                                                                             seg.token_ids):
+            best = k
+    return best
+
+
 def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
-    """Build one trajectory from a session's turns (in call order)."""
+    """Build one trajectory from a session's turns (in call order).
+
+    Each policy turn either continues a segment (its prompt begins with that segment's
+    tokens) or starts one; side calls are listed apart. A sub-agent's conversation thus
+    becomes its own segment(s) beside its parent's, and every sampled token is in exactly
+    one segment with mask 1 — all of them trained with the rollout's outcome."""
     turns = sorted(turns, key=lambda t: t.index)
     sid = session_id if session_id is not None else (turns[0].session_id if turns else "")
     stats = AlignmentStats()
     segments: list[Segment] = []
     routing: list[_SegmentRouting | None] = []  # per segment
     side: list[int] = []
+    prev_seg: int | None = None  # the segment of the previous policy turn
     for turn in turns:
         if turn.side_call:
             side.append(turn.index)
@@ -121,21 +147,48 @@ def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
                 f"turn {turn.index} of session {sid}: {len(turn.logprobs)} logprobs for "
                 f"{len(turn.completion_ids)} completion ids"
             )
-        if segments:
+        k = _segment_for(turn, segments, prev_seg)
+        if k is not None:
+            stats.reused_prompt_tokens += len(segments[k].token_ids)
+            _extend(segments[k], turn)
+            if routing[k] is not None and not routing[k].add(turn):
+                routing[k] = None
+            prev_seg = k
+            continue
+        if segments and stats.first_divergence is None:
             cur = segments[-1].token_ids
-            if extends(turn.prompt_ids, cur):
-                stats.reused_prompt_tokens += len(cur)
-                _extend(segments[-1], turn)
-                if routing[-1] is not None and not routing[-1].add(turn):
-                    routing[-1] = None
-                continue
-            if stats.first_divergence is None:
-                stats.first_divergence = {"turn": turn.index, "token": _first_mismatch(turn.prompt_ids, cur)}
+            stats.first_divergence = {"turn": turn.index, "token": _first_mismatch(turn.prompt_ids, cur)}
         segments.append(_new_segment(turn))
         routing.append(_start_routing(turn))
+        prev_seg = len(segments) - 1
     for seg, rows in zip(segments, routing, strict=True):
         seg.routed_experts = rows.join() if rows is not None else None
     stats.segments = len(segments)
     stats.tokens = sum(len(s.token_ids) for s in segments)
     stats.sampled_tokens = sum(sum(s.loss_mask) for s in segments)
     return Trajectory(session_id=sid, segments=segments, stats=stats, side_turns=side)
+
+
+def delivered(turns: list[Turn], traj: Trajectory) -> dict[str, float | int]:
+    """How much of what the policy sampled reaches the loss, checked from the turns' side.
+
+    `policy_tokens`: completion tokens of every policy (non-side) turn; `delivered_tokens`:
+    those found, token for token, at mask-1 positions of the segment that lists their turn
+    (so a turn dropped, mis-placed or masked out counts as lost); `side_tokens`: side calls'
+    completions (titles, summaries: kept apart on purpose). `fraction` should be 1.0."""
+    by_index = {t.index: t for t in turns}
+    placed: dict[int, bool] = {}
+    for seg in traj.segments:
+        for i in seg.turn_indices:
+            t = by_index.get(i)
+            if t is None:
+                continue
+            n, m = len(t.prompt_ids), len(t.completion_ids)
+            placed[i] = (seg.token_ids[n : n + m] == list(t.completion_ids) and all(seg.loss_mask[n : n + m])
+                         and seg.token_ids[:n] == list(t.prompt_ids))
+    policy = [t for t in turns if not t.side_call]
+    total = sum(len(t.completion_ids) for t in policy)
+    got = sum(len(t.completion_ids) for t in policy if placed.get(t.index))
+    return {"policy_tokens": total, "delivered_tokens": got,
+            "side_tokens": sum(len(t.completion_ids) for t in turns if t.side_call),
+            "fraction": round(got / total, 6) if total else 1.0}

@@ -15,6 +15,7 @@ log() { printf '== setup_harnesses: %s\n' "$*" >&2; }
 need=()
 command -v patchelf >/dev/null || need+=(patchelf)
 command -v npm >/dev/null || need+=(npm)
+command -v strace >/dev/null || need+=(strace)  # the strace layer (tests: no network at start-up)
 if [ ${#need[@]} -gt 0 ]; then
     log "apt packages: ${need[*]}"
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null

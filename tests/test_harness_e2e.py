@@ -11,7 +11,11 @@ path (`RolloutWorker`: session → session socket → sandbox → diff → gradi
   lost (mini-swe-agent never compacts);
 - the tiny random `hf` model ends as an agent failure, never an infra error or a hang;
 - once per harness on the docker backend;
-- a dead engine (every call a 502) ends as a masked `infra_error`, not as a reward of 0.
+- a dead engine (every call a 502) ends as a masked `infra_error`, not as a reward of 0;
+- Claude Code and OpenCode run a real sub-agent (the oracle delegates the task through
+  their `Agent` / `task` tool): the sub-agent's turns are their own segment beside the
+  parent's unbroken chain,
+  and every sampled token reaches the loss (delivered fraction 1.0).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from harness_util import (
     summary,
 )
 
+from legorl.trajectory import delivered
 from legorl.types import Status
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
@@ -116,3 +121,22 @@ def test_dead_engine_is_an_infra_error(harness: str) -> None:
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.INFRA_ERROR and o.masked, summary(rec)
     assert engine.calls >= 1 and rec.trajectory.segments == []
+
+
+@pytest.mark.parametrize("harness", ["claude-code", "opencode"])
+def test_sub_agent_is_its_own_segment(harness: str) -> None:
+    """The oracle delegates the task to the harness's sub-agent tool (Claude Code's
+    `Agent`, OpenCode's `task`); the sub-agent does the four steps and reports back."""
+    if why := harness_missing(harness):
+        pytest.skip(why)
+    options = {"tools": "Bash,Read,Edit,Write,Glob,Grep,Agent"} if harness == "claude-code" else {}
+    setup = Setup(harness, engine_options={"delegate": True}, options=options)
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    assert rec.trajectory.outcome.status == Status.RESOLVED, summary(rec)
+    check_recorded(rec)
+    last = max(t.index for t in rec.turns)
+    segs = sorted((s.turn_indices for s in rec.trajectory.segments), key=len)
+    assert len(segs) == 2, summary(rec)
+    parent, child = segs  # the parent: its delegating call and its final answer
+    assert parent == [0, last] and len(child) >= 3 and all(0 < i < last for i in child), segs
+    assert delivered(rec.turns, rec.trajectory)["fraction"] == 1.0

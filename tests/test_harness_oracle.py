@@ -120,6 +120,25 @@ def test_plan_through_each_tool_set(renderer, harness) -> None:
     assert all(t.get("reasoning_content") for t in turns)
 
 
+def test_delegate_hands_the_task_to_a_sub_agent_tool(renderer) -> None:
+    system, tools = CLAUDE
+    agent = _fn("Agent", {"description": STR, "prompt": STR, "subagent_type": STR,
+                          "run_in_background": {"type": "boolean"}}, ["description", "prompt"])
+    policy = OraclePolicy({TASK.instance_id: TASK}, delegate=True)
+    first = _episode(renderer, policy, system, [*tools, agent], TASK.problem_statement, max_turns=1)[0]
+    call = first["tool_calls"][0]["function"]
+    args = json.loads(call["arguments"])
+    assert call["name"] == "Agent" and args["run_in_background"] is False
+    assert TASK.problem_statement in args["prompt"] and f"{MARK}:task={TASK.instance_id}" in args["prompt"]
+    # the sub-agent gets the same tool (a fork would): the delegation marker stops a second hand-off
+    sub = _episode(renderer, policy, system, [*tools, agent], args["prompt"])
+    assert len(sub) == 4 and all(t["tool_calls"][0]["function"]["name"] == "Bash" for t in sub[:3])
+    # without the option the tool is ignored
+    plain = OraclePolicy({TASK.instance_id: TASK})
+    assert _episode(renderer, plain, system, [*tools, agent], TASK.problem_statement, max_turns=1)[0][
+        "tool_calls"][0]["function"]["name"] == "Bash"
+
+
 def test_summary_title_and_prefill(renderer) -> None:
     policy = OraclePolicy({TASK.instance_id: TASK})
     done = _episode(renderer, policy, *OPENCODE, TASK.problem_statement, max_turns=2)

@@ -8,7 +8,7 @@ import pytest
 from legorl.models import load_tokenizer
 from legorl.proxy.render import ChatRequest, Renderer, RenderState
 from legorl.proxy.toolcalls import parse_completion
-from legorl.trajectory import assemble
+from legorl.trajectory import assemble, delivered
 from legorl.types import Dialect, FinishReason, Turn
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
@@ -95,6 +95,37 @@ def test_reserialised_assistant_message_starts_new_segment(renderer: Renderer) -
     assert traj.stats.segments == 2
     assert _masked_ids(traj) == _sampled(h.turns)
     assert traj.stats.first_divergence["turn"] == 1
+
+
+def test_interleaved_sub_agent_keeps_its_own_segment(renderer: Renderer) -> None:
+    """A parent calls a sub-agent tool; the sub-agent's turns come between the parent's
+    (one session): the parent's chain stays one segment, the sub-agent's is another."""
+    h = Harness(renderer)
+    main = [{"role": "system", "content": "main agent"}, {"role": "user", "content": "fix it"}]
+    a = h.call(main, CALL.replace("ls", "delegate"))
+    sub = [{"role": "system", "content": "sub-agent"}, {"role": "user", "content": "fix it for the parent"}]
+    for k in range(2):
+        b = h.call(sub, CALL.replace("ls", f"ls {k}"))
+        sub += [b, {"role": "tool", "tool_call_id": b["tool_calls"][0]["id"], "content": f"out {k}"}]
+    h.call(sub, "Fixed.")
+    main += [a, {"role": "tool", "tool_call_id": a["tool_calls"][0]["id"], "content": "Fixed."}]
+    h.call(main, "Done.")
+    traj = assemble(h.turns)
+    assert [s.turn_indices for s in traj.segments] == [[0, 4], [1, 2, 3]]
+    assert sorted(_masked_ids(traj)) == sorted(_sampled(h.turns))
+    assert delivered(h.turns, traj) == {"policy_tokens": len(_sampled(h.turns)),
+                                        "delivered_tokens": len(_sampled(h.turns)), "side_tokens": 0, "fraction": 1.0}
+
+
+def test_delivered_counts_a_lost_turn(renderer: Renderer) -> None:
+    h = Harness(renderer)
+    msgs = [{"role": "user", "content": "hi"}]
+    a = h.call(msgs, CALL)
+    h.call(msgs + [a, {"role": "tool", "tool_call_id": "x", "content": "ok"}], "Done.")
+    traj = assemble(h.turns)
+    traj.segments[0].loss_mask[-1] = 0  # the last sampled token of turn 1 no longer reaches the loss
+    d = delivered(h.turns, traj)
+    assert d["delivered_tokens"] == len(h.turns[0].completion_ids) and d["fraction"] < 1.0
 
 
 def test_side_calls_are_excluded(renderer: Renderer) -> None:

@@ -60,6 +60,8 @@ SUBMIT_WORD = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only", "CONTEXT CHECKPOINT COMPACTION")
 STEPS = 4
 PATCH_EOF = "LEGORL_ORACLE_PATCH_EOF"
+DELEGATE_NAMES = ("agent", "task")  # Claude Code's sub-agent tool (`Agent`, formerly `Task`)
+DELEGATED = f"{MARK}:delegated"
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,14 @@ def find_shell(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def find_delegate(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A sub-agent tool: a known name with a `prompt` parameter."""
+    for t in tools:
+        if str(t.get("name", "")).lower() in DELEGATE_NAMES and "prompt" in _params_schema(t).get("properties", {}):
+            return t
+    return None
+
+
 def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[str, Any]:
     """`given` plus a plausible value for every other required parameter of the schema."""
     args = dict(given)
@@ -198,6 +208,7 @@ class OraclePolicy:
     think: bool = True
     run_tests: bool = True
     read_bytes: int = 20000  # how much of each file the patch touches the inspect step prints
+    delegate: bool = False  # hand the whole task to a sub-agent tool first, when one is offered
     _needles: dict[str, str] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
@@ -238,6 +249,9 @@ class OraclePolicy:
             why = "I could not identify the task" if task is None else "no shell tool is available"
             return f"I cannot make progress: {why}. {MARK}:step-{STEPS}"
         step = min(done + 1, STEPS)
+        sub = find_delegate(view.tools) if self.delegate and done == 0 and DELEGATED not in view.text else None
+        if sub is not None:
+            return self._delegate(task, sub)
         if step == STEPS:
             return self._finish(view, task, shell)
         command, say = self._command(task, step)
@@ -281,6 +295,19 @@ class OraclePolicy:
             return self._think(task, STEPS, "Submit.") + "The fix is in place; submitting.\n" + _tool_call(shell, args)
         return self._think(task, STEPS, "Report.") + self._final_text(task, STEPS)
 
+    def _delegate(self, task: OracleTask, tool: dict[str, Any]) -> str:
+        """Start a sub-agent (in the foreground) with the task; its report carries the
+        step markers back, so the next main turn finishes."""
+        prompt = f"{task.problem_statement}\n\n{MARK}:task={task.instance_id} {DELEGATED}"
+        given = {"description": "Fix the reported bug", "prompt": prompt, "run_in_background": False}
+        props = _params_schema(tool).get("properties", {})
+        if "subagent_type" in props:  # the harness's general agent: Claude Code's or OpenCode's name for it
+            blurb = json.dumps(tool)
+            given["subagent_type"] = "general-purpose" if "general-purpose" in blurb or "general" not in blurb else "general"
+        args = _fill(_params_schema(tool), {k: v for k, v in given.items() if k in props}, "delegate")
+        say = "I will delegate the fix to a sub-agent."
+        return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
+
     def _final_text(self, task: OracleTask | None, done: int) -> str:
         tid = task.instance_id if task else "unknown"
         return (f"I applied the fix for {tid} and checked it with the tests; the change is complete. "
@@ -316,11 +343,13 @@ class OracleEngine:
         think: bool = True,
         run_tests: bool = True,
         read_bytes: int = 20000,
+        delegate: bool = False,
         max_context: int = 32768,
         latency_s: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
-        self.policy = OraclePolicy(load_oracle_tasks(tasks), think=think, run_tests=run_tests, read_bytes=read_bytes)
+        self.policy = OraclePolicy(load_oracle_tasks(tasks), think=think, run_tests=run_tests, read_bytes=read_bytes,
+                                   delegate=delegate)
         self.logprob = float(logprob)
         self.max_context = max_context
         self.latency_s = latency_s
@@ -334,7 +363,7 @@ class OracleEngine:
         source = opts.pop("tasks", None)
         if source is None:
             raise ValueError("engine.options.tasks is required for engine.kind = 'oracle' (a task JSONL file)")
-        known = {"logprob", "think", "run_tests", "read_bytes", "latency_s"}
+        known = {"logprob", "think", "run_tests", "read_bytes", "latency_s", "delegate"}
         bad = set(opts) - known
         if bad:
             raise ValueError(

@@ -20,6 +20,7 @@ Layers:
   run on the same interpreter whatever the task image has (Qwen Code needs Node >= 22).
 - `gemini-cli`, `qwen-code`: npm prefixes of the JavaScript bundles, run by `node22` (their
   `--version` check runs with a throw-away HOME: both write state there).
+- `strace` (a tool, not a harness): what `legorl.harness.nettrace` traces a harness with.
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -193,8 +194,27 @@ h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@qwen-co
             deps=("node22",),
             version=QWEN_CODE_VERSION,
         ),
+        Recipe(
+            "strace",
+            """
+# Not a harness: the tracer `legorl.harness.nettrace` runs a harness under, to record every
+# socket it tries (tests assert it reaches nothing but the proxy). The host's strace with
+# its libraries (not glibc: the sandbox's own is used), found through a relative rpath.
+src=$(command -v strace) || { echo "no strace on this machine (apt-get install strace)" >&2; exit 2; }
+mkdir -p "$LAYER/bin" "$LAYER/lib"
+cp "$src" "$LAYER/bin/strace"
+ldd "$src" | awk '$3 ~ "^/" {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*) ;; *) cp -L "$lib" "$LAYER/lib/" ;; esac
+done
+patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$LAYER/bin/strace"
+"$LAYER/bin/strace" -V >/dev/null
+""",
+        ),
     ]
 }
+
+# Layers that are tools, not harnesses: built by default with the harnesses.
+TOOL_LAYERS: tuple[str, ...] = ("strace",)
 
 # Which layers each harness needs mounted (dependencies included).
 HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
@@ -314,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in RECIPES:
             print(json.dumps({"layer": n, "path": str(layer_path(n)), "built": is_built(n)}))
         return 0
-    names = args.names or list(HARNESS_LAYERS)
+    names = args.names or [*HARNESS_LAYERS, *TOOL_LAYERS]
     try:
         for n in names:
             for layer in HARNESS_LAYERS.get(n, (n,)):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
+    HOME,
     PROBLEM_FILE,
     Launch,
     Verdict,
@@ -44,6 +45,11 @@ from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
 CONFIG = f"{AGENT_DIR}/opencode.json"
+CONFIG_DIR = f"{HOME}/.config/opencode"
+# OpenCode `npm install`s its plugin SDK into every config directory in the background at
+# start-up (a registry lookup that cannot succeed offline) unless the directory's lockfile
+# already lists it beside a node_modules directory: so it does.
+PLUGIN_LOCK = json.dumps({"lockfileVersion": 3, "packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}})
 OUT = f"{AGENT_DIR}/opencode.jsonl"
 ERR = f"{AGENT_DIR}/opencode.err"
 PROVIDER = "legorl"
@@ -93,7 +99,9 @@ class OpenCode:
             f"--model {PROVIDER}/{shlex.quote(self.model)} --dir {shlex.quote(repo_dir)} "
             f"< {PROBLEM_FILE} > {OUT} 2> {ERR}"
         )
-        files = {CONFIG: json.dumps(self.config(base_url), indent=1).encode()}
+        files = {CONFIG: json.dumps(self.config(base_url), indent=1).encode(),
+                 f"{CONFIG_DIR}/package-lock.json": PLUGIN_LOCK.encode(),
+                 f"{CONFIG_DIR}/node_modules/.legorl": b""}
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=binary)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:

@@ -83,6 +83,8 @@ class OpenHands:
         error = str(r.get("error") or "")
         details = {"status": status, "actions": str(r.get("actions", "")),
                    "condensations": str(r.get("condensations", ""))}
+        for k, v in (r.get("startup") or {}).items():  # the driver's start-up phases (import, setup)
+            details[f"startup_{k}"] = str(v)
         if code:
             details["error_code"] = code
         if error:

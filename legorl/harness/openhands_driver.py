@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 
+T_START = time.time()  # the interpreter is up (its own start-up is before this)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> dict:
     from openhands.tools.preset.default import get_default_condenser
     from openhands.tools.task_tracker import TaskTrackerTool
     from openhands.tools.terminal import TerminalTool
+
+    t_imported = time.time()  # where OpenHands' start-up goes: the SDK's import dominates it
 
     llm = LLM(
         model=f"openai/{args.model}",
@@ -113,12 +116,13 @@ def run(args: argparse.Namespace) -> dict:
     )
     with open(args.prompt_file) as f:
         conv.send_message(f.read())
+    phases = {"import_s": round(t_imported - T_START, 2), "setup_s": round(time.time() - t_imported, 2)}
     try:
         conv.run()
     finally:
         status = str(getattr(conv.state.execution_status, "value", conv.state.execution_status))
     final = get_agent_final_response(conv.state.events) or ""
-    out = {"status": status, "final": final[:4000], **counts, "llm_errors": errors}
+    out = {"status": status, "final": final[:4000], **counts, "llm_errors": errors, "startup": phases}
     if errors:
         out["error_code"] = errors[-1]["code"]
         out["error"] = errors[-1]["detail"]
