@@ -13,8 +13,10 @@ process of the machine, not only this cluster's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -31,15 +33,38 @@ _LOOPBACK_START = ("import sys, ray._private.services as s; s.resolve_ip_for_loc
                    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")  # fmt: skip
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+WORKER_PORTS = 40  # per node: one per Ray worker process it may start
+
+
+class PortBlock:
+    """Consecutive ports below the ephemeral range (so no outgoing connection takes one
+    meanwhile), all free when the block was chosen; handed out in order. Random picks per
+    port collided with other nodes' worker-port ranges."""
+
+    def __init__(self, n: int, lo: int = 20000, hi: int = 32000) -> None:
+        rng = random.Random()
+        for _ in range(200):
+            base = rng.randrange(lo, hi - n)
+            if all(_free(p) for p in range(base, base + n)):
+                self.next, self.end = base, base + n
+                return
+        raise RuntimeError(f"no {n} consecutive free ports in {lo}..{hi}")
+
+    def take(self, n: int = 1) -> int:
+        """The first of `n` consecutive ports."""
+        if self.next + n > self.end:
+            raise RuntimeError("port block exhausted")
+        self.next += n
+        return self.next - n
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclass
@@ -49,10 +74,39 @@ class RayNode:
     resources: dict[str, float]
 
     def kill(self) -> None:
-        """SIGKILL the node's whole process group: raylet, object store, agents, its workers."""
+        """SIGKILL the whole node at once: its process group (`ray start`, raylet, object store,
+        agents) and every descendant — the raylet puts each worker in a group of its own."""
+        doomed = descendants(self.proc.pid)
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self.proc.wait(30)
+
+    def runs(self, pid: int) -> bool:
+        """Whether process `pid` belongs to this node."""
+        return pid in descendants(self.proc.pid)
+
+
+def descendants(root: int) -> set[int]:
+    """Every live process below `root` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # exited meanwhile
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = set(), [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
 
 
 @dataclass
@@ -62,13 +116,15 @@ class LocalCluster:
     nodes: list[RayNode] = field(default_factory=list)
 
 
-def _node_args(temp_dir: Path, num_cpus: float, resources: dict[str, float]) -> list[str]:
-    nm, om, agent, agent_grpc, env_agent, metrics, wmin = free_ports(7)
+def _node_args(ports: PortBlock, temp_dir: Path, num_cpus: float, resources: dict[str, float]) -> list[str]:
+    nm, om, agent, agent_grpc, env_agent, metrics = (ports.take() for _ in range(6))
+    wmin = ports.take(WORKER_PORTS)
     return [f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1",
             f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--dashboard-agent-listen-port={agent}",
             f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
-            f"--metrics-export-port={metrics}", f"--min-worker-port={wmin}", f"--max-worker-port={wmin + 40}",
-            "--disable-usage-stats", "--block", f"--temp-dir={temp_dir}", "--object-store-memory=80000000"]  # fmt: skip
+            f"--metrics-export-port={metrics}", f"--min-worker-port={wmin}",
+            f"--max-worker-port={wmin + WORKER_PORTS - 1}", "--disable-usage-stats", "--block",
+            f"--temp-dir={temp_dir}", "--object-store-memory=80000000"]  # fmt: skip
 
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -104,7 +160,8 @@ def start_cluster(stack: ExitStack, head: dict[str, float], workers: list[dict[s
     """A head with `head` custom resources and one node per entry of `workers`; all nodes are
     killed when `stack` closes. The temp dir is short: Ray's unix sockets live under it."""
     temp_dir = Path(tempfile.mkdtemp(prefix="lr-ray-", dir="/tmp"))
-    (gcs,) = free_ports(1)
+    ports = PortBlock(2 + (1 + len(workers)) * (6 + WORKER_PORTS))
+    gcs = ports.take()
     address = f"127.0.0.1:{gcs}"
     cluster = LocalCluster(address, temp_dir)
 
@@ -115,13 +172,15 @@ def start_cluster(stack: ExitStack, head: dict[str, float], workers: list[dict[s
     stack.callback(stop)
     env = ray_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # the head: single-machine mode, loopback
     log = temp_dir / "head.log"
-    args = ["--head", f"--port={gcs}", f"--ray-client-server-port={free_ports(1)[0]}", "--include-dashboard=false",
-            *_node_args(temp_dir, head_cpus, head)]  # fmt: skip
+    args = ["--head", f"--port={gcs}", f"--ray-client-server-port={ports.take()}", "--include-dashboard=false",
+            *_node_args(ports, temp_dir, head_cpus, head)]  # fmt: skip
     cluster.nodes.append(RayNode(_start(args, log, env), log, head))
     wait_started(cluster.nodes[0])
     for i, res in enumerate(workers):
         log = temp_dir / f"node{i + 1}.log"
-        args = [f"--address={address}", *_node_args(temp_dir, worker_cpus, res)]
+        node_dir = temp_dir / f"n{i + 1}"  # its own: nodes starting at once in one dir share socket names
+        node_dir.mkdir()
+        args = [f"--address={address}", *_node_args(ports, node_dir, worker_cpus, res)]
         cluster.nodes.append(RayNode(_start(args, log, ray_env()), log, res))
     for node in cluster.nodes[1:]:
         wait_started(node)

@@ -208,8 +208,10 @@ class RayRolloutPool:
     @property
     def placement(self) -> dict[str, Any]:
         """Where the driver (trainer, served engine) and each worker actor run."""
+        nodes = {n["NodeID"]: {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
+                 for n in ray.nodes() if n["Alive"]}  # fmt: skip
         return {"driver_node_id": ray.get_runtime_context().get_node_id(), "workers": list(self.info),
-                "lost": sorted(self.lost), "lost_rollouts": self.lost_rollouts}  # fmt: skip
+                "nodes": nodes, "lost": sorted(self.lost), "lost_rollouts": self.lost_rollouts}  # fmt: skip
 
     async def __aexit__(self, *exc: object) -> None:
         for t in self._probes.values():
