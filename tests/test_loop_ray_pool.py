@@ -120,3 +120,4 @@ async def test_without_retries_or_live_workers_lost_rollouts_are_masked_infra_er
             back = pickle.loads(pickle.dumps(r))
             assert back.trajectory.outcome.status == Status.INFRA_ERROR and back.result.outcome.masked
         assert len({r.trajectory.session_id for r in records}) == 4
+
