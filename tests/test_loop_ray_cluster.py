@@ -58,7 +58,7 @@ worker_resources = {{ worker_node = 1 }}
         with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
             ended = db.execute("SELECT t_end FROM steps WHERE step = 0").fetchone()
         victim.kill()
-        out, err = proc.communicate(timeout=420)
+        _, err = proc.communicate(timeout=420)
     assert proc.returncode == 0, err[-4000:]
     assert ended is not None and ended[0] is None  # the kill landed mid-step
     # placement: the driver (trainer + served engine) on the engine node, a worker on each worker node
