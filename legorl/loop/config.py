@@ -226,7 +226,8 @@ class RunConfig(Section):
         if self.run.max_staleness and t.correction == "none" and t.old_logprobs != "rollout":
             raise ValueError("run.max_staleness > 0 trains on tokens of older policies: set trainer.old_logprobs = "
                              "'rollout' (the clip ratio against the recorded behaviour logprobs) or "
-                             "trainer.correction to 'tis' or 'mis' (importance correction against them)")
+                             "trainer.correction to 'tis' or 'mis' (importance correction against them; with GSPO, "
+                             "correction_level = 'geometric' weighs each trajectory on its sequence ratio's scale)")
         if self.warm_start.control_steps and not self.heldout.tasks:
             raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")
         if p.top_p != 1.0 or p.top_k != -1:
