@@ -18,6 +18,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -160,6 +161,7 @@ def start_cluster(stack: ExitStack, head: dict[str, float], workers: list[dict[s
     """A head with `head` custom resources and one node per entry of `workers`; all nodes are
     killed when `stack` closes. The temp dir is short: Ray's unix sockets live under it."""
     temp_dir = Path(tempfile.mkdtemp(prefix="lr-ray-", dir="/tmp"))
+    stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)  # after the nodes are gone
     ports = PortBlock(2 + (1 + len(workers)) * (6 + WORKER_PORTS))
     gcs = ports.take()
     address = f"127.0.0.1:{gcs}"
