@@ -80,8 +80,9 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     assert ev["end"]["episodes"] == 128 and ev["end"]["masked"] == 0
     assert start <= 0.05  # the untrained policy does not solve these
     assert warm >= start + 0.15  # the warm start taught the commands
-    # and GSPO taught where to apply them: on held-out tasks (this slice measured +29 points asynchronously — seed 1: +5 —, +22 synchronously,
-    # the full quickstart +31) and on its own training rollouts (384 per side)
+    # and GSPO taught where to apply them: on held-out tasks (this slice measured +29 points
+    # asynchronously, +5 with seed 1; +22 synchronously; the full quickstart +31) and on its
+    # own training rollouts (384 per side)
     assert end >= warm + 0.05, res
     with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
         rate = dict(db.execute("SELECT step, value FROM metrics WHERE key = 'resolved_rate'"))
