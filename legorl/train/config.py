@@ -77,8 +77,8 @@ class TrainerConfig(Section):
     correction_level: CorrectionLevel = "token"
     """ρ per token, per sequence unit (product of token ratios) or per unit geometric mean
     (exp of the mean token log-ratio: the same length normalisation as GSPO's own sequence
-    ratio, so one weight per trajectory on the scale of that ratio; the asynchronous
-    learning test, tests/test_loop_learns.py, trains with mis + geometric)."""
+    ratio, so one weight per trajectory on the scale of that ratio; what `max_staleness`
+    runs were measured with, README "Scaling out")."""
     tis_cap: float = 2.0
     """C of TIS."""
     mis_low: float = 0.5
