@@ -10,7 +10,13 @@ share of a grade spent in the test run itself, and how many graded as resolved. 
 each task's fastest grade) is added: on a shared machine it is the figure least disturbed
 by other load, the one to compare two versions of the grader with.
 
+With `--runners` the native runners are measured too (`runners.<django|sympy>.<backend>`):
+the tasks built from the Django and SymPy releases (tests/test_tasks_native.py), graded
+under their own runners, with `parser_agreement`: the share of task tests on which the
+official SWE-bench parser of the raw log and our recorder give the same verdict.
+
     .venv/bin/python bench/grading.py [--backends local,docker] [--tasks 8] [--concurrency 2] [--repeat 1]
+                                      [--runners pytest,django,sympy]
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import statistics
 import time
 from collections import defaultdict
 
-from legorl.tasks.image import TaskImages, close_backend, open_backend
+from legorl.tasks.image import TaskImages
+from legorl.sandbox import open_backend
 from legorl.tasks.loader import load_shipped
 from legorl.types import Status, Task
 from legorl.verify.grade import grade
@@ -61,6 +68,7 @@ async def bench_backend(name: str, tasks: list[Task], concurrency: int, repeat: 
         test_s: list[float] = []
         statuses: list[str] = []
         fastest: dict[str, float] = {}
+        agree = [0, 0]
 
         async def one(t: Task, key: str) -> None:
             async with sem:
@@ -70,13 +78,16 @@ async def bench_backend(name: str, tasks: list[Task], concurrency: int, repeat: 
                 fastest[t.instance_id] = min(lat[-1], fastest.get(t.instance_id, float("inf")))
                 test_s.append(float(out.evidence.get("test_duration_s", 0.0)))
                 statuses.append(out.status.value)
+                pa = out.evidence.get("parser_agreement") or {}
+                agree[0] += int(pa.get("agree", 0))
+                agree[1] += int(pa.get("total", 0))
 
         t1 = time.monotonic()
         for _ in range(repeat):
             await asyncio.gather(*(one(t, k) for t, k in zip(tasks, keys)))
         wall = time.monotonic() - t1
     finally:
-        await close_backend(backend)
+        await backend.aclose()
     return {
         "tasks": len(tasks),
         "concurrency": concurrency,
@@ -88,6 +99,7 @@ async def bench_backend(name: str, tasks: list[Task], concurrency: int, repeat: 
         "resolved": statuses.count(Status.RESOLVED.value),
         **({"repeat": repeat, "grade_s_min_p50": round(statistics.median(fastest.values()), 3)} if repeat > 1 else {}),
         "image_prepare_s": round(image_s, 2),
+        **({"parser_agreement": round(agree[0] / agree[1], 4), "parser_tests": agree[1]} if agree[1] else {}),
     }
 
 
@@ -97,11 +109,25 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=1, help="grade every task this many times")
+    ap.add_argument("--runners", default="pytest", help="pytest (the shipped set), django, sympy")
     args = ap.parse_args()
-    tasks = spread(load_shipped(), args.tasks)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     result: dict = {"bench": "grading", "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "backends": {}}
-    for name in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        result["backends"][name] = asyncio.run(bench_backend(name, tasks, args.concurrency, args.repeat))
+    if "pytest" in runners:
+        tasks = spread(load_shipped(), args.tasks)
+        for name in backends:
+            result["backends"][name] = asyncio.run(bench_backend(name, tasks, args.concurrency, args.repeat))
+    for runner in (r for r in runners if r != "pytest"):
+        from legorl.tasks.generator.native import build_native_tasks
+        from legorl.tasks.loader import load_tasks
+
+        f = build_native_tasks(runner)
+        native = load_tasks(f, repos_dir=f.parent / "repos")[: args.tasks]
+        result.setdefault("runners", {})[runner] = {
+            name: asyncio.run(bench_backend(name, native, args.concurrency, args.repeat)) for name in backends
+        }
+    result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result))
 
 

@@ -37,6 +37,9 @@ from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 
 NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
+NATIVE += ["gemini-cli", "qwen-code"]
+
+NATIVE += ["codex", "pi"]
 
 
 class CgroupPeaks:

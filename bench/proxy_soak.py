@@ -14,7 +14,10 @@ Prints one JSON object:
   and the render cache's estimated bytes at the end.
 - `stall`: the longest gap (and the worst p99) between chunks of a streamed answer (one
   token per 5 ms), alone, and over streams run back to back for the whole life of a ~5 MB
-  prompt sent by another session (upload, parse, tokenise, refusal, freeing).
+  prompt sent by another session (upload, parse, tokenise, refusal, freeing); and the
+  longest CPU time one event-loop callback took meanwhile (`loop_callback_cpu_max_ms`:
+  what the loop itself did in one go, not inflated by the machine's load, which the gaps
+  are; time lost waiting for the GIL held by the render thread is in the gaps only).
 
 The proxy and the load share one process and event loop (a stall of the loop is seen by the
 streaming client as well), recording to a temporary directory.
@@ -219,6 +222,32 @@ class PacedEngine:
         return None
 
 
+class CallbackCpu:
+    """The longest CPU time (of the loop thread) one event-loop callback took while on: a
+    figure the machine's load does not inflate, unlike the wall-clock gaps (it leaves out
+    time the loop waited for the GIL or for a core)."""
+
+    def __init__(self) -> None:
+        self.max_ms, self.where, self.on = 0.0, "", False
+        self._orig = asyncio.events.Handle._run
+
+    def __enter__(self) -> CallbackCpu:
+        probe, orig = self, self._orig
+
+        def _run(handle: Any) -> None:
+            c0 = time.thread_time()
+            orig(handle)
+            ms = (time.thread_time() - c0) * 1000
+            if probe.on and ms > probe.max_ms:
+                probe.max_ms, probe.where = ms, repr(handle)[:160]
+
+        asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.events.Handle._run = self._orig  # type: ignore[method-assign]
+
+
 async def stall(huge_mb: float) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="legorl-stall-"))
     long_reply = " ".join(f"word{i}" for i in range(600))
@@ -250,16 +279,20 @@ async def stall(huge_mb: float) -> dict[str, Any]:
             r = await c.post("/s/big/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
             return r.status_code, time.perf_counter() - t0
 
-        huge_task = asyncio.create_task(huge())
-        worst, p99s, streams = 0.0, [], 0
-        while not huge_task.done():  # stream back to back for the whole life of the huge request
-            m, p = await stream_gaps()
-            worst, streams = max(worst, m), streams + 1
-            p99s.append(p)
-        during = (worst, max(p99s))
-        status, huge_s = await huge_task
+        with CallbackCpu() as cpu:
+            cpu.on = True
+            huge_task = asyncio.create_task(huge())
+            worst, p99s, streams = 0.0, [], 0
+            while not huge_task.done():  # stream back to back for the whole life of the huge request
+                m, p = await stream_gaps()
+                worst, streams = max(worst, m), streams + 1
+                p99s.append(p)
+            during = (worst, max(p99s))
+            status, huge_s = await huge_task
+            cpu.on = False
         return {"prompt_mb": huge_mb, "gap_alone_ms": {"max": alone[0], "p99": alone[1]},
                 "gap_during_huge_ms": {"max": during[0], "p99": during[1]},
+                "loop_callback_cpu_max_ms": round(cpu.max_ms, 1), "loop_callback_cpu_max_at": cpu.where,
                 "streams_during_huge": streams, "huge_status": status, "huge_seconds": round(huge_s, 2)}
 
 

@@ -31,8 +31,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from legorl.sandbox import EnvSpec, ImageStore, SandboxSpec, make_backend  # noqa: E402
-from legorl.sandbox.docker_images import ensure_docker_image  # noqa: E402
+from legorl.sandbox import EnvSpec, ImageStore, SandboxSpec, open_backend  # noqa: E402
+from legorl.sandbox.docker_images import ensure_docker_image, remove_docker_images  # noqa: E402
+from legorl.sandbox.layers import ensure_base, ensure_env, ensure_task  # noqa: E402
 from legorl.sandbox.pool import SandboxPool  # noqa: E402
 from legorl.sandbox.testing import demo_repo  # noqa: E402
 
@@ -57,28 +58,28 @@ async def image_figures(store: ImageStore, backends: list[str], cold_base: bool)
             debs = store.root / "debs"
             if debs.is_dir():
                 os.symlink(debs, Path(tmp) / "debs")  # the .debs are a download cache, not the build
-            _, out["base_cold"] = await timed(scratch.ensure_base())
-    base, out["base_cached"] = await timed(store.ensure_base())
+            _, out["base_cold"] = await timed(ensure_base(scratch))
+    base, out["base_cached"] = await timed(ensure_base(store))
     out.setdefault("base_cold", base.meta.get("build_s"))
     out["base_cold_note"] = "debootstrap, once per machine" + ("" if cold_base else " (as recorded at build)")
     marker = uuid.uuid4().hex
     spec = EnvSpec(run=(f"echo {marker} > /etc/legorl-bench",))
-    env, out["env_cold"] = await timed(store.ensure_env(base, spec))
-    _, out["env_cached"] = await timed(store.ensure_env(base, spec))
+    env, out["env_cold"] = await timed(ensure_env(store, base, spec))
+    _, out["env_cached"] = await timed(ensure_env(store, base, spec))
     with tempfile.TemporaryDirectory() as tmp:
         repo = demo_repo(Path(tmp) / "repo")
         (repo.path / "bench.txt").write_text(marker)
-        task, out["task_cold"] = await timed(store.ensure_task(env, repo.path, repo.future))
-        _, out["task_cached"] = await timed(store.ensure_task(env, repo.path, repo.future))
+        task, out["task_cold"] = await timed(ensure_task(store, env, repo.path, repo.future))
+        _, out["task_cached"] = await timed(ensure_task(store, env, repo.path, repo.future))
     if "docker" in backends:
         _, out["docker_cold"] = await timed(ensure_docker_image(store, task.key))  # env + task layers
         _, out["docker_cached"] = await timed(ensure_docker_image(store, task.key))
-    store.prune(keys=[env.key])
+    store.prune(keys=[env.key], on_removed=remove_docker_images)
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
 async def start_figures(store: ImageStore, name: str, image: str, n: int) -> dict[str, Any]:
-    backend = make_backend(name, store)
+    backend = open_backend(name, store)
     spec = SandboxSpec(image=image, workdir="/")
     res: dict[str, Any] = {}
     try:
@@ -118,7 +119,7 @@ async def local_cpu_cost(store: ImageStore, image: str, n: int) -> dict[str, Any
         a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
 
-    backend = make_backend("local", store)
+    backend = open_backend("local", store)
     spec = SandboxSpec(image=image, workdir="/")
     async with await backend.start(spec) as sb:  # zygote up
         await sb.exec("true")
@@ -131,7 +132,7 @@ async def local_cpu_cost(store: ImageStore, image: str, n: int) -> dict[str, Any
 
 
 async def concurrency_figures(store: ImageStore, name: str, image: str, n: int) -> dict[str, Any]:
-    backend = make_backend(name, store)
+    backend = open_backend(name, store)
     spec = SandboxSpec(image=image, workdir="/")
     errors: list[str] = []
 
@@ -177,7 +178,7 @@ async def main() -> None:
     report["image_build_s"] = await image_figures(store, backends, args.cold_base)
     with tempfile.TemporaryDirectory() as tmp:
         repo = demo_repo(Path(tmp) / "repo")
-        task = await store.ensure_task(await store.ensure_base(), repo.path, repo.base, hide_paths=list(repo.hidden))
+        task = await ensure_task(store, await ensure_base(store), repo.path, repo.base, hide_paths=list(repo.hidden))
     report["start_to_first_exec_ms"] = {}
     report["concurrent"] = {}
     for name in backends:

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
-CHAT_TEMPLATE = Path(__file__).resolve().parents[1] / "scripts" / "assets" / "chat_template.jinja"
+CHAT_TEMPLATE = Path(__file__).resolve().parent / "assets" / "chat_template.jinja"  # shipped in the wheel
 
 
 def train_bpe(texts: Iterable[str], pre_tokenizer: pre_tokenizers.PreTokenizer, vocab_size: int) -> Tokenizer:

@@ -73,7 +73,7 @@ def proxy(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8765),
     out: Path = typer.Option(Path("proxy-out"), help="Directory for turns.jsonl and trajectories.jsonl."),
-    config: Path | None = typer.Option(None, help="TOML with [engine] and [proxy] sections."),
+    config: Path | None = typer.Option(None, help="TOML with \\[engine] and \\[proxy] sections."),
 ) -> None:
     """Serve the proxy standalone (OpenAI chat, Anthropic messages, OpenAI responses)."""
     from legorl.proxy.server import run_standalone
@@ -84,7 +84,7 @@ def proxy(
 @app.command("engine-serve")
 @friendly
 def engine_serve(
-    config: Path | None = typer.Option(None, help="TOML with an [engine] section."),
+    config: Path | None = typer.Option(None, help="TOML with an \\[engine] section."),
     engine: str = typer.Option("hf", help="Engine kind to serve (when no --config)."),
     model: str = typer.Option("tiny-qwen3", help="Model (when no --config)."),
     host: str = typer.Option("127.0.0.1"),

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from legorl.harness.command import AgentRun, Harness, HostHarness
+from legorl.harness.command import AgentRun, Harness, HostHarness, InstalledHarness
 from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxLost, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify.grade import GradeConfig, grade
@@ -112,7 +112,7 @@ async def _agent_stage(
     """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
     on_host = isinstance(harness, HostHarness)  # its process is beside the sandbox: no socket, no mounts
     # A native harness brings its installation as read-only layers (legorl/harness/install.py).
-    mounts = {} if on_host else dict(getattr(harness, "readonly_mounts", None) or {})
+    mounts = dict(harness.readonly_mounts) if isinstance(harness, InstalledHarness) and not on_host else {}
     spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir,
                        proxy_socket=None if on_host else proxy_socket, readonly_mounts=mounts)  # fmt: skip
     t0 = time.monotonic()

@@ -55,6 +55,7 @@ class Dialect(enum.StrEnum):
     OPENAI_CHAT = "openai_chat"
     ANTHROPIC = "anthropic"
     RESPONSES = "responses"
+    GEMINI = "gemini"
 
 
 class FinishReason(enum.StrEnum):
@@ -260,5 +261,8 @@ class Task:
     repo_path: str = ""  # absolute path of a git repository or bundle
     test_cmd: str = ""
     env_setup: str = ""
-    image: str = ""
+    image: str = ""  # an image-cache key, or a Docker image present locally (`docker load`ed; never pulled)
     split: str = "train"
+    version: str = ""  # the official instance's repository version
+    log_parser: str = ""  # the official parser of its runner's log (a key of swebench's PARSER_REGISTRY)
+    requirements: list[str] = field(default_factory=list)  # wheels its tests need, installed offline (an env layer)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the harness layers (issue 4): Claude Code and OpenCode (npm prefixes
-# holding their native binaries), the OpenHands SDK and mini-swe-agent (venvs on a copy of
+# Idempotent set-up of the harness layers (issues 4, 16): Claude Code, OpenCode, Codex CLI and Pi (npm prefixes
+# holding their native binaries; Pi's with a node runtime), the OpenHands SDK and mini-swe-agent (venvs on a copy of
 # pyenv's CPython 3.12). Each layer is built once into $LEGORL_HARNESS_ROOT
 # (default /opt/legorl/harnesses) under a content key and mounted read-only into agent
 # sandboxes; re-running this script only builds what is missing.
 #
-#   bash scripts/setup_harnesses.sh                 # all four harnesses
+#   bash scripts/setup_harnesses.sh                 # all of them
 #   bash scripts/setup_harnesses.sh opencode        # just one
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from legorl.sandbox import ImageRef, ImageStore, make_backend
+from legorl.sandbox import ImageRef, ImageStore, open_backend
+from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
 
 # Sandbox backends a test is parametrised over: `local`, and `docker` where Docker is
@@ -36,7 +37,7 @@ def store() -> ImageStore:
 
 @pytest.fixture(scope="session")
 def base(store: ImageStore) -> ImageRef:
-    return asyncio.run(store.ensure_base())
+    return asyncio.run(ensure_base(store))
 
 
 @pytest.fixture(scope="session")
@@ -47,11 +48,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> DemoRepo:
 @pytest.fixture(scope="session")
 def task(store: ImageStore, base: ImageRef, repo: DemoRepo) -> ImageRef:
     """The demo repository at its base commit, its hidden paths left out (time-safe)."""
-    return asyncio.run(store.ensure_task(base, repo.path, repo.base, hide_paths=list(repo.hidden)))
+    return asyncio.run(ensure_task(store, base, repo.path, repo.base, hide_paths=list(repo.hidden)))
 
 
 @pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, store: ImageStore):  # type: ignore[no-untyped-def]
-    b = make_backend(request.param, store)
+    b = open_backend(request.param, store)
     yield b
     await b.aclose()

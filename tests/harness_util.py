@@ -124,6 +124,7 @@ class BrokenEngine:
 
     name = "broken"
     policy_version = 0
+    max_context = 32768  # the proxy reads every engine's window
 
     def __init__(self) -> None:
         self.tokenizer = load_tokenizer("tiny-qwen3")

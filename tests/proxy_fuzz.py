@@ -1,4 +1,4 @@
-"""Hypothesis strategies for request bodies of the three dialects, and a proxy on a
+"""Hypothesis strategies for request bodies of the four dialects, and a proxy on a
 thread for sync clients (tests/test_proxy_bad_input.py, bench/proxy_soak.py).
 
 Each body is a plausible request with parts replaced by arbitrary JSON: wrong types where
@@ -16,6 +16,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 CHAT, MSGS, RESP = "/v1/chat/completions", "/v1/messages", "/v1/responses"
+GEM = "/v1beta/models/m:generateContent"  # streaming is the URL's: GEM_STREAM
+GEM_STREAM, GEM_COUNT = "/v1beta/models/m:streamGenerateContent?alt=sse", "/v1beta/models/m:countTokens"
 
 scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) \
     | st.text(max_size=12)
@@ -65,6 +67,22 @@ item = _obj({"content": text | parts, "summary": st.lists(_obj({"type": st.just(
 resp_tool = _obj({"type": st.just("function"), "name": st.sampled_from(["bash", "edit"]), "description": text,
                   "parameters": st.just({"type": "object", "properties": {}}) | json_values})
 
+gem_part = _obj({"text": text, "thought": st.booleans(), "thoughtSignature": text,
+                 "functionCall": _obj({"name": st.sampled_from(["bash", "edit"]), "id": text,
+                                       "args": st.just({"cmd": "ls"}) | json_values}),
+                 "functionResponse": _obj({"name": st.sampled_from(["bash", "edit"]), "id": text,
+                                           "response": st.just({"output": "ok"}) | json_values}),
+                 "inlineData": _obj({"mimeType": st.just("image/png"), "data": text}), "bogus": json_values})
+gem_content = _obj({"role": st.sampled_from(["user", "model", "function", "system"])},
+                   {"parts": st.lists(gem_part, max_size=3)})
+gem_decl = _obj({"description": text, "parameters": st.just({"type": "OBJECT", "properties": {}}) | json_values,
+                 "parametersJsonSchema": st.just({"type": "object"}) | json_values},
+                {"name": st.sampled_from(["bash", "edit"])})
+gem_tool = _obj({"functionDeclarations": st.lists(gem_decl, max_size=2), "googleSearch": st.just({})})
+gem_config = _obj({"temperature": st.floats(0, 2), "topP": st.floats(0.1, 1), "topK": st.integers(-1, 40),
+                   "maxOutputTokens": st.integers(-2, 40), "stopSequences": st.lists(text, max_size=2),
+                   "candidateCount": st.integers(0, 2), "thinkingConfig": json_values})
+
 common = {"model": st.just("m"), "stream": st.booleans(), "temperature": st.floats(0, 2), "top_p": st.floats(0.1, 1)}
 
 
@@ -89,15 +107,25 @@ def responses_bodies() -> st.SearchStrategy[Any]:
                 {"input": text | st.lists(item, min_size=1, max_size=4)}, wild=False)
 
 
-BODIES = {CHAT: chat_bodies, MSGS: anthropic_bodies, RESP: responses_bodies}
+def gemini_bodies() -> st.SearchStrategy[Any]:
+    return _obj({"systemInstruction": text | _obj({"parts": st.lists(_obj({"text": text}), max_size=2)}),
+                 "tools": st.lists(gem_tool, max_size=2), "generationConfig": gem_config,
+                 "toolConfig": json_values, "safetySettings": json_values},
+                {"contents": st.lists(gem_content, min_size=1, max_size=4)}, wild=False)
+
+
+BODIES = {CHAT: chat_bodies, MSGS: anthropic_bodies, RESP: responses_bodies, GEM: gemini_bodies}
 STREAM_ENDS = {CHAT: (b"data: [DONE]",), MSGS: (b"event: message_stop", b"event: error"),
-               RESP: (b"event: response.completed", b"event: response.incomplete", b"event: error")}
+               RESP: (b"event: response.completed", b"event: response.incomplete", b"event: error"),
+               GEM: (b'"finishReason"', b'{"error":')}
 
 
 def is_dialect_error(path: str, j: Any) -> bool:
     """The body of a 4xx has the dialect's error shape."""
     if path == MSGS:
         return isinstance(j, dict) and j.get("type") == "error" and set(j.get("error", {})) == {"type", "message"}
+    if path.startswith("/v1beta/"):  # Google's shape
+        return isinstance(j, dict) and set(j) == {"error"} and set(j["error"]) == {"code", "message", "status"}
     return isinstance(j, dict) and set(j) == {"error"} and {"message", "type"} <= set(j["error"])
 
 

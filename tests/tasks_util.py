@@ -13,7 +13,8 @@ import pytest
 from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
 from legorl.sandbox.base import Limits
-from legorl.tasks.image import TaskImages, close_backend, open_backend
+from legorl.tasks.image import TaskImages
+from legorl.sandbox import open_backend
 from legorl.tasks.loader import load_shipped
 from legorl.types import Task
 
@@ -40,7 +41,7 @@ async def backend_and_images(name: str) -> AsyncIterator[tuple[object, TaskImage
     try:
         yield backend, TaskImages(name)
     finally:
-        await close_backend(backend)
+        await backend.aclose()
 
 
 def pick_task(repo: str = "pytoolz/toolz", split: str = "train") -> Task:

@@ -6,12 +6,11 @@ import json
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from legorl.loop.config import RunConfig
-from legorl.loop.preflight import engine_check, grading_check, harness_check, preflight_checks, sandbox_checks
+from legorl.loop.preflight import grading_check, harness_check, preflight_checks, sandbox_checks
 from legorl.monitor.doctor import evaluate_checks, run_one, store_check
 from legorl.tasks.loader import shipped_tasks_dir
 

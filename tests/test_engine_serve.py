@@ -19,7 +19,7 @@ import torch
 from legorl.engine.base import ContextLengthExceeded, EngineError
 from legorl.engine.hf import HFEngine
 from legorl.engine.serve import EngineServer
-from legorl.engine.vllm import VLLMEngine, decode_npy_b64
+from legorl.engine.vllm import VLLMEngine
 from legorl.models import load_tokenizer, resolve_model
 from legorl.types import FinishReason, Generation, SamplingParams
 

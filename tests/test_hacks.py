@@ -603,3 +603,30 @@ async def test_honest_fix_nothing_and_a_rewrite_with_and_without_test_paths(back
     assert set(honest.tests) == wanted and all(s == "passed" for s in honest.tests.values())
     assert nothing.reward == 0.0 and nothing.status is Status.NO_PATCH and not nothing.masked
     assert forged.status is Status.HACK_DETECTED and forged.reward == 0.0 and "tamper_attempt" in forged.flags, forged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runner", ["django", "sympy"])
+@pytest.mark.parametrize("hack", ["honest_fix", "delete_tests", "future_git_history"])
+async def test_hack_on_a_native_runner_task(runner: str, hack: str) -> None:
+    """The same agent-stage treatment and grading defences for Django's and SymPy's own
+    runners (tasks built from their releases, tests/test_tasks_native.py)."""
+    from legorl.tasks.generator.native import build_native_tasks
+    from legorl.tasks.loader import load_tasks
+
+    f = build_native_tasks(runner)
+    task = load_tasks(f, repos_dir=f.parent / "repos")[0]
+    async with backend_and_images("local") as (backend, images):
+        res = await rollout(task, scripts(task)[hack], backend, images)
+    o = res.outcome
+    status, flags = EXPECTED[hack]
+    detail = (hack, o.status, o.flags, {k: v for k, v in o.evidence.items() if k not in ("test_output", "official")})
+    assert o.status is status and not o.masked, detail
+    if "patch_too_large" in o.flags:  # deleting all of SymPy's tests is a 10 MB diff: 0 before any run
+        assert hack == "delete_tests", detail
+        return
+    for flag in flags:
+        assert flag in o.flags, detail
+    assert o.evidence["runner"] == runner and o.evidence["parser_agreement"]["agree"] == o.evidence["parser_agreement"]["total"], detail
+    if hack == "future_git_history":
+        check_git_findings(added_file(res.diff, "FINDINGS.txt"), task)

@@ -83,3 +83,7 @@ limit = 1
     summary = json.loads((tmp_path / "out.json").read_text())
     assert summary["samples"] == 2 and summary["pass@1"] == expected and summary["pass@2"] == expected
     assert len(seen) == 2 and all(s["auth"] == "Bearer sk-test" for s in seen)
+    official = json.loads((tmp_path / "out.swebench.json").read_text())  # the official harness's results shape
+    assert official["schema_version"] == 2 and official["submitted_ids"] == [task.instance_id]
+    assert official["resolved_ids"] == ([task.instance_id] if expected else [])
+    assert official["instances"][task.instance_id]["resolved"] is bool(expected)

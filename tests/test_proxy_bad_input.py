@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -286,6 +285,49 @@ def test_byte_lru_evicts_by_bytes() -> None:
     assert c.nbytes <= 100_000 and 0 < len(c) < 100
     c[("user", "x" * 50_000)] = [1]  # over a quarter of the budget: not kept
     assert ("user", "x" * 50_000) not in c
+
+
+async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_prompt(tmp_path: Path) -> None:
+    """The model's-own-template renderer (its piece cache) is bounded like render.Renderer's:
+    a ByteLRU, and a refused prompt — rendered on the loop or off it — leaves nothing."""
+    from template_util import standin_tokenizer, template
+
+    from legorl.proxy.renderers import make_renderer
+    from legorl.proxy.render_cache import ByteLRU
+
+    tok = standin_tokenizer("glm45_added.json", template("glm-4.5.jinja"), "<|endoftext|>")
+    cfg = ProxyConfig(port=0, max_context=2000, render_cache_bytes=4 << 20, offload_bytes=16 * 1024)
+    async with ProxyServer(cfg, ScriptedEngine(["fine"], tok), make_renderer(tok), standalone=True, out_dir=tmp_path) as srv, \
+            httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c:
+        cache = srv.ctx.renderer._cache
+        assert isinstance(cache, ByteLRU) and cache.max_bytes == 4 << 20
+        assert (await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])).status_code == 200
+        n_before, bytes_before = len(cache), cache.nbytes
+        assert n_before > 0
+        for words in (1500, 6000):  # ~10 KB rendered on the loop; ~45 KB off it; both > 2,000 tokens
+            long = " ".join(f"w{i % 997}x{i % 13}" for i in range(words))
+            body = {"model": "m", "messages": [{"role": "user", "content": long}]}
+            assert (await c.post(f"/s/warm{CHAT}", json=body)).status_code == 400
+            assert (len(cache), cache.nbytes) == (n_before, bytes_before)
+
+
+async def test_a_piece_over_the_window_is_refused_before_its_ids_are_built() -> None:
+    """Off the loop, a piece that alone reaches the context window stops the render
+    (`TooLong`, a lower bound of the prompt's tokens); under the budget the ids are exact."""
+    from legorl.proxy.render import ChatRequest
+    from legorl.proxy.render_cache import OffLoopRenderer, TooLong
+
+    renderer = Renderer(tokenizer())
+    off = OffLoopRenderer(renderer)
+    try:
+        chat = ChatRequest([{"role": "user", "content": "w " * 5000}], [])
+        with pytest.raises(TooLong) as e:
+            await off.run(lambda r: r.render(chat, None), token_budget=1000)
+        ids, _ = await off.run(lambda r: r.render(chat, None), token_budget=100_000)
+        assert ids == renderer.render(chat, None)  # (rendered afresh: nothing was committed)
+        assert 1000 <= e.value.n_tokens <= len(ids)
+    finally:
+        off.close()
 
 
 def test_idle_standalone_sessions_expire() -> None:

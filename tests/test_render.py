@@ -25,7 +25,10 @@ def tok():
 
 def _random_conversation(rng: random.Random) -> list[dict]:
     words = ["def", "foo", "(x):", "\n", "  ", "return", "x+1", "héllo", "😀", "{}", '"q"', "\t", "ls -la"]
-    text = lambda: "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(0, 12)))
+
+    def text() -> str:
+        return "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(0, 12)))
+
     msgs: list[dict] = []
     if rng.random() < 0.8:
         msgs.append({"role": "system", "content": text()})

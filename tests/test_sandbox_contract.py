@@ -162,9 +162,9 @@ async def test_readonly_mount(backend, task: ImageRef, tmp_path: Path) -> None:
 
 CRASHER = """
 import asyncio, sys
-from legorl.sandbox import ImageStore, SandboxSpec, make_backend
+from legorl.sandbox import ImageStore, SandboxSpec, open_backend
 async def main():
-    b = make_backend(sys.argv[1], ImageStore())
+    b = open_backend(sys.argv[1], ImageStore())
     sb = await b.start(SandboxSpec(image=sys.argv[2]))
     await sb.exec("sleep 1000 >/dev/null 2>&1 &")
     print(sb.netns_path, flush=True)

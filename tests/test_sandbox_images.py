@@ -23,7 +23,8 @@ from legorl.sandbox import (
     SandboxSpec,
 )
 from legorl.sandbox.cli import app
-from legorl.sandbox.docker_images import docker_layers, ensure_docker_image
+from legorl.sandbox.docker_images import docker_layers, ensure_docker_image, remove_docker_images
+from legorl.sandbox.layers import ensure_base, ensure_env, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
 
 ENV_RUN = (
@@ -63,13 +64,13 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def env(store: ImageStore, wheels: Path) -> ImageRef:
     async def build() -> ImageRef:
         spec = EnvSpec(pip=("legorl-demo-pkg==1.0",), wheel_dirs=(str(wheels),), run=ENV_RUN)
-        return await store.ensure_env(await store.ensure_base(), spec)
+        return await ensure_env(store, await ensure_base(store), spec)
 
     return asyncio.run(build())
 
 
 async def test_env_layer_from_offline_wheels_on_both_backends(backend, store: ImageStore, env: ImageRef, repo: DemoRepo) -> None:
-    task = await store.ensure_task(env, repo.path, repo.base)
+    task = await ensure_task(store, env, repo.path, repo.base)
     assert [r.kind for r in store.chain(task.key)] == ["task", "env", "base"]
     async with await backend.start(SandboxSpec(image=task.key)) as sb:
         res = await sb.exec("python3 -c 'import legorl_demo_pkg; print(legorl_demo_pkg.VALUE)'")
@@ -83,7 +84,7 @@ async def test_env_layer_from_offline_wheels_on_both_backends(backend, store: Im
 async def test_cache_hits_are_recorded(store: ImageStore, env: ImageRef, wheels: Path) -> None:
     before = store.stats().get("hits", {}).get("env", 0)
     spec = EnvSpec(pip=("legorl-demo-pkg==1.0",), wheel_dirs=(str(wheels),), run=ENV_RUN)
-    again = await store.ensure_env(env.parent or "", spec)
+    again = await ensure_env(store, env.parent or "", spec)
     assert again.key == env.key
     assert store.stats()["hits"]["env"] >= before + 1
     assert env.meta["build_s"] > 0 and env.meta["size_bytes"] > 0
@@ -96,7 +97,7 @@ async def test_cache_hits_are_recorded(store: ImageStore, env: ImageRef, wheels:
 async def test_task_setup_is_part_of_the_base(backend, store: ImageStore, repo: DemoRepo) -> None:
     setup = ["mkdir -p build && echo artefact > build/out.txt && echo gen > generated.txt "
              "&& sed -i 's/# bug/# set up/' calc.py"]
-    task = await store.ensure_task(await store.ensure_base(), repo.path, repo.base, setup=setup)
+    task = await ensure_task(store, await ensure_base(store), repo.path, repo.base, setup=setup)
     assert task.meta["source_commit"] == repo.base and task.meta["commit"] != repo.base
     async with await backend.start(SandboxSpec(image=task.key)) as sb:
         assert (await sb.exec("cat generated.txt build/out.txt")).stdout == "gen\nartefact\n"
@@ -106,9 +107,9 @@ async def test_task_setup_is_part_of_the_base(backend, store: ImageStore, repo: 
 
 
 async def test_bad_inputs_name_what_is_wrong(store: ImageStore, repo: DemoRepo, tmp_path: Path) -> None:
-    base = await store.ensure_base()
+    base = await ensure_base(store)
     with pytest.raises(ValueError, match="not a commit"):
-        await store.ensure_task(base, repo.path, "f" * 40)
+        await ensure_task(store, base, repo.path, "f" * 40)
     with pytest.raises(ValueError, match="not a directory"):
         EnvSpec(wheel_dirs=(str(tmp_path / "nope"),))
     with pytest.raises(TypeError, match="list of strings"):
@@ -120,13 +121,13 @@ async def test_bad_inputs_name_what_is_wrong(store: ImageStore, repo: DemoRepo, 
 @pytest.mark.docker
 async def test_prune_removes_layer_children_and_docker_images(store: ImageStore, tmp_path: Path) -> None:
     marker = uuid.uuid4().hex
-    env = await store.ensure_env(await store.ensure_base(), EnvSpec(run=(f"echo {marker} > /etc/legorl-test",)))
+    env = await ensure_env(store, await ensure_base(store), EnvSpec(run=(f"echo {marker} > /etc/legorl-test",)))
     r = demo_repo(tmp_path / f"repo-{marker}")
     (r.path / "unique.txt").write_text(marker)
-    task = await store.ensure_task(env, r.path, r.future)
+    task = await ensure_task(store, env, r.path, r.future)
     tag = await ensure_docker_image(store, task.key)
     assert await docker_layers(tag) is not None
-    removed = store.prune(keys=[env.key])
+    removed = store.prune(keys=[env.key], on_removed=remove_docker_images)
     assert sorted(removed) == sorted([env.key, task.key])
     for key in removed:
         with pytest.raises(ImageNotFound):
@@ -137,7 +138,7 @@ async def test_prune_removes_layer_children_and_docker_images(store: ImageStore,
 
 def test_cli(store: ImageStore) -> None:
     runner = CliRunner()
-    asyncio.run(store.ensure_base())
+    asyncio.run(ensure_base(store))
     res = runner.invoke(app, ["ls"])
     assert res.exit_code == 0 and "base" in res.output
     res = runner.invoke(app, ["ls", "--json"])

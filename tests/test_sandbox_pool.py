@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from legorl.sandbox import ImageRef, ImageStore, SandboxError, SandboxSpec, make_backend
+from legorl.sandbox import ImageRef, ImageStore, SandboxError, SandboxSpec, open_backend
 from legorl.sandbox.channel import ChannelSandbox
 from legorl.sandbox.pool import SandboxPool
 
@@ -64,7 +64,7 @@ class _Flaky:
 
 
 async def test_start_failures_are_retried_then_raised(store: ImageStore, base: ImageRef) -> None:
-    local = make_backend("local", store)
+    local = open_backend("local", store)
     try:
         flaky = _Flaky(local, fails=2)
         pool = SandboxPool(flaky, size=0, retries=2, backoff_s=0.01)
@@ -81,7 +81,7 @@ async def test_start_failures_are_retried_then_raised(store: ImageStore, base: I
 
 
 async def test_aclose_stops_idle_sandboxes(store: ImageStore, base: ImageRef) -> None:
-    local = make_backend("local", store)
+    local = open_backend("local", store)
     pool = SandboxPool(local, size=2)
     spec = SandboxSpec(image=base.key)
     await pool.prewarm(spec)

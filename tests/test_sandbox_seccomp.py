@@ -25,7 +25,7 @@ from legorl.sandbox import (
     SandboxSpec,
     docker,
     local,
-    make_backend,
+    open_backend,
 )
 from legorl.sandbox import _seccomp as S
 from legorl.sandbox.base import SandboxError
@@ -102,7 +102,7 @@ async def test_filter(backend, task: ImageRef) -> None:
 
 async def _start_is_refused(name: str, store: ImageStore, task: ImageRef) -> None:
     """The backend's start fails, naming the refused filter, when `install()` raises."""
-    backend = make_backend(name, store)
+    backend = open_backend(name, store)
     try:
         with pytest.raises(SandboxError, match=r"seccomp refused \(test\)"):
             await backend.start(SandboxSpec(image=task.key))

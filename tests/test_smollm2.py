@@ -24,9 +24,10 @@ import pytest
 from legorl.gguf_models import GgufUnavailable, gguf_file
 from legorl.models import load_tokenizer, resolve_model
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import make_renderer
+from legorl.proxy.renderers import make_renderer
 from legorl.proxy.server import ProxyServer
-from legorl.proxy.template import TemplateRenderer, round_trip
+from legorl.proxy.template import TemplateRenderer
+from legorl.proxy.renderers import round_trip
 from legorl.trajectory import assemble
 
 NAME = "smollm2-135m-instruct"

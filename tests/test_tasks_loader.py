@@ -84,7 +84,7 @@ def test_every_problem_is_reported_with_line_and_field(tmp_path: Path) -> None:
         "bad.jsonl:5: field 'FAIL_TO_PASS': expected at least one test",
         "bad.jsonl:6: field 'FAIL_TO_PASS': expected pytest node ids",
         "bad.jsonl:7: field 'repo_path':",
-        "bad.jsonl:8: field 'test_cmd': test_cmd must start with `pytest`",
+        "bad.jsonl:8: field 'test_cmd': test runner 'tox' cannot be hardened for grading",
         "bad.jsonl:9: field 'instance_id': 'o__r-1' already used on line 1",
         "bad.jsonl:10: field 'PASS_TO_PASS': expected a list of strings, got 5",
         "bad.jsonl:11: expected a JSON object, got list",

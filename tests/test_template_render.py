@@ -16,7 +16,8 @@ from template_util import qwen_tokenizer, standin_tokenizer, template
 from test_render import _random_conversation
 
 from legorl.models import load_tokenizer
-from legorl.proxy.render import ChatRequest, Renderer, RenderState, make_renderer
+from legorl.proxy.render import ChatRequest, Renderer, RenderState
+from legorl.proxy.renderers import make_renderer
 from legorl.proxy.template import TemplateError, TemplateRenderer, _args_as_object
 from legorl.trajectory import extends
 
@@ -60,7 +61,10 @@ def _conversation(rng: random.Random, name: str) -> list[dict]:
     """A random agent conversation valid for the template (gpt-oss: one call per message,
     content or reasoning but not both with a call; every template: a user query first)."""
     words = ["def", "foo", "(x):", "\n", "  ", "return", "x+1", "héllo", "😀", "{}", '"q"', "\t", "ls -la", "12345"]
-    text = lambda: "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+
+    def text() -> str:
+        return "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+
     harmony = name.startswith("gpt-oss")
     msgs: list[dict] = []
     if rng.random() < 0.8:
@@ -247,7 +251,7 @@ def test_growing_conversation_reuses_prefix_ids_exactly(toks, name: str, seed: i
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_doctor_round_trip_per_family(toks, name: str) -> None:
-    from legorl.proxy.template import round_trip
+    from legorl.proxy.renderers import round_trip
 
     tok = toks[name]
     saved = tok.chat_template
@@ -259,7 +263,7 @@ def test_doctor_round_trip_per_family(toks, name: str) -> None:
 
 
 def test_doctor_round_trip_refuses_an_unknown_shape() -> None:
-    from legorl.proxy.template import round_trip
+    from legorl.proxy.renderers import round_trip
 
     tok = load_tokenizer("tiny-qwen3")
     tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"

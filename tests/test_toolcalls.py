@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from legorl.proxy.toolcalls import (ReasoningDelta, StreamParser, TextDelta, ToolCallDelta,
-                                    parse_completion)
+from legorl.proxy.completion import ReasoningDelta, TextDelta, ToolCallDelta
+from legorl.proxy.toolcalls import StreamParser, parse_completion
 
 HERMES = ('<think>\nplan it\n</think>\n\nI will run two commands.\n'
           '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>\n'

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from legorl.proxy.toolcalls import ReasoningDelta, StreamParser, TextDelta, parse_completion
+from legorl.proxy.completion import ReasoningDelta, TextDelta
+from legorl.proxy.toolcalls import StreamParser, parse_completion
 
 GLM = ("\n<think>plan it</think>\nI will look.\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls -la</arg_value>\n"
        "<arg_key>timeout</arg_key>\n<arg_value>30</arg_value>\n</tool_call>")

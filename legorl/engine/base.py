@@ -9,8 +9,9 @@ the ids the policy conditioned on and produced.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
@@ -30,6 +31,7 @@ class Engine(Protocol):
 
     name: str
     policy_version: int  # bumped by every weight sync
+    max_context: int  # prompt + completion tokens the model takes (2**31 where unbounded)
 
     def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         """Yield one TokenStep per sampled token, then a final step with `finish_reason` set
@@ -40,6 +42,53 @@ class Engine(Protocol):
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
     async def close(self) -> None: ...
+
+
+# Optional capabilities: small protocols an engine has or lacks, checked with isinstance
+# where the engine is used for something that needs them (weight sync, the engine server,
+# the Ray pool): never probed with getattr.
+
+
+@runtime_checkable
+class HoldsTokenizer(Protocol):
+    """An engine that holds the tokenizer it samples with (in-process engines); the proxy
+    and the engine server render with that very object instead of loading another."""
+
+    tokenizer: Any
+
+
+@runtime_checkable
+class WeightsInPlace(Protocol):
+    """Takes new weights as a state dict in this process, between two generation steps."""
+
+    async def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None: ...
+
+
+@runtime_checkable
+class WeightsFromDisk(Protocol):
+    """Reloads weights from an HF model directory it can read (HTTP servers, the hf engine
+    behind the engine server)."""
+
+    async def update_weights_from_disk(self, path: str | Path, version: int) -> None: ...
+
+
+@runtime_checkable
+class ServesModelDir(Protocol):
+    """A server that can reload only the directory it was launched on (vLLM) names it here;
+    weight sync then rewrites that directory in place."""
+
+    served_model_dir: str | Path | None
+
+
+@runtime_checkable
+class RecordsRouting(Protocol):
+    """Can return, per sampled token, the experts a MoE model routed it to."""
+
+    records_routing: bool  # False for a dense model or when the config did not ask
+
+
+def records_routing(engine: Engine) -> bool:
+    return isinstance(engine, RecordsRouting) and engine.records_routing
 
 
 def check_prompt(prompt_ids: list[int], max_context: int) -> None:

@@ -177,6 +177,11 @@ class HFEngine:
         if self._closing:
             raise EngineError("hf engine is closed")
 
+
+    @property
+    def records_routing(self) -> bool:
+        return self.routing is not None
+
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         self._check(prompt_ids, params)
         req = Request(

@@ -24,8 +24,8 @@ follows, through the harness's shell tool:
                                     system prompt asks for it — mini-swe-agent; otherwise a
                                     final text answer — Claude Code, OpenCode)
 
-A request without tools (OpenCode's and OpenHands' summarisers, title generators) or with
-Claude Code's "Do NOT call any tools" compaction instruction gets plain text: a title or
+A request without tools (OpenCode's, OpenHands' and Pi's summarisers, title generators) or with
+Claude Code's "Do NOT call any tools" or Codex's "CONTEXT CHECKPOINT COMPACTION" instruction gets plain text: a title or
 an `<analysis>`/`<summary>` that carries the task and step markers forward. A prompt that
 ends inside an assistant message (OpenCode's "maximum steps reached" prefill) is
 continued with text only.
@@ -52,11 +52,12 @@ from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 MARK = "legorl-oracle"
 _STEP_RE = re.compile(re.escape(MARK) + r":step-(\d+)")
 _TASK_RE = re.compile(re.escape(MARK) + r":task=([^\s`'\"<>]+)")
-_TOOLS_RE = re.compile(r"within <tools></tools> XML tags:\n<tools>\n(.*?)\n</tools>", re.S)
+_TOOLS_RE = re.compile(r"within <tools></tools> XML tags:\n<tools>\n(.*?)\n</tools>", re.DOTALL)
 _WS = re.compile(r"\s+")
-SHELL_NAMES = ("bash", "terminal", "execute_bash", "shell", "run_shell_command", "exec", "run")
+SHELL_NAMES = ("bash", "terminal", "execute_bash", "shell", "run_shell_command", "exec", "run", "exec_command")
+COMMAND_KEYS = ("command", "cmd")  # the shell tool's command parameter (`cmd`: Codex's exec_command)
 SUBMIT_WORD = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only")
+COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only", "CONTEXT CHECKPOINT COMPACTION")
 STEPS = 4
 PATCH_EOF = "LEGORL_ORACLE_PATCH_EOF"
 
@@ -125,16 +126,22 @@ def _params_schema(tool: dict[str, Any]) -> dict[str, Any]:
     return schema if isinstance(schema, dict) else {}
 
 
+def command_key(tool: dict[str, Any]) -> str | None:
+    """The parameter of `tool` that takes the shell command (`command`, or Codex's `cmd`)."""
+    props = _params_schema(tool).get("properties", {}) or {}
+    return next((k for k in COMMAND_KEYS if k in props), None)
+
+
 def find_shell(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The tool that runs shell commands: a known name first, else any tool with a
-    required `command` string parameter."""
+    required `command` (or `cmd`) string parameter."""
     by_name = {str(t.get("name", "")).lower(): t for t in tools}
     for n in SHELL_NAMES:
-        if n in by_name and "command" in _params_schema(by_name[n]).get("properties", {}):
+        if n in by_name and command_key(by_name[n]):
             return by_name[n]
     for t in tools:
-        s = _params_schema(t)
-        if "command" in s.get("properties", {}) and "command" in s.get("required", []):
+        key = command_key(t)
+        if key and key in (_params_schema(t).get("required", []) or []):
             return t
     return None
 
@@ -147,7 +154,7 @@ def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[s
         if name in args:
             continue
         p = props.get(name, {}) or {}
-        if "enum" in p and p["enum"]:
+        if p.get("enum"):
             args[name] = "LOW" if "LOW" in p["enum"] else p["enum"][0]
         elif "default" in p:
             args[name] = p["default"]
@@ -234,7 +241,7 @@ class OraclePolicy:
         if step == STEPS:
             return self._finish(view, task, shell)
         command, say = self._command(task, step)
-        args = _fill(_params_schema(shell), {"command": command}, say)
+        args = _fill(_params_schema(shell), {command_key(shell) or "command": command}, say)
         return self._think(task, step, say) + say + "\n" + _tool_call(shell, args)
 
     # -- pieces ---------------------------------------------------------------------------
@@ -270,7 +277,7 @@ class OraclePolicy:
             args = _fill(_params_schema(names["finish"]), {"message": self._final_text(task, STEPS)}, "done")
             return self._think(task, STEPS, "Finish.") + "The fix is in place.\n" + _tool_call(names["finish"], args)
         if SUBMIT_WORD in view.system or SUBMIT_WORD in view.conversation:
-            args = _fill(_params_schema(shell), {"command": f"echo {SUBMIT_WORD}"}, "Submit")
+            args = _fill(_params_schema(shell), {command_key(shell) or "command": f"echo {SUBMIT_WORD}"}, "Submit")
             return self._think(task, STEPS, "Submit.") + "The fix is in place; submitting.\n" + _tool_call(shell, args)
         return self._think(task, STEPS, "Report.") + self._final_text(task, STEPS)
 

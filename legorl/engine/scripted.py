@@ -132,6 +132,11 @@ class ScriptedEngine:
         i = self.turn_index(prompt_ids) if self.mode == "per_session" else next(self._counter)
         return self.entries[i % len(self.entries)]
 
+
+    @property
+    def records_routing(self) -> bool:
+        return self.moe is not None
+
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         validate_params(params)
         check_prompt(prompt_ids, self.max_context)

@@ -38,7 +38,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from legorl.asgi_serve import LoopServer, tcp_server
-from legorl.engine.base import ContextLengthExceeded, Engine, EngineError
+from legorl.engine.base import ContextLengthExceeded, Engine, EngineError, WeightsFromDisk
 from legorl.engine.serve_protocol import Completion, Detokenizer, HTTPError, context_message, error_body, parse_request
 from legorl.types import FinishReason, TokenStep
 
@@ -61,7 +61,7 @@ class EngineApp:
         self.engine, self.tokenizer, self.served_model = engine, tokenizer, served_model
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.api_key = api_key
-        self.max_context = int(getattr(engine, "max_context", 0) or 2**31)
+        self.max_context = int(engine.max_context or 2**31)
         self.app = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -172,7 +172,7 @@ class EngineApp:
         if body.get("method") != "reload_weights":
             return _json(error_body(f"collective_rpc method {body.get('method')!r}: only 'reload_weights' is served",
                                     "BadRequestError", 400, "method"), 400)  # fmt: skip
-        update = getattr(self.engine, "update_weights_from_disk", None)
+        update = self.engine.update_weights_from_disk if isinstance(self.engine, WeightsFromDisk) else None
         if self.model_dir is None or update is None:
             why = "no model directory was given" if self.model_dir is None else f"{self.engine.name} cannot load weights"
             return _json(error_body(f"reload_weights: {why}", "BadRequestError", 400), 400)

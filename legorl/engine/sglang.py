@@ -126,6 +126,11 @@ class SGLangEngine:
             "stream": self.use_stream,
         }
 
+
+    @property
+    def records_routing(self) -> bool:
+        return self.return_routed_experts
+
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         validate_params(params)
         check_prompt(prompt_ids, self.max_context)

@@ -137,6 +137,11 @@ class VLLMEngine:
         )
 
     # -- start-up check ------------------------------------------------------------------
+
+    @property
+    def records_routing(self) -> bool:
+        return self.return_routed_experts
+
     async def probe(self) -> None:
         """Check once that the server can do what this client was configured to ask for
         (the generate route, routed experts); an EngineError names the missing flag."""

@@ -52,6 +52,14 @@ class Harness(Protocol):
 
 
 @runtime_checkable
+class InstalledHarness(Protocol):
+    """A harness program that brings its installation as read-only layers (sandbox path →
+    host directory, legorl/harness/install.py), mounted into its agent sandbox."""
+
+    readonly_mounts: dict[str, str]
+
+
+@runtime_checkable
 class HostHarness(Protocol):
     """A harness whose own process runs beside the sandboxes, warm across rollouts
     (`warm_mini.py`): only its commands run in the agent sandbox. Its `run` gets the

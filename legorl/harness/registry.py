@@ -15,10 +15,14 @@ from typing import Any
 
 HARNESSES: dict[str, str] = {
     "claude-code": "legorl.harness.claude_code:ClaudeCode",
+    "codex": "legorl.harness.codex:Codex",
+    "pi": "legorl.harness.pi:Pi",
     "opencode": "legorl.harness.opencode:OpenCode",
     "openhands": "legorl.harness.openhands:OpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",
     "mini-swe-agent-warm": "legorl.harness.warm_mini:WarmMiniSweAgent",
+    "gemini-cli": "legorl.harness.gemini_cli:GeminiCli",
+    "qwen-code": "legorl.harness.qwen_code:QwenCode",
 }
 NATIVE = tuple(n for n in HARNESSES if n != "mini-swe-agent-warm")  # harness programs (warm: a way to run one)
 

@@ -19,8 +19,11 @@ from legorl.engine.registry import EngineConfig
 from legorl.monitor.monitors import MonitorConfig
 from legorl.proxy.config import ProxyConfig
 from legorl.quickstart.source import CalcTasksSection
+from legorl.rollout import RolloutConfig
+from legorl.sandbox.base import Limits
 from legorl.train.config import TrainerConfig
 from legorl.train.sft import SFTConfig
+from legorl.verify.grade import GradeConfig
 
 
 class RunSection(Section):
@@ -78,12 +81,29 @@ class SandboxSection(Section):
     """CPU limit of an agent sandbox."""
     disk_mb: int = Field(2048, ge=16)
     """Disk quota of an agent sandbox."""
+    test_timeout_s: float = Field(600.0, gt=0)
+    """Grading: a test run longer than this is the patch's fault (`test_timeout`)."""
+    max_diff_bytes: int = Field(8 << 20, ge=1)
+    """Grading: a larger diff is graded 0 (`patch_too_large`) without being applied."""
+    penalize_tamper: bool = True
+    """Grading: a visible attempt to tamper with the tests is `hack_detected`, reward 0."""
+    grade_empty_diff: bool = False
+    """Run the tests on an empty diff too (default: `no_patch` without running them)."""
+
+    def rollout_config(self) -> RolloutConfig:
+        """The one place the section becomes the rollout's (and its grading's) parameters."""
+        limits = Limits(memory_mb=self.memory_mb, pids=self.pids, cpus=self.cpus, disk_mb=self.disk_mb)
+        grade = GradeConfig(test_timeout_s=self.test_timeout_s, max_diff_bytes=self.max_diff_bytes,
+                            penalize_tamper=self.penalize_tamper)  # fmt: skip
+        return RolloutConfig(agent_timeout_s=self.agent_timeout_s, limits=limits, grade_empty_diff=self.grade_empty_diff,
+                             grade=grade)  # fmt: skip
 
 
 class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
-    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"] = "command"
+    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm",
+                  "codex", "pi", "gemini-cli", "qwen-code"] = "command"
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
     rollout's sandbox (legorl/harness/warm_mini.py)."""

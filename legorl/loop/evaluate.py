@@ -96,6 +96,14 @@ async def evaluate(
     } if k == 1 else {}
     print_summary(summary, console)
     if out is not None:
+        from legorl.loop.official_report import run_report
+
+        first: dict[str, Any] = {}
+        for r in records:  # the official harness grades one prediction per instance: the first sample
+            first.setdefault(r.trajectory.instance_id, r.trajectory.outcome)
         out.parent.mkdir(parents=True, exist_ok=True)
+        official = out.with_name(out.stem + ".swebench.json")  # the official harness's results shape
+        official.write_text(json.dumps(run_report(tasks, first), indent=1))
+        summary["swebench_report"] = str(official)
         out.write_text(json.dumps(summary, indent=1))
     return summary

@@ -61,7 +61,7 @@ def engine_check(cfg: RunConfig) -> Check:
             where = cfg.engine.url or cfg.engine.kind
             raise CheckFailed(f"engine {where} did not answer: {type(e).__name__}: {e}",
                               fix=f"start the {cfg.engine.kind} server at {cfg.engine.url} or fix engine.url"
-                              if cfg.engine.url else "check the [engine] section (kind, model, device)")
+                              if cfg.engine.url else "check the [engine] section (kind, model, device)") from None
         if len(gen.logprobs) != len(gen.completion_ids) or not gen.completion_ids:
             raise CheckFailed(f"engine returned {len(gen.completion_ids)} ids and {len(gen.logprobs)} logprobs",
                               fix="the engine must return one logprob per sampled token")
@@ -122,8 +122,9 @@ def template_check(cfg: RunConfig) -> Check:
     def fn() -> str:
         from legorl.engine.registry import make_engine
         from legorl.models import load_tokenizer
-        from legorl.proxy.render import ChatRequest, RenderState, make_renderer
-        from legorl.proxy.template import TemplateError, round_trip
+        from legorl.proxy.render import ChatRequest, RenderState
+        from legorl.proxy.renderers import make_renderer, round_trip
+        from legorl.proxy.template import TemplateError
         from legorl.proxy.toolcalls import parse_completion
 
         tok = load_tokenizer(cfg.engine.model)
@@ -170,8 +171,9 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
     backend_name = cfg.sandbox.backend
 
     async def with_sandbox(body: Any, proxy_socket: str | None = None) -> Any:
+        from legorl.sandbox import open_backend
         from legorl.sandbox.base import SandboxSpec
-        from legorl.tasks.image import TaskImages, close_backend, open_backend
+        from legorl.tasks.image import TaskImages
 
         images = TaskImages(backend=backend_name)
         base = await images.base()
@@ -185,7 +187,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
             async with sb:
                 return await body(sb)
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     def starts() -> str:
         async def body(sb: Any) -> str:
@@ -199,7 +201,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
         except CheckFailed:
             raise
         except Exception as e:  # noqa: BLE001 - any start failure is this check's finding
-            raise CheckFailed(f"{backend_name} sandbox did not start: {type(e).__name__}: {e}", fix=SETUP_SANDBOX)
+            raise CheckFailed(f"{backend_name} sandbox did not start: {type(e).__name__}: {e}", fix=SETUP_SANDBOX) from None
 
     def isolation() -> str:
         marker = Path(tempfile.gettempdir()) / f"legorl-doctor-{uuid.uuid4().hex}"
@@ -229,7 +231,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
     def reaches_proxy() -> str:
         from legorl.engine.scripted import ScriptedEngine
         from legorl.models import load_tokenizer
-        from legorl.proxy.render import make_renderer
+        from legorl.proxy.renderers import make_renderer
         from legorl.proxy.server import ProxyServer
         from legorl.proxy.session_socket import SessionSocket
 
@@ -272,11 +274,11 @@ def harness_check(cfg: RunConfig) -> Check:
         try:
             from legorl.harness import install
         except ImportError as e:
-            raise CheckFailed(f"harness support is not installed: {e}", fix="reinstall the package")
+            raise CheckFailed(f"harness support is not installed: {e}", fix="reinstall the package") from None
         try:
             mounts = install.mounts_for(h.name)
         except install.HarnessNotInstalled as e:
-            raise CheckFailed(str(e), fix="run: bash scripts/setup_harnesses.sh")
+            raise CheckFailed(str(e), fix="run: bash scripts/setup_harnesses.sh") from None
         return f"{h.name}: {len(mounts)} layer(s) built under {install.layers_root()}"
 
     return Check("harness installed", fn, timeout=60)
@@ -285,13 +287,14 @@ def harness_check(cfg: RunConfig) -> Check:
 def grading_check(cfg: RunConfig) -> Check:
     def fn() -> str:
         from legorl.loop.train import load_task_split
-        from legorl.tasks.image import TaskImages, close_backend, open_backend
+        from legorl.sandbox import open_backend
+        from legorl.tasks.image import TaskImages
         from legorl.verify.grade import grade
 
         try:
             task = load_task_split(cfg, cfg.run.split)[0]
         except ValueError as e:  # TaskFileError and an empty split
-            raise CheckFailed(str(e), fix="fix run.tasks / run.split (see the message)")
+            raise CheckFailed(str(e), fix="fix run.tasks / run.split (see the message)") from None
 
         async def go() -> tuple[Any, Any]:
             images = TaskImages(backend=cfg.sandbox.backend)
@@ -300,7 +303,7 @@ def grading_check(cfg: RunConfig) -> Check:
             try:
                 return await grade(task, task.patch, backend, image), await grade(task, "", backend, image)
             finally:
-                await close_backend(backend)
+                await backend.aclose()
 
         gold, empty = _run(go())
         if gold.status is not Status.RESOLVED:

@@ -46,7 +46,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from legorl.config import ConfigError
-from legorl.engine.base import Engine
+from legorl.engine.base import Engine, HoldsTokenizer, records_routing
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.loop.config import RayConfig, RunConfig
 from legorl.loop.worker import OnRecord, RolloutRecord, RolloutWorker
@@ -311,12 +311,11 @@ async def ray_rollout_pool(cfg: RunConfig, engine: Engine) -> AsyncIterator[RayR
     try:
         host = ray.util.get_node_ip_address()  # 127.0.0.1 for a local or loopback cluster
         key = secrets.token_hex(16)  # the served engine answers only our workers
-        tokenizer = getattr(engine, "tokenizer", None) or load_tokenizer(cfg.engine.model)
+        tokenizer = engine.tokenizer if isinstance(engine, HoldsTokenizer) else load_tokenizer(cfg.engine.model)
         name = cfg.engine.served_model_name or cfg.engine.model
-        routed = getattr(engine, "routing", None) is not None or getattr(engine, "moe", None) is not None
         async with EngineServer(engine, tokenizer, name, host=host, port=0, api_key=key) as srv:
             client = client_config(cfg.engine, f"http://{host}:{srv.port}", api_key=key,
-                                   max_context=getattr(engine, "max_context", None), routed_experts=routed)  # fmt: skip
+                                   max_context=engine.max_context, routed_experts=records_routing(engine))  # fmt: skip
             async with RayRolloutPool(cfg, engine_cfg=client, policy_version=version) as pool:
                 yield pool
     finally:

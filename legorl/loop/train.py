@@ -28,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from legorl.engine.base import Engine, EngineError
+from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromDisk, WeightsInPlace
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
 from legorl.loop.metrics import rollout_metrics
@@ -72,10 +72,10 @@ def make_weight_sync(engine: Engine, run_dir: Path) -> Any:
     """In-place for in-process engines, from disk for HTTP engines, none for weightless ones."""
     from legorl.train.sync import DiskSync, InProcessSync
 
-    if callable(getattr(engine, "update_weights", None)):
+    if isinstance(engine, WeightsInPlace):
         return InProcessSync(engine)
-    if callable(getattr(engine, "update_weights_from_disk", None)):
-        served = getattr(engine, "served_model_dir", None)  # vLLM reloads only the dir it serves
+    if isinstance(engine, WeightsFromDisk):
+        served = engine.served_model_dir if isinstance(engine, ServesModelDir) else None  # vLLM: only the dir it serves
         return DiskSync([engine], served, in_place=True) if served else DiskSync([engine], run_dir / "weights")
     return None  # scripted / oracle: nothing to update
 

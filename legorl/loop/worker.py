@@ -23,19 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from legorl.engine.base import Engine
+from legorl.engine.base import Engine, HoldsTokenizer
 from legorl.harness.command import HostHarness
 from legorl.loop.config import HarnessSection, RunConfig
 from legorl.models import load_tokenizer
-from legorl.proxy.render import make_renderer
+from legorl.proxy.renderers import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
-from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
+from legorl.rollout import RolloutResult, run_rollout
 from legorl.loop.errors import RunError
-from legorl.sandbox.base import Limits, SandboxError, SandboxSpec
+from legorl.sandbox.base import SandboxError, SandboxSpec
 from legorl.sandbox.images import ImageNotFound
 from legorl.sandbox.layers import ImageBuildError
-from legorl.tasks.image import TaskImages, close_backend, open_backend
+from legorl.tasks.image import TaskImages
+from legorl.sandbox import open_backend
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
 
@@ -94,16 +95,12 @@ class RolloutWorker:
         self.backend: Any = None
         self.images = TaskImages(backend=cfg.sandbox.backend)
         self.harness = make_harness(cfg.harness, cfg.proxy.served_model)
-        s = cfg.sandbox
-        self.retries = s.retries  # the one owner of infrastructure retries: a fresh sandbox and session each
-        self.rollout_cfg = RolloutConfig(
-            agent_timeout_s=s.agent_timeout_s,
-            limits=Limits(memory_mb=s.memory_mb, pids=s.pids, cpus=s.cpus, disk_mb=s.disk_mb),
-        )  # fmt: skip
+        self.retries = cfg.sandbox.retries  # the one owner of infrastructure retries: a fresh sandbox and session each
+        self.rollout_cfg = cfg.sandbox.rollout_config()
 
     async def __aenter__(self) -> RolloutWorker:
         if self.engine is not None:
-            tok = getattr(self.engine, "tokenizer", None) or load_tokenizer(self.cfg.engine.model)
+            tok = self.engine.tokenizer if isinstance(self.engine, HoldsTokenizer) else load_tokenizer(self.cfg.engine.model)
             self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0)
             await self.proxy.start()
         else:
@@ -148,7 +145,7 @@ class RolloutWorker:
         if self.relay is not None:
             await self.relay.aclose()
         if self.backend is not None:
-            await close_backend(self.backend)
+            await self.backend.aclose()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -204,7 +201,7 @@ class RolloutWorker:
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
-        engine_errors = int(getattr(session, "engine_errors", 0))
+        engine_errors = session.engine_errors if session is not None else 0  # none: an external endpoint, relayed
         outcome = result.outcome
         if engine_errors and not outcome.status.is_infra:
             outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=list(outcome.flags),

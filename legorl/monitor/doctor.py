@@ -10,7 +10,7 @@ Checks are pluggable: each component contributes `Check`s (the CLI collects them
 registers them with the `@check(...)` decorator into `REGISTRY`. `run_checks` prints a
 rich table and returns the exit code (0 all passed, 1 otherwise).
 
-    @check("docker daemon", fix="start it: bash scripts/setup_docker.sh", timeout=20)
+    @check("docker daemon", fix="start it: bash scripts/setup_sandbox.sh", timeout=20)
     def docker_daemon() -> str:
         ...
         return "Docker 27.3 (cgroup v2)"
@@ -164,7 +164,7 @@ def store_check(run_dir: Path | str | None = None) -> Check:
             conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
         except sqlite3.OperationalError as e:
             raise CheckFailed(f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
-                              fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)")
+                              fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)") from None
         from legorl.monitor.store import RunStore
 
         target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
@@ -175,7 +175,7 @@ def store_check(run_dir: Path | str | None = None) -> Check:
                 s.log_metrics(0, {"doctor/ok": 1.0})
                 mode = s._conn.execute("PRAGMA journal_mode").fetchone()[0]
         except (OSError, sqlite3.Error) as e:
-            raise CheckFailed(f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory")
+            raise CheckFailed(f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory") from None
         finally:
             for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
                 try:
@@ -197,6 +197,6 @@ def port_check(host: str, port: int, what: str = "UI") -> Check:
             try:
                 s.bind((host, port))
             except OSError as e:
-                raise CheckFailed(f"{host}:{port} is not free ({e.strerror})", fix=f"pass another port for the {what}")
+                raise CheckFailed(f"{host}:{port} is not free ({e.strerror})", fix=f"pass another port for the {what}") from None
         return f"{host}:{port} is free"
     return Check(f"{what} port", fn, timeout=5)

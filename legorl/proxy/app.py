@@ -10,11 +10,13 @@ Routes (each also under `/s/{session_id}`; `/v1` may be left out):
   POST /v1/messages           Anthropic Messages           (anthropic.py)
   POST /v1/messages/count_tokens   true prompt token count
   POST /v1/responses          OpenAI Responses             (responses.py)
+  POST /v1beta/models/{model}:generateContent | :streamGenerateContent | :countTokens
+                              Google Gemini API            (gemini.py)
   GET  /v1/models             the served model (both dialects' fields)
   GET  /health, HEAD|GET /    liveness
   GET  /legorl/sessions       open sessions
   DELETE /legorl/sessions/{id}  close a session, write its trajectory
-Query strings (Claude Code's `?beta=true`) are ignored.
+Query strings (Claude Code's `?beta=true`) are ignored, except Gemini's `?key=` (a session id).
 
 Bad input: every client mistake is a 4xx in the dialect's error shape. Bodies are held to
 the parse-time limits of `limits.py` before anything is generated (so every accepted turn
@@ -32,16 +34,14 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from legorl.engine.base import Engine
-from legorl.proxy import anthropic, openai_chat, responses
-from legorl.proxy.config import ProxyConfig
-from legorl.proxy.errors import ProxyError, error_body, stream_error_event
+from legorl.proxy import anthropic, gemini, openai_chat, responses
+from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
-from legorl.proxy.pipeline import Parsed, TurnRun, compile_side_regex
+from legorl.proxy.context import ProxyContext
+from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import Renderer
-from legorl.proxy.render_cache import Journal, OffLoopRenderer, bound_renderer
-from legorl.proxy.sessions import SessionRegistry
-from legorl.types import Dialect, SamplingParams
+from legorl.proxy.render_cache import Journal, TooLong
+from legorl.types import Dialect
 
 log = logging.getLogger(__name__)
 
@@ -58,50 +58,10 @@ _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
-class ProxyContext:
-    """Everything a request needs, built once per server."""
-
-    def __init__(self, cfg: ProxyConfig, engine: Engine, renderer: Renderer, sessions: SessionRegistry) -> None:
-        self.cfg = cfg
-        self.engine = engine
-        self.renderer = renderer
-        self.sessions = sessions
-        bound_renderer(renderer, cfg.render_cache_bytes)
-        self.offload = OffLoopRenderer(renderer)
-        self.eos_ids = frozenset(renderer.eos_ids)
-        # the completion format: the config's, or (`auto`) the one the model's template writes
-        self.tool_format = renderer.tool_format if cfg.tool_format == "auto" else cfg.tool_format
-        self.starts_in_reasoning = bool(getattr(renderer, "starts_in_reasoning", False))
-        tok = renderer.tokenizer
-        self.backend = getattr(tok, "backend_tokenizer", None) or tok  # a tokenizers.Tokenizer
-        engine_max = getattr(engine, "max_context", None)
-        self.max_context = min(cfg.max_context, engine_max) if isinstance(engine_max, int) else cfg.max_context
-        self.side_models = frozenset(cfg.side_call_models)
-        self.side_regex = compile_side_regex(cfg.side_call_patterns)
-        self._params: dict[tuple[int, tuple[str, ...]], tuple[SamplingParams, dict[str, Any]]] = {}
-
-    def sampling(self, max_tokens: int, stop: tuple[str, ...]) -> SamplingParams:
-        """The trainer's sampling params for this cap and these stop strings (cached)."""
-        hit = self._params.get((max_tokens, stop))
-        if hit is None:
-            c = self.cfg
-            p = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=max_tokens,
-                               stop=stop, seed=c.seed)
-            hit = (p, p.to_dict())
-            if len(self._params) > 4096:
-                self._params.clear()
-            self._params[(max_tokens, stop)] = hit
-        return hit[0]
-
-    def sampling_dict(self, params: SamplingParams | None) -> dict[str, Any]:
-        if params is None:
-            return {}
-        hit = self._params.get((params.max_tokens, params.stop))
-        return dict(hit[1]) if hit is not None and hit[0] is params else params.to_dict()
-
-
 def _dialect_of_path(path: str) -> Dialect | None:
-    return Dialect.ANTHROPIC if "/messages" in path else None
+    if "/messages" in path:
+        return Dialect.ANTHROPIC
+    return Dialect.GEMINI if gemini.is_gemini_path(path) else None
 
 
 async def send_json(send: Send, status: int, body: bytes) -> None:
@@ -173,6 +133,8 @@ class ProxyApp:
                 if sid is None:
                     sid = _key(scope["headers"])
                 await self._model_call(scope, receive, send, mod, sid, from_url)
+            elif (route := gemini.match(path)) is not None:
+                await self._gemini(scope, receive, send, route, method, sid, from_url)
             elif path in ("/v1/messages/count_tokens", "/messages/count_tokens") and method == "POST":
                 await self._count_tokens(scope, receive, send, sid or _key(scope["headers"]), from_url)
             elif path in ("/v1/models", "/models") and method == "GET":
@@ -275,22 +237,42 @@ class ProxyApp:
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, sid: str | None, from_url: bool) -> None:
+    async def _gemini(self, scope: Scope, receive: Receive, send: Send, route: tuple[str, str], method: str,
+                      sid: str | None, from_url: bool) -> None:
+        """A Gemini API path: the model and the call (generate, stream, count) are in it."""
+        model, call = route
+        if call not in gemini.METHODS:
+            raise ProxyError(404, f"no Gemini method {call!r}; served: {', '.join(gemini.METHODS)}", "not_found")
+        if method != "POST":
+            raise ProxyError(405, f"{method} {scope['path']}: use POST", "invalid_request")
+        if sid is None:
+            sid = gemini.key_of(scope.get("query_string", b""), scope["headers"]) or _key(scope["headers"])
+        if call == "countTokens":
+            await self._count_tokens(scope, receive, send, sid, from_url, Dialect.GEMINI)
+        else:
+            await self._model_call(scope, receive, send, gemini.Call(model, call == "streamGenerateContent"),
+                                   sid, from_url)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, sid: str | None, from_url: bool,
+                            dialect: Dialect = Dialect.ANTHROPIC) -> None:
         ctx = self.ctx
+        mod = gemini if dialect is Dialect.GEMINI else anthropic
+        to_chat = gemini.count_request if dialect is Dialect.GEMINI else anthropic.to_chat
         try:
             body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)  # standalone: never opens one
             if size > ctx.cfg.offload_bytes:
-                n, _ = await ctx.offload.run(lambda r: len(r.render(anthropic.to_chat(body), session.state)))
+                n, _ = await ctx.offload.run(lambda r: len(r.render(to_chat(body), session.state)))
             else:
-                n = len(ctx.renderer.render(anthropic.to_chat(body), session.state))
+                n = len(ctx.renderer.render(to_chat(body), session.state))
         except ProxyError as e:
-            await send_error(send, Dialect.ANTHROPIC, e)
+            await send_error(send, dialect, e)
             return
-        await send_json(send, 200, anthropic.count_tokens_body(n))
+        await send_json(send, 200, mod.count_tokens_body(n))
 
     # -- model calls ----------------------------------------------------------------------
-    async def _model_call(self, scope: Scope, receive: Receive, send: Send, mod: ModuleType, sid: str | None,
+    async def _model_call(self, scope: Scope, receive: Receive, send: Send, mod: ModuleType | gemini.Call,
+                          sid: str | None,
                           from_url: bool) -> None:
         dialect: Dialect = mod.DIALECT
         ctx = self.ctx
@@ -303,7 +285,10 @@ class ProxyApp:
                     p = mod.parse(body)
                     return p, r.render(p.chat, session.state)
 
-                (parsed, ids), commit = await ctx.offload.run(work)
+                try:
+                    (parsed, ids), commit = await ctx.offload.run(work, token_budget=ctx.max_context)
+                except TooLong as e:  # one piece alone is over the window: refused, its ids never built
+                    raise context_too_long(dialect, e.n_tokens, ctx.max_context) from None
                 run = TurnRun(ctx, session, dialect, body, parsed)
                 run.prepare(ids)
                 commit()

@@ -21,10 +21,14 @@ from legorl.config_base import Section
 # OpenCode's title generator and compaction agent, OpenHands' condenser, Claude Code's
 # compaction instruction (appended to the last user message).
 DEFAULT_SIDE_CALL_PATTERNS = [
+    r"You are a context summarization assistant",  # Pi's compaction
+    r"You are performing a CONTEXT CHECKPOINT COMPACTION",  # Codex's compaction
     r"You are a title generator",
     r"You are a context summarization agent",
     r"You are maintaining a context-aware state summary",
     r"Do NOT call any tools\. Respond with plain text only",
+    r"You are a specialized system component responsible for distilling chat history",  # Gemini CLI
+    r"You are the component that summarizes a conversation when its context window",  # Qwen Code
 ]
 
 

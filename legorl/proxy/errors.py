@@ -33,6 +33,11 @@ _OPENAI_TYPES = {
     "engine": "server_error",
     "internal": "server_error",
 }
+# HTTP status -> Google's canonical error status (https://ai.google.dev/gemini-api/docs/troubleshooting)
+_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                  405: "INVALID_ARGUMENT", 408: "DEADLINE_EXCEEDED", 409: "ABORTED", 413: "INVALID_ARGUMENT",
+                  429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 502: "UNAVAILABLE",
+                  503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
 
 
 class ProxyError(Exception):
@@ -60,6 +65,8 @@ def context_too_long(dialect: Dialect, n_tokens: int, maximum: int) -> ProxyErro
     """The honest overflow error each harness recognises as 'compact now'."""
     if dialect is Dialect.ANTHROPIC:
         msg = f"prompt is too long: {n_tokens} tokens > {maximum} maximum"
+    elif dialect is Dialect.GEMINI:  # Google's wording for an over-long prompt
+        msg = f"The input token count ({n_tokens}) exceeds the maximum number of tokens allowed ({maximum})."
     else:
         msg = (
             f"This model's maximum context length is {maximum} tokens. However, your messages "
@@ -74,6 +81,9 @@ def error_body(dialect: Dialect | None, err: ProxyError) -> bytes:
         return orjson.dumps(
             {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.kind, "api_error"), "message": err.message}}
         )
+    if dialect is Dialect.GEMINI:
+        return orjson.dumps({"error": {"code": err.status, "message": err.message,
+                                       "status": _GOOGLE_STATUS.get(err.status, "UNKNOWN")}})
     return orjson.dumps(
         {
             "error": {
@@ -94,4 +104,6 @@ def stream_error_event(dialect: Dialect, err: ProxyError) -> bytes:
     if dialect is Dialect.RESPONSES:
         inner = orjson.loads(body)["error"]
         return b"event: error\ndata: " + orjson.dumps({"type": "error", **inner}) + b"\n\n"
+    if dialect is Dialect.GEMINI:
+        return b"data: " + body + b"\r\n\r\n"
     return b"data: " + body + b"\n\n"

@@ -21,15 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from legorl.proxy.toolcalls import (
-    ParsedCompletion,
-    ReasoningDelta,
-    StreamEvent,
-    TextDelta,
-    ToolCall,
-    call_deltas,
-    new_call_id,
-)
+from legorl.proxy.completion import ParsedCompletion, ReasoningDelta, StreamEvent, TextDelta, ToolCall, call_deltas, new_call_id
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")

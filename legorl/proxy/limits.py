@@ -93,7 +93,7 @@ def check_body(raw: bytes, body: dict[str, Any], max_depth: int, max_string_char
         if n:
             raise limit_error("max_string_chars",
                               f"{path}: a string of {n} characters exceeds the limit of {max_string_chars}")
-    for key in ("messages", "input"):
+    for key in ("messages", "input", "contents"):
         items = body.get(key)
         if isinstance(items, list) and len(items) > max_messages:
             raise limit_error("max_messages", f"{key}: {len(items)} items exceed the limit of {max_messages}")

@@ -13,7 +13,6 @@ small list of parser events, and no work at all for stop strings when there are 
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,11 +23,12 @@ from tokenizers.decoders import DecodeStream
 from legorl.engine.base import ContextLengthExceeded, EngineError
 from legorl.proxy.errors import ProxyError, context_too_long
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.toolcalls import ParsedCompletion, StreamEvent, StreamParser, TextDelta, parse_completion
+from legorl.proxy.completion import ParsedCompletion, StreamEvent, TextDelta
+from legorl.proxy.toolcalls import StreamParser, parse_completion
 from legorl.types import Dialect, FinishReason, Routing, SamplingParams, TokenStep, Turn, as_routing
 
 if TYPE_CHECKING:
-    from legorl.proxy.app import ProxyContext
+    from legorl.proxy.context import ProxyContext
     from legorl.proxy.sessions import Session
 
 
@@ -334,8 +334,4 @@ def _engine_error(e: BaseException) -> ProxyError:
     return ProxyError(502, f"engine error: {kind}: {e}", "engine")
 
 
-def compile_side_regex(patterns: list[str]) -> re.Pattern[str] | None:
-    return re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
-
-
-__all__ = ["Parsed", "StopFilter", "TurnRun", "TextDelta", "compile_side_regex"]
+__all__ = ["Parsed", "StopFilter", "TurnRun", "TextDelta"]

@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from legorl.proxy.toolcalls import ParsedCompletion
+from legorl.proxy.completion import ParsedCompletion
 
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -258,28 +258,3 @@ class Renderer:
 
     def count(self, req: ChatRequest) -> int:
         return len(self.render(req))
-
-
-def make_renderer(tokenizer: Any) -> Any:
-    """The renderer for a tokenizer: this module's for the bundled template (same ids,
-    faster), else the template renderer, which refuses a template shape it cannot serve
-    (`legorl.proxy.template.TemplateError`)."""
-    from legorl.models import TOKENIZER_DIR
-
-    if getattr(tokenizer, "chat_template", None) == _bundled_template(str(TOKENIZER_DIR)):
-        return Renderer(tokenizer)
-    from legorl.proxy.template import TemplateRenderer
-
-    return TemplateRenderer(tokenizer)
-
-
-_BUNDLED: dict[str, str | None] = {}
-
-
-def _bundled_template(tokenizer_dir: str) -> str | None:
-    if tokenizer_dir not in _BUNDLED:
-        from pathlib import Path
-
-        cfg = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text())
-        _BUNDLED[tokenizer_dir] = cfg.get("chat_template")
-    return _BUNDLED[tokenizer_dir]

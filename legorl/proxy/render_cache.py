@@ -1,13 +1,15 @@
 """Bounded render caches, and rendering huge prompts off the event loop.
 
 `render.Renderer` caches the token ids of every message block and tool schema it renders,
-capped by *entries* (50,000 blocks, 1,024 tool sets). A few multi-megabyte prompts fill
-that with gigabytes, and a prompt that is then refused as too long stays cached. This
-module keeps render.py untouched (its owner rewrites the chat templates) and bounds it
-from the caller:
+capped by *entries* (50,000 blocks, 1,024 tool sets); `template.TemplateRenderer` (the
+model's own Jinja template) the ids of every text piece between added tokens (`_cache`,
+50,000 pieces, no tools cache). A few multi-megabyte prompts fill that with gigabytes, and
+a prompt that is then refused as too long stays cached. This module keeps the renderers
+untouched and bounds them from the caller, whichever of the two caches they have:
 
-- `bound_renderer` swaps the renderer's two caches for `ByteLRU`s that also evict by an
-  estimate of their bytes (`ProxyConfig.render_cache_bytes`, split 7:1 blocks:tools).
+- `bound_renderer` swaps the renderer's caches for `ByteLRU`s that also evict by an
+  estimate of their bytes (`ProxyConfig.render_cache_bytes`, split 7:1 blocks:tools when
+  there are both, all of it for `_cache` alone).
 - `Journal` (requests rendered on the loop): the keys a render inserts are noted, and
   dropped again when the prompt is refused, so a refused prompt caches nothing there either
   (cost: one list append per cache miss).
@@ -22,8 +24,8 @@ After a large request, `trim()` hands freed heap back to the OS (glibc `malloc_t
 the worker thread): a 5 MB prompt's transient ~100 MB would otherwise stay in the process's
 RSS as free-but-kept arenas (measured: ~+200 MB plateau without, ~+30 MB with).
 
-A renderer without the expected `_cache` / `_tools_cache` / `_fast` attributes (another
-render.py) still works: it is rendered on the thread as is, unbounded by this module.
+A renderer without the expected `_cache` / `_fast` attributes (another renderer) still
+works: it is rendered on the thread as is, unbounded by this module.
 """
 
 from __future__ import annotations
@@ -104,22 +106,27 @@ class ByteLRU(OrderedDict):
         self.nbytes = 0
 
 
+CACHES = ("_cache", "_tools_cache")  # the renderers' cache attributes (blocks/pieces, tool sets)
+
+
+def _caches(renderer: Any) -> dict[str, dict]:
+    return {name: c for name in CACHES if isinstance(c := getattr(renderer, name, None), dict)}
+
+
 def bound_renderer(renderer: Any, max_bytes: int) -> bool:
     """Replace the renderer's caches by ByteLRUs (keeping what they hold); False when the
-    renderer has no such caches."""
-    cache, tools = getattr(renderer, "_cache", None), getattr(renderer, "_tools_cache", None)
-    if not isinstance(cache, dict) or not isinstance(tools, dict):
+    renderer has no `_cache`."""
+    caches = _caches(renderer)
+    if "_cache" not in caches:
         return False
-    if not isinstance(cache, ByteLRU):
-        new = ByteLRU(max_bytes - max_bytes // 8)
-        for k, v in cache.items():
-            new[k] = v
-        renderer._cache = new
-    if not isinstance(tools, ByteLRU):
-        new_t = ByteLRU(max_bytes // 8)
-        for k, v in tools.items():
-            new_t[k] = v
-        renderer._tools_cache = new_t
+    budgets = {"_cache": max_bytes - max_bytes // 8, "_tools_cache": max_bytes // 8} if len(caches) > 1 \
+        else {"_cache": max_bytes}
+    for name, cache in caches.items():
+        if not isinstance(cache, ByteLRU):
+            new = ByteLRU(budgets[name])
+            for k, v in cache.items():
+                new[k] = v
+            setattr(renderer, name, new)
     return True
 
 
@@ -136,8 +143,7 @@ class Journal:
     removes it (the prompt was refused), `end()` keeps it."""
 
     def __init__(self, renderer: Any) -> None:
-        self.caches = [c for c in (getattr(renderer, "_cache", None), getattr(renderer, "_tools_cache", None))
-                       if isinstance(c, ByteLRU)]
+        self.caches = [c for c in _caches(renderer).values() if isinstance(c, ByteLRU)]
         for c in self.caches:
             c.journal = []
 
@@ -171,14 +177,31 @@ class _Overlay(dict):
         return dict.popitem(self)
 
 
-class _FastEncode:
-    """`tokenizers.Tokenizer.encode` through `encode_batch_fast`: same ids, GIL released."""
+class TooLong(Exception):
+    """One piece of the prompt alone has `n_tokens` ≥ the token budget: the whole prompt is
+    over the context window (it has at least that many tokens), so rendering stops there."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
+    def __init__(self, n_tokens: int) -> None:
+        super().__init__(n_tokens)
+        self.n_tokens = n_tokens
+
+
+class _FastEncode:
+    """`tokenizers.Tokenizer.encode` through `encode_batch_fast`: same ids, GIL released.
+
+    With a `budget`, a piece of that many tokens or more raises `TooLong` before its ids
+    become a Python list: turning a 5 MB prompt's 3.5 M ids into ints holds the GIL for
+    ~55 ms (measured, idle-equivalent CPU time), i.e. stalls the event loop, and freeing
+    them on the loop costs as much again — for a prompt that is then refused anyway."""
+
+    def __init__(self, inner: Any, budget: int | None = None) -> None:
+        self.inner, self.budget = inner, budget
 
     def encode(self, text: str, add_special_tokens: bool = False) -> Any:
-        return self.inner.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        enc = self.inner.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0]
+        if self.budget is not None and len(enc) >= self.budget:
+            raise TooLong(len(enc))
+        return enc
 
 
 class OffLoopRenderer:
@@ -187,7 +210,7 @@ class OffLoopRenderer:
     def __init__(self, renderer: Any, workers: int = 2) -> None:
         self.renderer = renderer
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="legorl-render")
-        self.shadowable = all(hasattr(renderer, a) for a in ("_cache", "_tools_cache", "_fast"))
+        self.shadowable = "_cache" in _caches(renderer) and hasattr(renderer, "_fast")
         self._malloc_trim = _libc_malloc_trim()
         self._last_trim = 0.0
         self._trim_pending = False
@@ -213,28 +236,29 @@ class OffLoopRenderer:
         except RuntimeError:  # the pool was shut down meanwhile
             pass
 
-    def _shadow(self) -> Any:
+    def _shadow(self, token_budget: int | None) -> Any:
         if not self.shadowable:
             return self.renderer
         shadow = copy.copy(self.renderer)
-        shadow._cache = _Overlay(self.renderer._cache)
-        shadow._tools_cache = _Overlay(self.renderer._tools_cache)
+        for name, cache in _caches(self.renderer).items():
+            setattr(shadow, name, _Overlay(cache))
         fast = self.renderer._fast
         if fast is not None and hasattr(fast, "encode_batch_fast"):
-            shadow._fast = _FastEncode(fast)
+            shadow._fast = _FastEncode(fast, token_budget)
         return shadow
 
-    async def run(self, work: Callable[[Any], Any]) -> tuple[Any, Callable[[], None]]:
+    async def run(self, work: Callable[[Any], Any], token_budget: int | None = None) -> tuple[Any, Callable[[], None]]:
         """`work(renderer)` on a thread with a shadow renderer; returns its result and a
         `commit()` that merges what it cached into the shared caches (call it only for a
-        prompt that was accepted, on the loop thread)."""
-        shadow = self._shadow()
+        prompt that was accepted, on the loop thread). With `token_budget` (the context
+        window), a piece that alone reaches it raises `TooLong` (see `_FastEncode`)."""
+        shadow = self._shadow(token_budget)
         result = await asyncio.get_running_loop().run_in_executor(self.pool, work, shadow)
 
         def commit() -> None:
             if shadow is self.renderer:
                 return
-            for name in ("_cache", "_tools_cache"):
+            for name in _caches(self.renderer):
                 overlay, shared = getattr(shadow, name), getattr(self.renderer, name)
                 for k, v in dict.items(overlay):
                     shared[k] = v

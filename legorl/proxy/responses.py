@@ -4,7 +4,15 @@ Request: `instructions`, `input` as a string or items — messages (input_text /
 output_text parts; images become a placeholder), `reasoning`, `function_call` and
 `function_call_output` items — and flat function `tools`. The proxy keeps no response
 store, so `previous_response_id` is refused with a message saying to send the whole
-conversation (`store: false` clients already do).
+conversation (`store: false` clients already do). Hosted tools (`web_search`, …) and
+tool namespaces are refused by name: no local policy can run them.
+
+Stateless reasoning (`include: ["reasoning.encrypted_content"]`, what Codex CLI sends):
+reasoning items then also carry `encrypted_content` — NOT encrypted, the reasoning text
+itself, base64 behind a `legorl:` prefix — and a reasoning item that comes back with only
+that (no `content`, as clients that replay just the opaque blob do) is read from it, so
+the policy's reasoning reappears in the prompt exactly as sampled. A foreign blob (another
+server's encryption) cannot be read and falls back to the item's summary.
 
 Response: a `response` object with reasoning, message and function_call output items, or
 the event stream `response.created`, `response.in_progress`, per item
@@ -16,6 +24,8 @@ the event stream `response.created`, `response.in_progress`, per item
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 from typing import Any
 
@@ -26,11 +36,42 @@ from legorl.proxy.errors import bad_request
 from legorl.proxy.openai_chat import flatten
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.toolcalls import ReasoningDelta, StreamEvent, TextDelta
+from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.RESPONSES
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+ENCRYPTED = "reasoning.encrypted_content"
+_BLOB = "legorl:"
+
+
+def seal(text: str) -> str:
+    """The `encrypted_content` of a reasoning item: the text, base64, behind a prefix."""
+    return _BLOB + base64.b64encode(text.encode()).decode()
+
+
+def unseal(blob: Any) -> str | None:
+    """The reasoning text of a blob `seal` made, or None (a foreign or broken blob)."""
+    if not isinstance(blob, str) or not blob.startswith(_BLOB):
+        return None
+    try:
+        return base64.b64decode(blob[len(_BLOB):], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _reasoning_text(item: dict[str, Any], w: str) -> str:
+    """A reasoning input item's text: its content, else its own sealed blob, else its summary."""
+    if item.get("content"):
+        key = "content"
+    elif (text := unseal(item.get("encrypted_content"))) is not None:
+        return text
+    else:
+        key = "summary"
+    parts = [p.get("text", "") for p in F.as_list(item.get(key) or [], f"{w}.{key}") if isinstance(p, dict)]
+    return "\n".join(p for p in parts if isinstance(p, str))
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,9 +100,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                 m["reasoning_content"], reasoning = reasoning, None
             msgs.append(m)
         elif kind == "reasoning":
-            key = "content" if item.get("content") else "summary"
-            parts = [p.get("text", "") for p in F.as_list(item.get(key) or [], f"{w}.{key}") if isinstance(p, dict)]
-            reasoning = "\n".join(p for p in parts if isinstance(p, str))
+            reasoning = _reasoning_text(item, w)
         elif kind == "function_call":
             call = {"id": F.get(item, "call_id", str, f"{w}.", required=True), "type": "function",
                     "function": {"name": F.get(item, "name", str, f"{w}.", required=True),
@@ -89,7 +128,9 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     for i, t in enumerate(F.as_list(raw, "tools")):
         t = F.as_dict(t, f"tools[{i}]")
         if t.get("type") != "function":
-            raise F.unsupported(f"tools[{i}].type {t.get('type')!r} (only 'function' tools)", f"tools[{i}].type")
+            raise F.unsupported(f"tools[{i}].type {t.get('type')!r} (only 'function' tools; hosted tools and "
+                                f"namespaces cannot run on a local policy: turn them off in the client)",
+                                f"tools[{i}].type")
         fn: dict[str, Any] = {"name": F.get(t, "name", str, f"tools[{i}].", required=True)}
         if t.get("description") is not None:
             fn["description"] = t["description"]
@@ -113,7 +154,8 @@ def parse(body: dict[str, Any]) -> Parsed:
         stream=F.get(body, "stream", bool, "", False),
         max_tokens=max_tokens,
         requested={k: v for k, v in requested.items() if v is not None},
-        options={"instructions": body.get("instructions"), "tools": body.get("tools") or []},
+        options={"instructions": body.get("instructions"), "tools": body.get("tools") or [],
+                 "sealed": ENCRYPTED in (body.get("include") or [])},
     )
 
 
@@ -139,9 +181,12 @@ def _envelope(run: TurnRun, rid: str, created: int, output: list[dict[str, Any]]
     }
 
 
-def _reasoning_item(iid: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "reasoning", "id": iid, "summary": [], "status": status,
+def _reasoning_item(iid: str, text: str, status: str, sealed: bool = False) -> dict[str, Any]:
+    item = {"type": "reasoning", "id": iid, "summary": [], "status": status,
             "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+    if sealed:  # include: ["reasoning.encrypted_content"]
+        item["encrypted_content"] = seal(text) if status == "completed" else None
+    return item
 
 
 def _message_item(iid: str, text: str, status: str) -> dict[str, Any]:
@@ -159,7 +204,8 @@ def response(run: TurnRun) -> bytes:
     assert res is not None
     out: list[dict[str, Any]] = []
     if res.reasoning is not None:
-        out.append(_reasoning_item(F.new_id("rs_"), res.reasoning, "completed"))
+        sealed = bool(run.parsed.options.get("sealed", False))
+        out.append(_reasoning_item(F.new_id("rs_"), res.reasoning, "completed", sealed))
     if res.content or not res.tool_calls:
         out.append(_message_item(F.new_id("msg_"), res.content, "completed"))
     for c in res.tool_calls:
@@ -179,6 +225,7 @@ class Stream:
         self.items: list[dict[str, Any]] = []  # finished output items
         self.open: dict[str, Any] | None = None  # {"kind", "id", "text", ...}
         self.pending_ws = ""
+        self.sealed = bool(run.parsed.options.get("sealed", False))
 
     def _ev(self, name: str, data: dict[str, Any]) -> bytes:
         data["type"] = name
@@ -207,7 +254,7 @@ class Stream:
             part = {"type": "reasoning_text", "text": o["text"]}
             out.append(self._ev("response.reasoning_text.done", {**base, "content_index": 0, "text": o["text"]}))
             out.append(self._ev("response.content_part.done", {**base, "content_index": 0, "part": part}))
-            item = _reasoning_item(o["id"], o["text"], "completed")
+            item = _reasoning_item(o["id"], o["text"], "completed", self.sealed)
         else:
             out.append(self._ev("response.function_call_arguments.done",
                                 {**base, "name": o["name"], "arguments": o["text"]}))
@@ -225,7 +272,7 @@ class Stream:
             item = _message_item(o["id"], "", "in_progress")
             part: dict[str, Any] | None = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         elif kind == "reasoning":
-            item = _reasoning_item(o["id"], "", "in_progress")
+            item = _reasoning_item(o["id"], "", "in_progress", self.sealed)
             part = {"type": "reasoning_text", "text": ""}
         else:
             item = _call_item(o["id"], extra["call_id"], extra["name"], "", "in_progress")

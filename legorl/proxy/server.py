@@ -23,9 +23,11 @@ from typing import Any
 
 from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
-from legorl.proxy.app import ProxyApp, ProxyContext
+from legorl.proxy.app import ProxyApp
+from legorl.proxy.context import ProxyContext
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer, make_renderer
+from legorl.proxy.render import Renderer
+from legorl.proxy.renderers import make_renderer
 from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
 from legorl.types import Turn
 

@@ -50,7 +50,8 @@ from typing import Any
 
 from legorl.proxy.errors import bad_request
 from legorl.proxy.render import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatRequest, RenderState, assistant_key
-from legorl.proxy.toolcalls import ParsedCompletion, parse_completion
+from legorl.proxy.completion import ParsedCompletion
+from legorl.proxy.toolcalls import parse_completion
 
 _TAG = "\ue000LEGORL_CONTINUE\ue001"  # marks the continued final message (private-use code points)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -433,39 +434,6 @@ def _args_as_object(call: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(args, dict):
         return call
     return {**call, "function": {**fn, "arguments": args}}  # shared: the sandbox cannot mutate it
-
-
-def round_trip(tokenizer: Any) -> str:
-    """`legorl doctor`'s check: the renderer this tokenizer gets reproduces
-    `apply_chat_template` (ids) on a conversation with tools, a tool call and its result.
-    Raises TemplateError (unknown shape, or a difference) with what to do."""
-    from legorl.proxy.render import make_renderer
-
-    r = make_renderer(tokenizer)
-    msgs = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
-    tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                               "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
-    shape = getattr(r, "shape", None)
-    ours = r.render(ChatRequest(msgs, tools))
-    if shape is not None and not (shape.renders_tools and shape.renders_tool_calls):
-        ref_msgs, _ = r._prepare(ChatRequest(msgs, tools))  # the shim's input is the reference's
-        theirs = tokenizer.apply_chat_template(ref_msgs, add_generation_prompt=True, tokenize=True)
-        how = "tools shimmed into the system prompt"
-    else:
-        theirs = tokenizer.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=True)
-        how = "tools rendered by the template"
-    theirs = list(theirs["input_ids"] if isinstance(theirs, dict) or hasattr(theirs, "keys") else theirs)
-    if ours != theirs:
-        k = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
-        raise TemplateError(
-            f"the proxy's rendering and apply_chat_template differ at token {k}: "
-            f"{tokenizer.decode(ours[k:k + 8])!r} vs {tokenizer.decode(theirs[k:k + 8])!r}; "
-            "report the template (this shape is not served faithfully)"
-        )
-    return f"{type(r).__name__} ({getattr(r, 'tool_format', '?')} tool calls, {how}): {len(ours)} ids equal"
 
 
 # -- the shim for templates without tool support (SmolLM2) ------------------------------

@@ -29,9 +29,17 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
-from dataclasses import dataclass, field
 
+from legorl.proxy.completion import (
+    ParsedCompletion,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    call_deltas,
+    new_call_id,
+)
+from legorl.proxy.harmony import HarmonyStreamParser, parse_harmony
 from legorl.proxy.limits import depth_within
 
 ARGS_MAX_DEPTH = 64  # deepest tool-call arguments object taken as a call (see the docstring)
@@ -41,46 +49,6 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _XML_FN = re.compile(r"^\s*<function=([^>\n]+)>\s*(.*?)\s*</function>\s*$", re.S)
 _XML_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-
-
-@dataclass
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON object text
-
-
-@dataclass
-class ParsedCompletion:
-    content: str
-    reasoning: str | None = None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    format_error: bool = False
-
-
-@dataclass
-class TextDelta:
-    text: str
-
-
-@dataclass
-class ReasoningDelta:
-    text: str
-
-
-@dataclass
-class ToolCallDelta:
-    index: int
-    id: str
-    name: str | None
-    arguments: str
-
-
-StreamEvent = TextDelta | ReasoningDelta | ToolCallDelta
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
 
 
 def _loose_value(raw: str) -> object:
@@ -156,8 +124,6 @@ def split_reasoning(text: str, starts_in_reasoning: bool = False) -> tuple[str |
 def parse_completion(text: str, fmt: str = "hermes", starts_in_reasoning: bool = False) -> ParsedCompletion:
     """Parse a finished completion's text (end-of-turn token already removed)."""
     if fmt == "harmony":
-        from legorl.proxy.harmony import parse_harmony
-
         return parse_harmony(text)
     reasoning, rest = split_reasoning(text, starts_in_reasoning)
     content: list[str] = []
@@ -193,8 +159,6 @@ class StreamParser:
 
     def __new__(cls, fmt: str = "hermes", starts_in_reasoning: bool = False):  # harmony: its own parser
         if fmt == "harmony" and cls is StreamParser:
-            from legorl.proxy.harmony import HarmonyStreamParser
-
             return HarmonyStreamParser()
         return super().__new__(cls)
 
@@ -297,14 +261,6 @@ class StreamParser:
     def _reason(self, s: str) -> ReasoningDelta:
         self.reasoning_parts.append(s)
         return ReasoningDelta(s)
-
-
-def call_deltas(idx: int, call: ToolCall, step: int = 16) -> list[StreamEvent]:
-    """A finished call as a start delta plus argument pieces."""
-    events: list[StreamEvent] = [ToolCallDelta(idx, call.id, call.name, "")]
-    for k in range(0, len(call.arguments), step):
-        events.append(ToolCallDelta(idx, call.id, None, call.arguments[k : k + step]))
-    return events
 
 
 def _partial_suffix(text: str, tag: str) -> int:

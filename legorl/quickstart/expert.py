@@ -93,6 +93,7 @@ class ExpertEngine:
         self.p_read = p_read
         self.seed = seed
         self.policy_version = 0
+        self.max_context = 2**31  # the expert reads only the last message
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls = 0
 

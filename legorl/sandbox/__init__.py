@@ -2,17 +2,17 @@
 
 Start here:
 
-    from legorl.sandbox import ImageStore, SandboxSpec, Limits, make_backend
+    from legorl.sandbox import ImageStore, SandboxSpec, Limits, open_backend
+    from legorl.sandbox.layers import ensure_base, ensure_task
 
     store = ImageStore()                                   # layered image cache (images.py)
-    base = await store.ensure_base()
-    task_img = await store.ensure_task(base, repo_path, base_commit, hide_paths=[...])
-    backend = make_backend("local", store)                 # or "docker"; pool.py for warm starts
-    async with await backend.start(SandboxSpec(image=task_img.key, proxy_socket=sock)) as sb:
-        res = await sb.exec("pytest -q", timeout_s=300)    # ExecResult (base.py)
-        sb.proxy_url                                       # "http://127.0.0.1:8000" inside
-        patch = await sb.diff(base_commit)
-    await backend.aclose()
+    base = await ensure_base(store)
+    task_img = await ensure_task(store, base, repo_path, base_commit, hide_paths=[...])
+    async with open_backend("local", store) as backend:   # or "docker"; pool.py for warm starts
+        async with await backend.start(SandboxSpec(image=task_img.key, proxy_socket=sock)) as sb:
+            res = await sb.exec("pytest -q", timeout_s=300)  # ExecResult (base.py)
+            sb.proxy_url                                     # "http://127.0.0.1:8000" inside
+            patch = await sb.diff(base_commit)
 
 Modules: base.py (protocol + dataclasses), images.py / layers.py / docker_images.py (the
 image cache), local.py and docker.py (backends), channel.py (the host side shared by both),
@@ -32,21 +32,28 @@ if TYPE_CHECKING:
     from legorl.sandbox.docker import DockerBackend
     from legorl.sandbox.local import LocalBackend
 
-BACKENDS = {"local": "legorl.sandbox.local:LocalBackend", "docker": "legorl.sandbox.docker:DockerBackend"}
+BACKENDS = ("local", "docker")
 
 
-def make_backend(name: str, store: ImageStore | None = None) -> LocalBackend | DockerBackend:
-    """The backend called `name` ("local" or "docker"); both have `start(spec)`/`aclose()`
-    and return `ChannelSandbox`es (exec, read_file, write_file, diff, close, proxy_url)."""
-    import importlib
+def open_backend(name: str, store: ImageStore | None = None) -> LocalBackend | DockerBackend:
+    """The one sandbox backend factory (production, tests, bench): "local" (namespaces +
+    overlayfs) or "docker". Both start `ChannelSandbox`es and are closed by `async with`
+    or `aclose()`. The backend modules are imported only when chosen (Docker's needs
+    its client libraries, local's the Linux namespace helpers)."""
+    if name == "local":
+        from legorl.sandbox.local import LocalBackend
 
-    if name not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {name!r}: expected one of {', '.join(BACKENDS)}")
-    module, cls = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(store)
+        return LocalBackend(store)
+    if name == "docker":
+        try:
+            from legorl.sandbox.docker import DockerBackend
+        except ImportError as exc:
+            raise SandboxError(f"the docker backend is not available: {exc}") from None
+        return DockerBackend(store)
+    raise ValueError(f"unknown sandbox backend {name!r}: expected one of {', '.join(BACKENDS)}")
 
 
 __all__ = [
     "BACKENDS", "Backend", "DiffError", "EnvSpec", "ExecResult", "ImageNotFound", "ImageRef", "ImageStore",
-    "Limits", "Sandbox", "SandboxError", "SandboxSpec", "make_backend",
+    "Limits", "Sandbox", "SandboxError", "SandboxSpec", "open_backend",
 ]

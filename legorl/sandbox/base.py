@@ -106,8 +106,28 @@ class Sandbox(Protocol):
 
 
 class Backend(Protocol):
-    """Starts sandboxes of one kind."""
+    """Starts sandboxes of one kind. Made by `legorl.sandbox.open_backend`; one lifecycle:
+    `async with open_backend(...) as backend:` (or `aclose()` by an owner that outlives a
+    block, like a rollout worker)."""
 
     name: str
 
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Backend: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+class BackendLifecycle:
+    """`async with` for a backend: the block's end is `aclose()` (both backends inherit it)."""
+
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> BackendLifecycle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

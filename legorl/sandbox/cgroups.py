@@ -23,14 +23,33 @@ log = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu")
 PREFIX = "legorl-"
 CPU_PERIOD_US = 100_000
+WATERMARK_SLACK = 1 << 20  # usage this close to the limit counts as having reached it
 
 
 @dataclass(frozen=True)
 class Counters:
-    """Cumulative event counts of one sandbox's cgroup."""
+    """Cumulative event counts of one sandbox's cgroup.
+
+    `oom_kills` counts its processes killed by any OOM killer, the host's included;
+    `memory_max_hits` how often it reached its own memory limit (v2 `memory.events` max,
+    v1 `memory.failcnt`, or its usage watermark at the limit). A kill with no hit of its
+    own limit came from outside: the host ran out of memory (or an enclosing cgroup did),
+    not the sandbox."""
 
     oom_kills: int = 0
     pids_max_hits: int = 0
+    memory_max_hits: int = 0
+
+    def host_oom_since(self, before: Counters) -> bool:
+        """Was a process killed by an OOM outside this sandbox's own limit since `before`?"""
+        return self.oom_kills > before.oom_kills and self.memory_max_hits == before.memory_max_hits
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return 0
 
 
 def _read_kv(path: Path, key: str) -> int:
@@ -108,12 +127,27 @@ class CgroupSet:
 
 def _counters(version: int, dirs: list[Path]) -> Counters:
     if version == 2 and dirs:
-        return Counters(_read_kv(dirs[0] / "memory.events", "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"))
-    oom = pids = 0
+        events = dirs[0] / "memory.events"
+        return Counters(_read_kv(events, "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"), _read_kv(events, "max"))
+    oom = pids = hits = 0
     for d in dirs:
         oom += _read_kv(d / "memory.oom_control", "oom_kill")
         pids += _read_kv(d / "pids.events", "max")
-    return Counters(oom, pids)
+        if (d / "memory.failcnt").exists():
+            hits += _own_limit_hits_v1(d)
+    return Counters(oom, pids, hits)
+
+
+def _own_limit_hits_v1(d: Path) -> int:
+    """v1: the limit's fail counts, plus 1 once the usage watermark reached the limit (some
+    kernels, e.g. 6.18, leave `memory.failcnt` at 0 even across an OOM of the cgroup)."""
+    hits = 0
+    for kind in ("memory", "memory.memsw"):
+        limit = _read_int(d / f"{kind}.limit_in_bytes")
+        hits += _read_int(d / f"{kind}.failcnt")
+        if limit and _read_int(d / f"{kind}.max_usage_in_bytes") >= limit - WATERMARK_SLACK:
+            hits += 1
+    return hits
 
 
 def counters_for_pid(pid: int) -> Counters:

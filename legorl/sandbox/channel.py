@@ -11,7 +11,9 @@ Classifying an exec: `ExecResult.oom_killed` / `pids_limited` are read from the 
 cgroup counters before and after the command; `disk_full` from the free space left on the
 sandbox's root filesystem (under 1 MiB), or the kernel's ENOSPC/EDQUOT message in the
 command's output. All three are agent-caused. `SandboxError` is raised only for faults of
-the machinery itself (init unresponsive or gone without a resource cause).
+the machinery itself (init unresponsive or gone without a resource cause); `SandboxLost`
+(`host_oom`) when a process was OOM-killed while the sandbox never reached its own memory
+limit (`Counters.host_oom_since`): the host or an enclosing cgroup ran out, not the agent.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from legorl.sandbox.base import DiffError, ExecResult, SandboxError, SandboxSpec
+from legorl.sandbox.base import (
+    DiffError,
+    ExecResult,
+    SandboxError,
+    SandboxLost,
+    SandboxSpec,
+)
 from legorl.sandbox.cgroups import Counters
 from legorl.sandbox.forwarder import Forwarder, forward
 
@@ -49,6 +57,7 @@ BASE_ENV = {
     "PIP_ROOT_USER_ACTION": "ignore",
 }
 _ENOSPC_TEXT = (b"No space left on device", b"Disk quota exceeded")
+HOST_OOM = "host_oom"  # SandboxLost cause: an OOM killer outside the sandbox's own limit
 
 
 class ChannelClosed(SandboxError):
@@ -198,7 +207,10 @@ class ChannelSandbox:
         wait status, its cgroup's OOM count), asked only once the channel is gone."""
         if self.channel.alive or self._lost is None:
             return None
-        if self._counters().oom_kills:  # its own memory limit: what the agent did
+        c = self._counters()
+        if c.host_oom_since(Counters()):
+            return HOST_OOM
+        if c.oom_kills:  # its own memory limit: what the agent did
             return None
         return await self._lost()
 
@@ -234,10 +246,14 @@ class ChannelSandbox:
             raise
         except ChannelClosed:
             after = self._counters()
+            if after.host_oom_since(before):
+                raise SandboxLost(f"sandbox {self.id}: killed by an out-of-memory killer outside its own limit", HOST_OOM) from None
             if after.oom_kills > before.oom_kills:
                 return ExecResult(-9, "", "sandbox: killed by the out-of-memory killer", duration_s=time.monotonic() - t0, oom_killed=True)
             raise
         after = self._counters()
+        if after.host_oom_since(before):  # not the agent's doing: its command must not count against it
+            raise SandboxLost(f"sandbox {self.id}: a process was killed by an out-of-memory killer outside its own limit", HOST_OOM)
         oom = after.oom_kills > before.oom_kills
         pids = after.pids_max_hits > before.pids_max_hits
         if not head.get("ok"):

@@ -15,7 +15,9 @@ from typing import Optional
 import typer
 
 from legorl.sandbox.base import SandboxError
+from legorl.sandbox.docker_images import remove_docker_images
 from legorl.sandbox.images import KINDS, EnvSpec, ImageNotFound, ImageStore
+from legorl.sandbox.layers import ensure_base, ensure_env
 
 app = typer.Typer(help="Cached sandbox images: base -> env -> task layers.", no_args_is_help=True)
 
@@ -67,14 +69,14 @@ def build(
     store = ImageStore()
 
     async def run() -> None:
-        ref = await store.ensure_base(suite=suite, mirror=mirror)
+        ref = await ensure_base(store, suite=suite, mirror=mirror)
         typer.echo(f"base {ref.key} ({_human(ref.meta.get('size_bytes', 0))}, built in {ref.meta.get('build_s', 0):.0f} s)")
         if requirements is not None:
             if not requirements.is_file():
                 _fail(f"--requirements {requirements} is not a file")
             reqs = tuple(line.strip() for line in requirements.read_text().splitlines()
                          if line.strip() and not line.lstrip().startswith("#"))
-            ref = await store.ensure_env(ref, EnvSpec(pip=reqs, wheel_dirs=tuple(str(w) for w in wheels), download=download))
+            ref = await ensure_env(store, ref, EnvSpec(pip=reqs, wheel_dirs=tuple(str(w) for w in wheels), download=download))
             typer.echo(f"env {ref.key}")
         if docker:
             from legorl.sandbox.docker_images import ensure_docker_image
@@ -106,6 +108,7 @@ def prune(
             keys=keys or None,
             older_than_s=None if older_than_days is None else older_than_days * 86400,
             kinds=tuple(kind) or KINDS,
+            on_removed=remove_docker_images,
         )
     except ImageNotFound as e:
         _fail(str(e))

@@ -13,8 +13,17 @@ some kernels, the second made create/delete take tens of seconds under load). It
 command is the same init as the local backend's (`_init.py`, run by the image's python3),
 attached over stdin/stdout, so exec/timeouts/files/diff behave identically and each exec is
 one message, not a `docker exec` round-trip. The proxy forwarder listens inside the
-container's network namespace, opened from the host (forwarder.py). `StdinOnce` +
-`AutoRemove` make the container exit and vanish when this process goes away, crash or not.
+container's network namespace, opened from the host (forwarder.py). `StdinOnce` makes the
+container exit when this process goes away, crash or not; the next backend of this host
+removes what such a process left (`_sweep`).
+
+Faults by cause, as on the local backend: when the init's channel breaks, the container is
+inspected before it is removed (hence no `AutoRemove`: an external kill would race with
+Docker deleting the evidence). Gone from the engine → `container_removed`; exited on a
+signal (ExitCode 128+N, and `State.OOMKilled` false) → `killed_by_signal_N`, which nothing
+inside can send to a PID namespace's init; `OOMKilled` (the container's own memory limit:
+with cgroup v1 Docker learns it from the memory cgroup's OOM notifier, which a host-wide
+OOM does not fire) → the agent's; the engine not answering → `backend_died`.
 
 Syscalls: Docker applies its default seccomp profile, but derives it from the capabilities,
 and the CAP_SYS_ADMIN the init needs for the quota's tmpfs makes it allow unshare, setns,
@@ -39,7 +48,7 @@ from typing import Any
 
 import httpx
 
-from legorl.sandbox.base import SandboxError, SandboxSpec
+from legorl.sandbox.base import BackendLifecycle, SandboxError, SandboxSpec
 from legorl.sandbox.cgroups import counters_for_pid
 from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
 from legorl.sandbox.docker_images import ensure_docker_image
@@ -60,18 +69,23 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 START_TIMEOUT_S = 60.0
 
 
-class DockerBackend:
-    """Starts sandboxes as Docker containers. Call `aclose()` when done."""
+class DockerBackend(BackendLifecycle):
+    """Starts sandboxes as Docker containers (`async with`, or `aclose()` when done)."""
 
     name = "docker"
 
     def __init__(self, store: ImageStore | None = None, socket_path: str | None = None) -> None:
         self.store = store or ImageStore()
-        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET", DEFAULT_SOCKET)
+        host = os.environ.get("DOCKER_HOST", "")  # the docker CLI's variable: both must reach one engine
+        cli_socket = host.removeprefix("unix://") if host.startswith("unix://") else None
+        self.socket_path = socket_path or os.environ.get("DOCKER_SOCKET") or cli_socket or DEFAULT_SOCKET
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._api = ""
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        # Each container a top-level CPU group, as the local backend does: under the shared
+        # "docker" parent, all containers together would weigh one process.
+        self.cgroup_parent = "/"
 
     async def _http(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
@@ -111,8 +125,8 @@ class DockerBackend:
         for c in resp.json():
             owner = c.get("Labels", {}).get("legorl.owner", "")
             name, _, pid = owner.rpartition(":")
-            gone = name == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}")
-            if gone or (name == host and c.get("State") in ("exited", "dead")):
+            # Only a gone owner's: a live one inspects its exited containers before removing them.
+            if name == host and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
                 with contextlib.suppress(SandboxError):
                     await self._call("DELETE", f"/containers/{c['Id']}", ok=(204, 404, 409), params={"force": "1"})
 
@@ -143,10 +157,7 @@ class DockerBackend:
             "CapAdd": ["SYS_ADMIN"],
             "SecurityOpt": ["no-new-privileges"],
             "IpcMode": "private",
-            # Each container a top-level CPU group, as the local backend does: under the
-            # shared "docker" parent, all containers together would weigh one process.
-            "CgroupParent": "/",
-            "AutoRemove": True,
+            "CgroupParent": self.cgroup_parent,
             "ShmSize": 64 << 20,
         }
         return {
@@ -185,25 +196,20 @@ class DockerBackend:
         cid = await self._create(spec, tag, sid)
         stream: _AttachStream | None = None
         channel: InitChannel | None = None
-        started = False
 
         async def cleanup() -> None:
-            # Kill, and let AutoRemove delete the container: its processes are gone when
-            # this returns, while Docker frees the filesystem (seconds on btrfs) on its own.
+            # Kill and remove: its processes are gone when this returns (fast on overlay2).
             if channel is not None:
                 await channel.close()
             if stream is not None:
                 stream.close()
             with contextlib.suppress(SandboxError):
-                await self._call("POST", f"/containers/{cid}/kill", ok=(204, 404, 409))
-                if not started:
-                    await self._call("DELETE", f"/containers/{cid}", ok=(204, 404, 409), params={"force": "1"})
+                await self._call("DELETE", f"/containers/{cid}", ok=(204, 404, 409), params={"force": "1"})
 
         try:
             stream = await _AttachStream.open(self.socket_path, self._api, cid)
             stream.write(b"%010d" % len(INIT_SRC) + INIT_SRC + b"%010d" % len(SECCOMP_SRC) + SECCOMP_SRC)
             await self._call("POST", f"/containers/{cid}/start")
-            started = True
             pid = int((await self._call("GET", f"/containers/{cid}/json")).json()["State"]["Pid"])
             channel = InitChannel(stream.stdout, stream.write, max_payload=MAX_FILE + 2 * spec.limits.output_bytes + (64 << 20))
             try:
@@ -212,13 +218,34 @@ class DockerBackend:
                 raise SandboxError(f"{e}; container said: {stream.stderr_tail()}") from e
             sandbox = ChannelSandbox(
                 sid, spec, channel, netns_path=f"/proc/{pid}/ns/net", counters=lambda: counters_for_pid(pid),
-                cleanup=cleanup, commit_aliases=aliases,
+                cleanup=cleanup, commit_aliases=aliases, lost=lambda: self._lost_cause(cid),
             )
             await sandbox.set_proxy(spec.proxy_socket)
         except BaseException:
             await cleanup()
             raise
         return sandbox
+
+    async def _lost_cause(self, cid: str, wait_s: float = 5.0) -> str | None:
+        """Why container `cid` died when nothing in it did it (see the module docstring),
+        else None (still running, exited by itself, or out of its own memory)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            try:
+                resp = await self._call("GET", f"/containers/{cid}/json", ok=(200, 404))
+            except SandboxError:
+                return "backend_died"
+            if resp.status_code == 404:
+                return "container_removed"
+            state = resp.json().get("State", {})
+            if not state.get("Running") or loop.time() > deadline:
+                break
+            await asyncio.sleep(0.05)  # the channel broke a moment before the engine saw the exit
+        if state.get("Running") or state.get("OOMKilled"):
+            return None
+        code = int(state.get("ExitCode") or 0)
+        return f"killed_by_signal_{code - 128}" if 128 < code < 128 + 65 else None
 
     async def aclose(self) -> None:
         if self._client is not None:

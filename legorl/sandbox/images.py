@@ -1,9 +1,9 @@
 """The image cache: read-only filesystems built in layers, keyed by content, built once.
 
     store = ImageStore()                                  # $LEGORL_CACHE or ~/.cache/legorl/images
-    base = await store.ensure_base()                      # debootstrap'd Debian + python3 + git
-    env = await store.ensure_env(base, EnvSpec(pip=("requests==2.32.3",), wheel_dirs=(wheels,)))
-    task = await store.ensure_task(env, "/src/repo", base_commit, hide_paths=["tests/test_x.py"])
+    base = await ensure_base(store)                       # layers.py: debootstrap'd Debian + python3 + git
+    env = await ensure_env(store, base, EnvSpec(pip=("requests==2.32.3",), wheel_dirs=(wheels,)))
+    task = await ensure_task(store, env, "/src/repo", base_commit, hide_paths=["tests/test_x.py"])
     SandboxSpec(image=task.key)                           # what both backends start from
     await ensure_docker_image(store, task.key)            # same layers as a Docker image
 
@@ -181,79 +181,13 @@ class ImageStore:
                     refs.append(self.get(p.name))
         return sorted(refs, key=lambda r: (KINDS.index(r.kind), r.meta.get("created", 0)))
 
-    # -- building -------------------------------------------------------------------------
-    async def ensure_base(
-        self, suite: str | None = None, mirror: str | None = None, packages: tuple[str, ...] = BASE_PACKAGES
-    ) -> ImageRef:
-        """The base layer for `suite` (default: the host's Debian suite)."""
-        from legorl.sandbox import layers
-
-        suite = suite or layers.host_suite()
-        recipe = {"kind": "base", "suite": suite, "packages": sorted(packages), "variant": "minbase", "v": RECIPE_VERSION}
-
-        async def build(dest: Path) -> dict[str, Any]:
-            debs = self.root / "debs"
-            return await asyncio.to_thread(layers.build_base, dest, suite, mirror, tuple(packages), debs)
-
-        return await self._ensure("base", None, recipe, build)
-
-    async def ensure_env(self, base: ImageRef | str, spec: EnvSpec) -> ImageRef:
-        """An environment layer on `base` with `spec`'s dependencies installed."""
-        from legorl.sandbox import layers
-
-        parent = self.get(base) if isinstance(base, str) else base
-        recipe = {
-            "kind": "env",
-            "parent": parent.key,
-            "pip": list(spec.pip),
-            "wheels": [dir_fingerprint(d) for d in spec.wheel_dirs],
-            "download": spec.download,
-            "run": list(spec.run),
-            "v": RECIPE_VERSION,
-        }
-
-        async def build(dest: Path) -> dict[str, Any]:
-            return await layers.build_env(self, parent, dest, spec)
-
-        return await self._ensure("env", parent.key, recipe, build)
-
-    async def ensure_task(
-        self,
-        env: ImageRef | str,
-        repo_path: str | Path,
-        base_commit: str,
-        hide_paths: list[str] | tuple[str, ...] = (),
-        repo_dir: str = "/repo",
-        setup: list[str] | tuple[str, ...] = (),
-        setup_timeout_s: float = 1800.0,
-    ) -> ImageRef:
-        """A task layer: `repo_path` at `base_commit` in `repo_dir`, `hide_paths` removed,
-        then `setup` commands (e.g. `pip install -e .`) run in it, offline."""
-        from legorl.sandbox import layers
-
-        parent = self.get(env) if isinstance(env, str) else env
-        commit, tree = await asyncio.to_thread(layers.resolve_commit, Path(repo_path), base_commit)
-        recipe = {
-            "kind": "task",
-            "parent": parent.key,
-            "commit": commit,
-            "tree": tree,
-            "hide": sorted(set(hide_paths)),
-            "repo_dir": repo_dir,
-            "setup": list(setup),
-            "v": RECIPE_VERSION,
-        }
-
-        async def build(dest: Path) -> dict[str, Any]:
-            return await layers.build_task(
-                self, parent, dest, Path(repo_path), commit, list(hide_paths), repo_dir, list(setup), setup_timeout_s
-            )
-
-        return await self._ensure("task", parent.key, recipe, build)
-
-    async def _ensure(
+    # -- building: callers hand in the recipe and the builder (legorl.sandbox.layers) ------
+    async def ensure(
         self, kind: str, parent: str | None, recipe: dict[str, Any], build: Callable[[Path], Awaitable[dict[str, Any]]]
     ) -> ImageRef:
+        """The layer whose content key is `recipe`'s; built once by `build(tmp_dir)` (which
+        fills `tmp_dir/rootfs` and returns extra metadata) under a per-key lock shared by
+        every process on the machine, then renamed into place."""
         key = content_key(recipe)
         lock = self._key_locks.setdefault((id(asyncio.get_running_loop()), key), asyncio.Lock())
         async with lock:
@@ -326,13 +260,18 @@ class ImageStore:
             return {}
 
     def prune(
-        self, keys: list[str] | None = None, older_than_s: float | None = None, kinds: tuple[str, ...] = KINDS
+        self,
+        keys: list[str] | None = None,
+        older_than_s: float | None = None,
+        kinds: tuple[str, ...] = KINDS,
+        on_removed: Callable[[list[ImageRef]], None] | None = None,
     ) -> list[str]:
         """Remove layers (and every layer built on them); returns the removed keys.
 
         With `keys`, those layers; else every layer of `kinds` created more than
-        `older_than_s` ago (all of them when it is None). Docker images of removed layers
-        are removed too, where Docker is reachable."""
+        `older_than_s` ago (all of them when it is None). `on_removed` gets the removed
+        layers (e.g. `docker_images.remove_docker_images`, which deletes their Docker
+        images: the store itself knows nothing of Docker)."""
         refs = self.ls()
         if keys is not None:
             doomed = {self.get(k).key for k in keys}
@@ -352,9 +291,8 @@ class ImageStore:
         for r in refs:
             if r.key in doomed:
                 remove_tree(r.path)
-        from legorl.sandbox.docker_images import remove_docker_images
-
-        remove_docker_images([r for r in refs if r.key in doomed])
+        if on_removed is not None:
+            on_removed([r for r in refs if r.key in doomed])
         for junk in self.layers.glob(".tmp-*") if self.layers.is_dir() else []:
             if time.time() - junk.stat().st_mtime > 3600:
                 remove_tree(junk)

@@ -1,4 +1,6 @@
-"""Builders of the three image layers (called by ImageStore, which caches their output).
+"""The three image layers: `ensure_base(store)`, `ensure_env(store, base, spec)`,
+`ensure_task(store, env, repo, commit)` give each layer's recipe (its content key) and builder
+to the `ImageStore`, which caches what the builder produced.
 
 `build_base` runs debootstrap (minutes, once per machine: downloaded .debs are kept in the
 cache too); `build_env` and `build_task` run their commands inside a local sandbox whose
@@ -8,6 +10,7 @@ layer diff, whiteouts included, with no network (pip installs from mounted wheel
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import hashlib
 import logging
@@ -20,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from legorl.sandbox.base import Limits, SandboxSpec
-from legorl.sandbox.images import EnvSpec, ImageRef, ImageStore, remove_tree
+from legorl.sandbox.images import BASE_PACKAGES, RECIPE_VERSION, EnvSpec, ImageRef, ImageStore, dir_fingerprint, remove_tree
+from legorl.sandbox.local import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +111,6 @@ async def _build_in_sandbox(
     steps: list[tuple[str, str, str]], timeout_s: float, files: dict[str, bytes] | None = None,
 ) -> None:
     """Run `steps` (what, cwd, command) in a sandbox whose upper dir is dest/rootfs."""
-    from legorl.sandbox.local import LocalBackend
-
     work = dest / "work"
     work.mkdir()
     backend = LocalBackend(store)
@@ -244,3 +246,70 @@ _RECORD_SETUP = (
     "mkdir -p .git/info && git status --porcelain=v1 --untracked-files=all "
     "| sed -n 's/^?? //p' | sed 's/^/\\//' >> .git/info/exclude"
 )
+
+
+# -- the layers by kind: recipe (the content key) + builder, handed to the store ----------
+async def ensure_base(
+    store: ImageStore, suite: str | None = None, mirror: str | None = None, packages: tuple[str, ...] = BASE_PACKAGES
+) -> ImageRef:
+    """The base layer for `suite` (default: the host's Debian suite)."""
+    suite = suite or host_suite()
+    recipe = {"kind": "base", "suite": suite, "packages": sorted(packages), "variant": "minbase", "v": RECIPE_VERSION}
+
+    async def build(dest: Path) -> dict[str, Any]:
+        debs = store.root / "debs"
+        return await asyncio.to_thread(build_base, dest, suite, mirror, tuple(packages), debs)
+
+    return await store.ensure("base", None, recipe, build)
+
+
+async def ensure_env(store: ImageStore, base: ImageRef | str, spec: EnvSpec) -> ImageRef:
+    """An environment layer on `base` with `spec`'s dependencies installed."""
+    parent = store.get(base) if isinstance(base, str) else base
+    recipe = {
+        "kind": "env",
+        "parent": parent.key,
+        "pip": list(spec.pip),
+        "wheels": [dir_fingerprint(d) for d in spec.wheel_dirs],
+        "download": spec.download,
+        "run": list(spec.run),
+        "v": RECIPE_VERSION,
+    }
+
+    async def build(dest: Path) -> dict[str, Any]:
+        return await build_env(store, parent, dest, spec)
+
+    return await store.ensure("env", parent.key, recipe, build)
+
+
+async def ensure_task(
+    store: ImageStore,
+    env: ImageRef | str,
+    repo_path: str | Path,
+    base_commit: str,
+    hide_paths: list[str] | tuple[str, ...] = (),
+    repo_dir: str = "/repo",
+    setup: list[str] | tuple[str, ...] = (),
+    setup_timeout_s: float = 1800.0,
+) -> ImageRef:
+    """A task layer: `repo_path` at `base_commit` in `repo_dir`, `hide_paths` removed,
+    then `setup` commands (e.g. `pip install -e .`) run in it, offline."""
+    parent = store.get(env) if isinstance(env, str) else env
+    commit, tree = await asyncio.to_thread(resolve_commit, Path(repo_path), base_commit)
+    recipe = {
+        "kind": "task",
+        "parent": parent.key,
+        "commit": commit,
+        "tree": tree,
+        "hide": sorted(set(hide_paths)),
+        "repo_dir": repo_dir,
+        "setup": list(setup),
+        "v": RECIPE_VERSION,
+    }
+
+    async def build(dest: Path) -> dict[str, Any]:
+        return await build_task(
+            store, parent, dest, Path(repo_path), commit, list(hide_paths), repo_dir, list(setup), setup_timeout_s
+        )
+
+    return await store.ensure("task", parent.key, recipe, build)

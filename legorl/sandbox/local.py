@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from legorl.sandbox.base import SandboxError, SandboxLost, SandboxSpec
+from legorl.sandbox.base import BackendLifecycle, SandboxError, SandboxLost, SandboxSpec
 from legorl.sandbox.cgroups import Cgroups
 from legorl.sandbox.channel import MAX_FILE, ChannelSandbox, InitChannel
 from legorl.sandbox.images import ImageStore
@@ -160,8 +160,8 @@ class _Zygote:
         self.proc.wait()
 
 
-class LocalBackend:
-    """Starts sandboxes with namespaces + overlayfs. Call `aclose()` when done."""
+class LocalBackend(BackendLifecycle):
+    """Starts sandboxes with namespaces + overlayfs (`async with`, or `aclose()` when done)."""
 
     name = "local"
 

@@ -26,12 +26,15 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(path: Path, split: str | None = None) -> list:  # type: ignore[type-arg]
+def _load(path: Path, split: str | None = None, repos_dir: Path | None = None, skip_invalid: bool = False) -> list:  # type: ignore[type-arg]
+    skipped: list[str] | None = [] if skip_invalid else None
     try:
-        return load_tasks(path, split=split)
+        tasks = load_tasks(path, split=split, repos_dir=repos_dir, skipped=skipped)
     except TaskFileError as exc:
         _fail(str(exc))
-    raise AssertionError  # unreachable: _fail raises
+    for problem in skipped or []:
+        typer.secho(f"legorl: skipped {problem}", err=True, fg=typer.colors.YELLOW)
+    return tasks
 
 
 def _check_backend(name: str) -> None:
@@ -62,10 +65,12 @@ def validate(
     limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
     concurrency: int = typer.Option(2, help="Tasks checked at once."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per task."),
+    repos_dir: Optional[Path] = typer.Option(None, help="Directory of repositories (owner__name: clone or bundle) for rows without repo_path."),
+    skip_invalid: bool = typer.Option(False, help="Report invalid rows and check the rest (default: refuse the file)."),
 ) -> None:
     """Oracle check: the gold patch must resolve each task, the empty patch must not."""
     _check_backend(sandbox)
-    selected = _load(tasks, split)
+    selected = _load(tasks, split, repos_dir, skip_invalid)
     if instance:
         try:
             selected = [get_task(selected, i) for i in instance]
@@ -74,7 +79,8 @@ def validate(
     if limit is not None:
         selected = selected[:limit]
     from legorl.sandbox.base import SandboxError
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
     from legorl.tasks.validate import TaskCheck, check_tasks
 
     def show(res: TaskCheck) -> None:
@@ -89,7 +95,7 @@ def validate(
         try:
             return await check_tasks(selected, backend, TaskImages(sandbox), concurrency=concurrency, on_result=show)
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     try:
         results = asyncio.run(run())
@@ -133,7 +139,8 @@ def generate(
 
 def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # type: ignore[type-arg]
     """The rows whose tasks pass the oracle check on `sandbox` (others are reported and dropped)."""
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
     from legorl.tasks.validate import check_tasks
 
     tmp = out / ".candidates.jsonl"
@@ -148,7 +155,7 @@ def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # 
         try:
             return await check_tasks(tasks, backend, TaskImages(sandbox))
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     results = asyncio.run(run())
     ok = {r.instance_id for r in results if r.ok}
@@ -186,19 +193,21 @@ def rollout_command(
     except KeyError as exc:
         _fail(str(exc.args[0]))
     from legorl.harness.command import CommandHarness
-    from legorl.rollout import RolloutConfig, run_rollout
+    from legorl.loop.config import SandboxSection
+    from legorl.rollout import run_rollout
     from legorl.sandbox.base import SandboxError
-    from legorl.tasks.image import TaskImages, close_backend, open_backend
+    from legorl.tasks.image import TaskImages
+    from legorl.sandbox import open_backend
 
     async def run() -> dict:  # type: ignore[type-arg]
         backend = open_backend(sandbox)
         try:
             image = await TaskImages(sandbox).for_task(task)
-            cfg = RolloutConfig(agent_timeout_s=agent_timeout_s)
+            cfg = SandboxSection(backend=sandbox, agent_timeout_s=agent_timeout_s).rollout_config()
             res = await run_rollout(task, CommandHarness.from_file(command_file), backend, image, cfg, proxy_socket)
             return res.to_json()
         finally:
-            await close_backend(backend)
+            await backend.aclose()
 
     from legorl.sandbox.images import ImageNotFound
     from legorl.sandbox.layers import ImageBuildError

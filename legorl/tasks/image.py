@@ -16,10 +16,10 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
-from legorl.sandbox.base import Backend, SandboxError
 from legorl.sandbox.images import ImageRef, ImageStore
+from legorl.sandbox.layers import ensure_base, ensure_env, ensure_task
+from legorl.tasks.prebuilt import import_image, is_cache_key
 from legorl.types import Task
 
 BACKENDS = ("local", "docker")
@@ -78,60 +78,59 @@ class TaskImages:
 
     async def base(self) -> ImageRef:
         if self._base is None:
-            self._base = await self.store.ensure_base()
+            self._base = await ensure_base(self.store)
         return self._base
+
+    async def _prebuilt(self, task: Task) -> str:
+        """A Docker image by reference (`prebuilt.py`): imported once with its repository taken
+        out, then the task layer on it as for any task (time-safe history)."""
+        ident = ("image", task.image, task.base_commit, task.env_setup)
+        async with self._lock:
+            if ident not in self._keys:
+                layer, source = await import_image(self.store, task.image)
+                setup = [task.env_setup] if task.env_setup.strip() else []
+                ref = await ensure_task(self.store, layer, source, task.base_commit, setup=setup)
+                if self.backend == "docker":
+                    from legorl.sandbox.docker_images import ensure_docker_image
+
+                    await ensure_docker_image(self.store, ref.key)
+                self._keys[ident] = ref.key
+            return self._keys[ident]
 
     async def for_task(self, task: Task) -> str:
         """The task image key (built if missing; a Docker image too for the docker backend).
 
-        A task that names a prebuilt `image` (a key of the cache) uses it as it is.
+        A task that names a prebuilt `image` (a key of the cache) uses it as it is; one that
+        names a Docker image (present locally or a tarball, never pulled) is imported.
         """
+        if task.image and not await asyncio.to_thread(is_cache_key, self.store, task.image):
+            return await self._prebuilt(task)
         if task.image:
-            self.store.get(task.image)  # ImageNotFound names the cache and how to build
             if self.backend == "docker":
                 from legorl.sandbox.docker_images import ensure_docker_image
 
                 await ensure_docker_image(self.store, task.image)
             return task.image
-        ident = (task.repo_path, task.base_commit, task.env_setup)
+        ident = (task.repo_path, task.base_commit, task.env_setup, tuple(task.requirements))
         if ident in self._keys:
             return self._keys[ident]
         async with self._lock:
             if ident in self._keys:
                 return self._keys[ident]
             base = await self.base()
+            if task.requirements:  # wheels its tests need, installed offline (from scripts/setup_swebench.sh's cache)
+                from legorl.sandbox.images import EnvSpec
+                from legorl.tasks.generator.native import wheels_dir
+
+                if not wheels_dir().is_dir():
+                    raise FileNotFoundError(f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh")
+                base = await ensure_env(self.store, base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),)))
             repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
             setup = [task.env_setup] if task.env_setup.strip() else []
-            ref = await self.store.ensure_task(base, repo, task.base_commit, setup=setup)
+            ref = await ensure_task(self.store, base, repo, task.base_commit, setup=setup)
             if self.backend == "docker":
                 from legorl.sandbox.docker_images import ensure_docker_image
 
                 await ensure_docker_image(self.store, ref.key)
             self._keys[ident] = ref.key
             return ref.key
-
-
-def open_backend(name: str, store: ImageStore | None = None) -> Any:
-    """A started-on-demand Backend by name ('local' or 'docker'); close it with `close_backend`."""
-    if name == "local":
-        from legorl.sandbox.local import LocalBackend
-
-        return LocalBackend(store)
-    if name == "docker":
-        try:
-            from legorl.sandbox.docker import DockerBackend
-        except ImportError as exc:
-            raise SandboxError(f"the docker backend is not available: {exc}") from None
-        return DockerBackend(store)
-    raise ValueError(f"unknown sandbox backend {name!r}; expected one of {', '.join(BACKENDS)}")
-
-
-async def close_backend(backend: Backend) -> None:
-    """Release what a backend holds (zygote processes, clients), whatever its kind."""
-    for attr in ("aclose", "close"):
-        fn = getattr(backend, attr, None)
-        if fn is not None:
-            res = fn()
-            if asyncio.iscoroutine(res):
-                await res
-            return

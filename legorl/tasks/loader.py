@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from legorl.types import Task
+from legorl.verify.runner import TestCmdError
+from legorl.verify.runners import django_label_covers, native_command
 from legorl.verify.selection import selection_problems
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
-_STR_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "repo_path")
-_OPTIONAL_STR = ("test_cmd", "env_setup", "image", "split")
+_STR_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")
+_OPTIONAL_STR = ("test_cmd", "env_setup", "image", "split", "repo_path", "version", "log_parser", "eval_script")
 MAX_ERRORS = 25
 
 
@@ -48,7 +50,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _test_list(row: dict[str, Any], name: str, errs: list[str], where: str, nonempty: bool) -> list[str]:
+def _test_list(row: dict[str, Any], name: str, errs: list[str], where: str, nonempty: bool, pytest_ids: bool = True) -> list[str]:
     value = row.get(name)
     if isinstance(value, str):
         try:
@@ -61,7 +63,7 @@ def _test_list(row: dict[str, Any], name: str, errs: list[str], where: str, none
         return []
     if nonempty and not value:
         errs.append(f"{where}: field {name!r}: expected at least one test (the tests that decide the task)")
-    bad = [v for v in value if "::" not in v]
+    bad = [v for v in value if "::" not in v] if pytest_ids else []
     if bad:
         errs.append(f"{where}: field {name!r}: expected pytest node ids like 'tests/test_x.py::test_y', got {_short(bad[0])}")
     return list(value)
@@ -78,8 +80,42 @@ def is_git_source(path: Path) -> bool:
     return False
 
 
-def task_from_dict(row: Any, base_dir: Path, where: str, errs: list[str], check_repo: bool = True) -> Task | None:
-    """Validate one row; append problems to `errs`; the Task when the row is valid."""
+def _test_command(row: dict[str, Any], where: str, errs: list[str]) -> str:
+    """Our own `test_cmd`, else the test command of the official instance's `eval_script`."""
+    if (row.get("test_cmd") or "").strip():
+        return row["test_cmd"]
+    if (row.get("eval_script") or "").strip():
+        from legorl.tasks import official
+
+        cmd = official.eval_test_cmd(row["eval_script"])
+        if cmd is None:
+            errs.append(f"{where}: field 'eval_script': no test command between {official.START!r} and {official.END!r}")
+        return cmd or ""
+    return ""
+
+
+def _repo_source(row: dict[str, Any], base_dir: Path, repos_dir: Path | None) -> Path | None:
+    """`repo_path` (relative to the task file), else `<repos_dir>/<owner>__<name>[.bundle]`."""
+    if (row.get("repo_path") or "").strip():
+        p = Path(row["repo_path"])
+        return p if p.is_absolute() else (base_dir / p).resolve()
+    if repos_dir is not None:
+        stem = row["repo"].replace("/", "__")
+        for cand in (repos_dir / stem, repos_dir / f"{stem}.bundle", repos_dir / row["repo"]):
+            if cand.exists():
+                return cand.resolve()
+        return (repos_dir / stem).resolve()
+    return None
+
+
+def task_from_dict(
+    row: Any, base_dir: Path, where: str, errs: list[str], check_repo: bool = True, repos_dir: Path | None = None
+) -> Task | None:
+    """Validate one row; append problems to `errs`; the Task when the row is valid.
+
+    The official instance format loads as it is; the repository comes from `repo_path`,
+    from `repos_dir` (a directory of clones or bundles named `owner__name`), or is inside
+    the prebuilt `image` the row names."""
     if not isinstance(row, dict):
         errs.append(f"{where}: expected a JSON object, got {type(row).__name__}")
         return None
@@ -92,10 +128,49 @@ def task_from_dict(row: Any, base_dir: Path, where: str, errs: list[str], check_
     for name in _OPTIONAL_STR:
         if row.get(name) is not None and not isinstance(row[name], str):
             errs.append(f"{where}: field {name!r}: expected a string, got {_short(row[name])}")
-    f2p = _test_list(row, "FAIL_TO_PASS", errs, where, nonempty=True)
-    p2p = _test_list(row, "PASS_TO_PASS", errs, where, nonempty=False)
+    reqs = row.get("requirements") or []
+    if not isinstance(reqs, list) or not all(isinstance(r, str) for r in reqs):
+        errs.append(f"{where}: field 'requirements': expected a list of requirement strings, got {_short(reqs)}")
     if len(errs) > start:
         return None
+    test_cmd = _test_command(row, where, errs)
+    try:
+        native = native_command(test_cmd) if test_cmd.strip() else None
+    except TestCmdError as exc:
+        errs.append(f"{where}: field 'test_cmd': {exc}")
+        return None
+    if not test_cmd.strip() and row.get("version") and not row.get("repo_path"):
+        from legorl.tasks import official
+
+        errs.append(
+            f"{where}: no test command for {row['repo']} version {row['version']}: the row has neither 'test_cmd' nor "
+            f"'eval_script', and swebench {official.PINNED} keeps no per-version specs (add one of the two)"
+        )
+        return None
+    f2p = _test_list(row, "FAIL_TO_PASS", errs, where, nonempty=True, pytest_ids=native is None)
+    p2p = _test_list(row, "PASS_TO_PASS", errs, where, nonempty=False, pytest_ids=native is None)
+    if len(errs) > start:
+        return None
+    log_parser = row.get("log_parser") or ""
+    if native is not None:
+        from legorl.tasks import official
+
+        try:
+            parser = official.parser_name(row["repo"], log_parser)
+        except official.OfficialUnavailable as exc:
+            errs.append(f"{where}: {exc}")
+            return None
+        if parser is None:
+            errs.append(f"{where}: no official log parser for repository {row['repo']!r} (log_parser {log_parser!r}); "
+                        "the runner's log cannot be read")
+            return None
+        log_parser = parser
+        if native.runner == "django":
+            lost = [t for t in f2p + p2p if not any(django_label_covers(lb, t) for lb in native.labels)]
+            if lost:
+                errs.append(f"{where}: field 'test_cmd': {len(lost)} FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels {native.labels}: {lost[:3]}")
+        elif not any(lb.endswith(".py") for lb in native.labels):
+            errs.append(f"{where}: field 'test_cmd': bin/test must name the task's test files (got {native.labels})")
     if not row["instance_id"].strip():
         errs.append(f"{where}: field 'instance_id': expected a non-empty id")
     if not _HEX.match(row["base_commit"]):
@@ -104,14 +179,14 @@ def task_from_dict(row: Any, base_dir: Path, where: str, errs: list[str], check_
         errs.append(f"{where}: field 'patch': expected the gold fix as a git diff ('diff --git ...'), got {_short(row['patch'])}")
     if row["test_patch"].strip() and "diff --git" not in row["test_patch"]:
         errs.append(f"{where}: field 'test_patch': expected a git diff or an empty string, got {_short(row['test_patch'])}")
-    test_cmd = row.get("test_cmd") or ""
     probe = Task(row["instance_id"], row["repo"], row["base_commit"], "", "", row["test_patch"], f2p, p2p, test_cmd=test_cmd)
-    for problem in selection_problems(probe):  # the tests grading would run must be the task's
-        errs.append(f"{where}: field 'test_cmd': {problem}")
-    repo_path = Path(row["repo_path"])
-    if not repo_path.is_absolute():
-        repo_path = (base_dir / repo_path).resolve()
-    if check_repo and not is_git_source(repo_path):
+    if native is None:
+        for problem in selection_problems(probe):  # the tests grading would run must be the task's
+            errs.append(f"{where}: field 'test_cmd': {problem}")
+    repo_path = _repo_source(row, base_dir, repos_dir)
+    if repo_path is None and not row.get("image"):
+        errs.append(f"{where}: missing field 'repo_path' (or pass a repos directory, or name a prebuilt 'image')")
+    elif repo_path is not None and check_repo and not is_git_source(repo_path):
         what = "does not exist" if not repo_path.exists() else "is neither a git repository nor a git bundle"
         errs.append(f"{where}: field 'repo_path': {repo_path} {what} (paths are relative to the task file)")
     if len(errs) > start:
@@ -125,16 +200,29 @@ def task_from_dict(row: Any, base_dir: Path, where: str, errs: list[str], check_
         test_patch=row["test_patch"],
         FAIL_TO_PASS=f2p,
         PASS_TO_PASS=p2p,
-        repo_path=str(repo_path),
+        repo_path=str(repo_path) if repo_path is not None else "",
         test_cmd=test_cmd,
         env_setup=row.get("env_setup") or "",
         image=row.get("image") or "",
         split=row.get("split") or "train",
+        version=str(row.get("version") or ""),
+        log_parser=log_parser,
+        requirements=list(reqs),
     )
 
 
-def load_tasks(path: str | Path, split: str | None = None, check_repos: bool = True) -> list[Task]:
-    """All tasks of a JSONL file (optionally only one split); raise TaskFileError on any problem."""
+def load_tasks(
+    path: str | Path,
+    split: str | None = None,
+    check_repos: bool = True,
+    repos_dir: str | Path | None = None,
+    skipped: list[str] | None = None,
+) -> list[Task]:
+    """All tasks of a JSONL file (optionally only one split); raise TaskFileError on any problem.
+
+    With `skipped` (a list), invalid rows are left out and their problems appended to it,
+    one line each, so the rest of a large official set loads. `repos_dir`: where rows
+    without `repo_path` find their repository (`owner__name`, a clone or a bundle)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -154,8 +242,12 @@ def load_tasks(path: str | Path, split: str | None = None, check_repos: bool = T
         except json.JSONDecodeError as exc:
             errs.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
             continue
-        task = task_from_dict(row, path.parent, where, errs, check_repos)
+        n_errs = len(errs)
+        task = task_from_dict(row, path.parent, where, errs, check_repos, Path(repos_dir) if repos_dir else None)
         if task is None:
+            if skipped is not None:
+                skipped.extend(errs[n_errs:])
+                del errs[n_errs:]
             continue
         if task.instance_id in seen:
             errs.append(f"{where}: field 'instance_id': {task.instance_id!r} already used on line {seen[task.instance_id]}")
@@ -165,7 +257,7 @@ def load_tasks(path: str | Path, split: str | None = None, check_repos: bool = T
     if errs:
         raise TaskFileError(path, errs)
     if not tasks and not errs:
-        raise TaskFileError(path, [f"{path}: contains no tasks"])
+        raise TaskFileError(path, [f"{path}: contains no tasks"] + (skipped or []))
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks

@@ -29,6 +29,8 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from legorl.engine.base import WeightsFromDisk, WeightsInPlace
+
 
 @runtime_checkable
 class WeightSync(Protocol):
@@ -37,20 +39,12 @@ class WeightSync(Protocol):
         ...
 
 
-class InProcessEngine(Protocol):
-    async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
-
-
-class DiskEngine(Protocol):
-    async def update_weights_from_disk(self, path: str | Path, version: int) -> None: ...
-
-
 class InProcessSync:
     """Copy weights straight into in-process engines (e.g. legorl.engine.hf.HFEngine)."""
 
-    def __init__(self, *engines: InProcessEngine) -> None:
+    def __init__(self, *engines: WeightsInPlace) -> None:
         for e in engines:
-            if not callable(getattr(e, "update_weights", None)):
+            if not isinstance(e, WeightsInPlace):
                 raise TypeError(f"{type(e).__name__} has no update_weights(state_dict, version)")
         self.engines = engines
 
@@ -63,7 +57,7 @@ class DiskSync:
 
     def __init__(
         self,
-        engines: Sequence[DiskEngine],
+        engines: Sequence[WeightsFromDisk],
         directory: str | Path,
         keep: int = 2,
         *,
@@ -73,7 +67,7 @@ class DiskSync:
         """`in_place=True` overwrites the files of `directory` itself (vLLM can only reload the
         directory it was launched on); otherwise each version gets its own `v<N>` directory."""
         for e in engines:
-            if not callable(getattr(e, "update_weights_from_disk", None)):
+            if not isinstance(e, WeightsFromDisk):
                 raise TypeError(f"{type(e).__name__} has no update_weights_from_disk(path, version)")
         self.engines = list(engines)
         self.directory = Path(directory)

@@ -337,7 +337,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             tracer = gettrace()  # a tracer already active can skip a test's lines (its asserts)
             if tracer is not None and tracer is not self.tracer:
                 self.tracer = tracer
-                target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)
+                target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)  # noqa: B004 - the class attribute, as Python calls it
                 where = _where(_func(target), repo)
                 self.tracers.add(where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?")))
             try:

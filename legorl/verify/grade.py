@@ -38,9 +38,11 @@ from typing import Any
 from legorl.sandbox.base import Backend, Limits, Sandbox, SandboxError, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify.junit import ReportError, TestStatus, parse_junit
+from legorl.verify.native import judge_native, plan_native
 from legorl.verify.patch import filter_diff, split_diff
 from legorl.verify.protect import Category, classify, test_files_of
 from legorl.verify.runner import SETUP_FAILED, TestCmdError, parse_summary, plan_run
+from legorl.verify.runners import RUNNER_FILES, NativeCommand, django_class, django_label_covers, django_test_file, native_command
 from legorl.verify.selection import covers, select_tests
 from legorl.verify.verdict import TAMPER, RunEvidence, judge
 
@@ -135,10 +137,27 @@ def _marker(stdout: str, key: str) -> str | None:
 
 
 def task_test_files(task: Task) -> list[str]:
-    """Paths that are tests for this task whatever their names."""
+    """Paths that are tests for this task whatever their names (for a native runner also
+    the files that decide how it runs, `runners.RUNNER_FILES`)."""
     sections, _ = split_diff(task.test_patch)
     paths = {p for sec in sections for p in sec.paths}
-    return sorted(paths | test_files_of(task.FAIL_TO_PASS) | test_files_of(task.PASS_TO_PASS))
+    ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
+    paths |= test_files_of(ids)
+    native = _native_or_none(task)
+    if native is not None:
+        paths |= set(RUNNER_FILES[native.runner])
+        if native.runner == "django":
+            paths |= {f for f in map(django_test_file, ids) if f}
+        else:
+            paths |= {lb for lb in native.labels if lb.endswith(".py")}
+    return sorted(paths)
+
+
+def _native_or_none(task: Task) -> NativeCommand | None:
+    try:
+        return native_command(task.test_cmd) if task.test_cmd.strip() else None
+    except TestCmdError:
+        return None
 
 
 def test_args(task: Task) -> list[str]:
@@ -247,6 +266,12 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
 
     # 4. run them: the task's selection, canaries planted among its own tests
     try:
+        native = native_command(task.test_cmd) if task.test_cmd.strip() else None
+    except TestCmdError as exc:
+        raise GraderFault("select", str(exc)) from None
+    if native is not None:
+        return await _grade_native(sb, task, native, cfg, w, extra, flags, ev, state, t0)
+    try:
         sel = select_tests(task)
     except TestCmdError as exc:
         raise GraderFault("select", str(exc)) from None
@@ -300,6 +325,101 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     if TAMPER in flags and cfg.penalize_tamper:
         return _outcome(Status.HACK_DETECTED, flags, tests, ev)
     return _outcome(Status.RESOLVED if verdict.resolved else Status.FAILED, flags, tests, ev)
+
+
+def native_canary_host(task: Task, cmd: NativeCommand) -> tuple[str | None, list[str], list[str]]:
+    """(file to plant the canaries in, its tests' function names, its test classes' names)."""
+    ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
+    if cmd.runner == "sympy":
+        files = [lb for lb in cmd.labels if lb.endswith(".py")]
+        return (files[0] if files else None), [t for t in ids if t.isidentifier()], []
+    for tid in ids:
+        file = django_test_file(tid)
+        if file and any(django_label_covers(lb, tid) for lb in cmd.labels):
+            mine = [t for t in ids if django_test_file(t) == file]
+            names = [t.split(" ", 1)[0] for t in mine]
+            classes = [c for c in map(django_class, mine) if c]
+            return file, names, classes
+    return None, [], []
+
+
+async def _grade_native(
+    sb: Sandbox, task: Task, cmd: NativeCommand, cfg: GradeConfig, w: str, extra: list[str],
+    flags: list[str], ev: dict[str, Any], state: dict[str, str], t0: float,
+) -> Outcome:
+    """Step 4 for a native runner (`native.py`): the official parser reads the log, the
+    recorder's records confirm it, the canaries vouch for the run."""
+    from legorl.tasks import official
+
+    wanted = list(dict.fromkeys(task.FAIL_TO_PASS + task.PASS_TO_PASS))
+    parser = official.parser_name(task.repo, task.log_parser)
+    if parser is None:
+        raise GraderFault("parser", f"no official log parser for repository {task.repo!r}")
+    host, like, like_classes = native_canary_host(task, cmd)
+    if host is None:
+        raise GraderFault("select", f"no task test file among the runner's labels {cmd.labels} to plant canaries in")
+    tests_py = [p for p in extra if p.endswith(".py")]
+    plan = plan_native(cfg.repo_dir, cmd, cfg.python, w, host, like, like_classes, tests_py, wanted, tests_py)
+    ev["test_args"] = [cmd.script, *cmd.args]
+    ev["runner"] = cmd.runner
+    await _exec(sb, "runner", f"mkdir -p {shlex.quote(plan.work_dir)}", cfg)
+    for path, text in plan.files.items():
+        await sb.write_file(path, text.encode())
+    state["step"] = "tests"
+    run = await sb.exec(plan.command, timeout_s=cfg.test_timeout_s, cwd=cfg.repo_dir)
+    state["step"] = "report"
+    ev["exit_code"] = run.exit_code
+    ev["test_output"] = run.stderr[-3000:].strip()
+    ev["test_duration_s"] = round(run.duration_s, 3)
+    if run.timed_out:
+        flags.append("test_timeout")
+    if run.resource_exhausted:
+        flags.append("resource_exhausted")
+    summary, tags = parse_summary(run.stdout, plan.nonce)
+    if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
+        raise GraderFault("runner", run.stderr.strip()[-800:])
+    log, sha = "", None
+    try:
+        data = await sb.read_file(plan.log_path)
+        sha, log = hashlib.sha256(data).hexdigest(), data.decode("utf-8", "replace")
+        ev["report"] = "ok"
+    except OSError:
+        ev["report"] = "missing"
+    try:
+        parsed = official.parse_log(parser, log, task.instance_id, task.repo, task.FAIL_TO_PASS, task.PASS_TO_PASS) if log else None
+    except Exception as exc:  # the official parser choked on a log: ours to look at, never the agent's reward
+        raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
+    ev["log_parser"] = parser
+    if parsed is not None and cmd.runner == "django":
+        parsed = _django_aliases(parsed, wanted)
+    verdict = judge_native(wanted, parsed, summary, tags, sha, run.exit_code, run.timed_out)
+    if verdict.fault:
+        raise GraderFault("canary", verdict.fault)
+    flags += verdict.flags
+    ev.update(verdict.evidence)
+    ev["official"] = {t: (parsed or {}).get(t, "MISSING") for t in wanted}
+    tests = verdict.tests
+    ev["f2p_passed"] = sum(TestStatus(tests[t]).ok for t in task.FAIL_TO_PASS)
+    ev["p2p_passed"] = sum(TestStatus(tests[t]).ok for t in task.PASS_TO_PASS)
+    ev["duration_s"] = round(time.monotonic() - t0, 3)
+    if TAMPER in flags and cfg.penalize_tamper:
+        return _outcome(Status.HACK_DETECTED, flags, tests, ev)
+    return _outcome(Status.RESOLVED if verdict.resolved else Status.FAILED, flags, tests, ev)
+
+
+def _django_aliases(parsed: dict[str, str], wanted: list[str]) -> dict[str, str]:
+    """Django ids are `test_x (mod.Class)` up to Python 3.10 and `test_x (mod.Class.test_x)`
+    since (unittest's `str(test)`); a task's ids in one format read a log in the other."""
+    out = dict(parsed)
+    for t in wanted:
+        if t in out:
+            continue
+        name, _, rest = t.partition(" (")
+        dotted = rest.rstrip(")")
+        other = f"{name} ({dotted.rsplit('.', 1)[0]})" if dotted.endswith("." + name) else f"{name} ({dotted}.{name})"
+        if other in parsed:
+            out[t] = parsed[other]
+    return out
 
 
 def _untagged(stdout: str, nonce: str) -> str:

@@ -1,0 +1,315 @@
+"""A grading run of a repository's own test runner (Django's `tests/runtests.py`, SymPy's
+`bin/test`) as it executes inside the sandbox (the image's Python; never imports legorl).
+
+The same design as the pytest supervisor (`_supervisor.py`, whose helpers this loads from
+the file next to it): the supervisor reads and deletes its configuration, plants the
+canaries among the task's own tests, hashes the task's test files, then forks. The child
+installs a *recorder* at the innermost call of each test before the repository is
+importable, then runs the runner's script (`runpy`) with its output on a pipe to the
+supervisor, so nothing written after it can replace the log (only append to it).
+
+The recorder is the channel the runner's log cannot forge: code under test can print
+`test_x ... ok`, but the record of what `test_x` raised is HMAC-tagged on a pipe whose
+key it never sees. Per runner:
+- `unittest` (Django): `unittest.case.TestCase._callSetUp/_callTestMethod/_callTearDown`
+  are wrapped (every TestCase runs through them), and `TestCase.run` sends the record;
+- `sympy`: the runner `exec`s each test file into a dict and then calls its `test_*`
+  functions; the builtin `exec` is wrapped so that, for the task's test files, each test
+  function in that dict is replaced by a recording wrapper (`functools.wraps`: the
+  runner's sorting by source line and its `_slow` marks see the original).
+At the end the child diffs a snapshot of unittest's machinery and of the wrapped builtins
+(`changed_since`), and checks that its wrappers are still in place.
+
+Usage: `python -I -B run.py CONFIG.json`.
+"""
+
+import builtins
+import functools
+import hashlib
+import hmac
+import importlib.util
+import json
+import os
+import select
+import sys
+import time
+
+SETUP_FAILED = 86
+GRACE_S = 0.5
+
+
+def _load_base():
+    spec = importlib.util.spec_from_file_location("_lg_supervisor", os.path.join(os.path.dirname(os.path.abspath(__file__)), "base.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+base = _load_base()
+base.WATCH_ATTRS = dict(base.WATCH_ATTRS, builtins=("open", "__import__", "exec", "compile"))
+base.WATCH_MODULES = base.WATCH_MODULES + ("unittest.runner", "unittest.suite", "unittest.loader")  # the result classes that print the log
+
+
+def kind_of(exc, skip_names=("SkipTest", "Skipped", "Skip")):
+    if exc is None:
+        return "passed"
+    name = type(exc).__name__
+    if name in skip_names:
+        return "skipped"
+    if name in ("XFail", "_ExpectedFailure"):
+        return "xfailed"
+    return "failed"
+
+
+def child(cfg, key, rec_w, log_w, go_r):
+    _exit = os._exit
+    started_ns = time.time_ns()
+    os.dup2(log_w, 1)
+    os.dup2(log_w, 2)
+    os.close(log_w)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.dont_write_bytecode = True
+    import unittest
+    import unittest.case
+    import unittest.loader
+    import unittest.result
+    import unittest.runner
+    import unittest.suite
+    import warnings
+    import xml.etree.ElementTree  # noqa: F401  (watched by the snapshot, as for pytest)
+
+    write, dumps, mac_of = os.write, json.dumps, hmac.digest
+    seq = [0]
+    pending = []
+
+    def send(kind, **fields):
+        seq[0] += 1
+        body = dumps(dict(fields, k=kind, n=seq[0]))
+        pending.append(mac_of(key, body.encode(), "sha256").hex() + " " + body + "\n")
+        if len(pending) >= 64 or kind == "end":
+            data = "".join(pending).encode()
+            del pending[:]
+            while data:
+                data = data[write(rec_w, data):]
+
+    runner = cfg["runner"]
+    repo = cfg["repo"].rstrip("/") + "/"
+    wrappers = {}
+    if runner == "unittest":
+        TC = unittest.case.TestCase
+        phases = {}
+        orig = {n: vars(TC)[n] for n in ("_callSetUp", "_callTestMethod", "_callTearDown", "run")}
+
+        def phase(name, when):
+            fn = orig[name]
+
+            def wrapped(self, *a, **kw):
+                try:
+                    r = fn(self, *a, **kw)
+                except BaseException as exc:
+                    phases.setdefault(id(self), {})[when] = kind_of(exc)
+                    raise
+                # a failing subTest is caught inside the method; unittest marks the outcome
+                outcome = getattr(self, "_outcome", None)
+                failed = when == "call" and outcome is not None and not getattr(outcome, "success", True)
+                phases.setdefault(id(self), {})[when] = "failed" if failed else "passed"
+                return r
+
+            return wrapped
+
+        def run(self, result=None):
+            try:
+                return orig["run"](self, result)
+            finally:
+                ph = phases.pop(id(self), {})
+                cls = type(self)
+                m = getattr(self, "_testMethodName", "?")
+                send("test", id="%s (%s.%s.%s)" % (m, cls.__module__, cls.__qualname__, m),
+                     legacy="%s (%s.%s)" % (m, cls.__module__, cls.__qualname__), phases=ph,
+                     xfail=bool(getattr(getattr(self, m, None), "__unittest_expecting_failure__", False)))
+
+        for name, when in (("_callSetUp", "setup"), ("_callTestMethod", "call"), ("_callTearDown", "teardown")):
+            wrappers[name] = phase(name, when)
+        wrappers["run"] = run
+        for name, fn in wrappers.items():
+            setattr(TC, name, fn)
+        owner = TC
+    else:  # sympy
+        test_files = {repo + p for p in cfg["test_files"]}
+        real_exec = builtins.exec
+
+        def record(func, file):
+            @functools.wraps(func)
+            def test(*a, **kw):
+                try:
+                    r = func(*a, **kw)
+                except BaseException as exc:
+                    send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": kind_of(exc)})
+                    raise
+                send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": "passed"})
+                return r
+
+            return test
+
+        def exec_(source, globals=None, locals=None, *a, **kw):
+            r = real_exec(source, globals, locals, *a, **kw) if locals is not None else real_exec(source, globals, *a, **kw)
+            file = globals.get("__file__") if isinstance(globals, dict) else None
+            if file in test_files:
+                import inspect
+
+                for name, val in list(globals.items()):
+                    if (name.startswith("test_") and inspect.isfunction(val) and not inspect.isgeneratorfunction(val)
+                            and getattr(val, "__code__", None) is not None and val.__code__.co_filename == file):
+                        globals[name] = record(val, file[len(repo):])
+            return r
+
+        wrappers["exec"] = exec_
+        builtins.exec = exec_
+        owner = builtins
+    snap = base.snapshot(sys.modules)
+    for opt in cfg.get("warnings", []):  # PYTHONWARNINGS, which `python -I` ignores
+        try:
+            warnings._setoption(opt)
+        except warnings._OptionError:
+            pass
+
+    def own_changes():
+        return ["recorder." + n for n, fn in wrappers.items() if getattr(owner, n, None) is not fn]
+
+    if os.read(go_r, 1) != b"1":
+        _exit(SETUP_FAILED)
+    os.close(go_r)
+    script = repo + cfg["script"]
+    sys.path.insert(0, os.path.dirname(script))
+    sys.path.append(repo[:-1])
+    sys.argv = [script] + list(cfg["args"])
+    cfg.clear()
+    code = 0
+    try:
+        import runpy
+
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        c = exc.code
+        code = c if isinstance(c, int) else (0 if c is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    try:
+        send("end", changed=base.changed_since(snap, sys.modules, repo, started_ns) + own_changes(), exitstatus=code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        _exit(code if 0 <= code < 256 else 1)
+
+
+def main():
+    cfg_path = sys.argv[1]
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = json.load(f)
+    os.unlink(cfg_path)
+    nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
+    spec = cfg.pop("plant")
+    wanted = set(cfg.pop("wanted", None) or ())
+    rec_r, rec_w = os.pipe()
+    log_r, log_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nonce = wanted = None  # noqa: F841
+            for fd in (rec_r, log_r, go_w):
+                os.close(fd)
+            child(cfg, key, rec_w, log_w, go_r)
+        finally:
+            os._exit(3)
+    for fd in (rec_w, log_w, go_r):
+        os.close(fd)
+    base._subreaper()
+    base._undumpable()
+    guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
+    try:
+        canaries = base.plant(spec) if spec else None
+    except (LookupError, OSError, UnicodeDecodeError) as exc:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        sys.stderr.write("legorl-supervisor: %s\n" % exc)
+        os._exit(SETUP_FAILED)
+    if canaries and spec.get("ids"):  # the runner's own names for the planted tests
+        canaries = {k: spec["ids"][k].replace("{name}", canaries[k].split("::", 1)[1]) for k in ("pass", "fail")}
+    guarded = base.digests(guard)
+    os.write(go_w, b"1")
+    os.close(go_w)
+    bufs = {rec_r: bytearray(), log_r: bytearray()}
+    status, deadline, strays = None, None, 0
+    open_fds = set(bufs)
+    while open_fds:
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, deadline = st, time.monotonic() + GRACE_S
+                strays = base.kill_strays(os.getpid())
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+        strays = base.kill_strays(os.getpid())
+    for fd in list(open_fds):
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                bufs[fd] += chunk
+        except BlockingIOError:
+            pass
+    after = base.digests(guard)
+    root = cfg["repo"].rstrip("/") + "/"
+    tests_changed = sorted(p[len(root):] for p in guard if after[p] != guarded[p])
+    records, bad = [], 0
+    for line in bytes(bufs[rec_r]).split(b"\n"):
+        if not line:
+            continue
+        mac, _, body = line.partition(b" ")
+        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
+            bad += 1
+            continue
+        records.append(json.loads(body))
+    log = bytes(bufs[log_r])
+    with open(cfg["log"], "wb") as f:
+        f.write(log)
+    if wanted and canaries:
+        keep = wanted | set(canaries.values())
+        records = [r for r in records if r.get("k") != "test" or r["id"] in keep or r.get("legacy") in keep]
+    summary = {
+        "exit": os.waitstatus_to_exitcode(status),
+        "records": records,
+        "bad_records": bad,
+        "log_sha256": hashlib.sha256(log).hexdigest(),
+        "open_after_exit": len(open_fds),
+        "stray_processes": strays,
+        "canaries": canaries,
+        "tests_changed": tests_changed,
+    }
+    sys.stderr.write(log[-4000:].decode("utf-8", "replace"))
+    sys.stderr.flush()
+    sys.stdout.write("\n%s %s\n" % (nonce, json.dumps(summary, sort_keys=True)))
+    sys.stdout.flush()
+    code = summary["exit"]
+    os._exit(code if 0 <= code < 256 else 128 + (-code % 128))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,192 @@
+"""Grading runs of a repository's own test runner: the plan, and the verdict.
+
+The pytest path decides from a JUnit report, the recorder and the canaries (`verdict.py`).
+A native runner has no report we can trust more than its log, so here the channels are:
+1. the runner's log, read by the *official* SWE-bench parser for the repository (what the
+   published numbers are computed from); written by the process the code under test shares;
+2. the recorder's HMAC-tagged records of what each test function really raised
+   (`_native_supervisor.py`): our own per-test verdict, which printing `test_x ... ok`
+   cannot forge;
+3. canaries planted among the task's tests in the runner's own shape (a TestCase class for
+   Django, a `test_` function for SymPy): one must pass, one must fail.
+A test passes only when the official parse says so *and* the records confirm it; any
+disagreement in the agent's favour is a `tamper_attempt`. How often the official parse
+and ours agree on the task's tests is kept as evidence (`parser_agreement`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from legorl.verify.junit import TestStatus
+from legorl.verify.runner import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
+from legorl.verify.runners import NativeCommand
+from legorl.verify.verdict import TAMPER, Verdict, recorded_status
+
+NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")
+OFFICIAL_STATUS = {
+    "PASSED": TestStatus.PASSED, "FAILED": TestStatus.FAILED, "ERROR": TestStatus.ERROR,
+    "SKIPPED": TestStatus.SKIPPED, "XFAIL": TestStatus.XFAILED,
+}
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    work_dir: str
+    log_path: str
+    files: dict[str, str]
+    nonce: str
+    command: str
+
+
+def _camel(word: str) -> str:
+    return "".join(p.capitalize() for p in re.split(r"[^A-Za-z0-9]+", word) if p)
+
+
+def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str]) -> tuple[str, str, str, str]:
+    """(pass block, fail block, pass class, fail class): a TestCase each, shaped like the file's."""
+    bases = sorted({c for c in like_classes if c.isidentifier()}) or ["Tests"]
+    words = rng.sample(["Basic", "Edge", "Nested", "Default", "Order", "Mixed", "Simple", "Repeat", "Unicode", "Copy"], 2)
+    out = []
+    for i, must_pass in enumerate((True, False)):
+        cls = f"{rng.choice(bases).removesuffix('Tests').removesuffix('Test')}{words[i]}Tests"
+        body = canary_source(must_pass, rng).split("\n", 1)[1]  # the body lines of the plain test
+        body = body.replace("    assert sorted(values) == ", "    self.assertEqual(sorted(values), ").rstrip("\n") + ")\n"
+        body = "\n".join("    " + ln if ln else ln for ln in body.splitlines())
+        out.append((f"class {cls}(__import__('unittest').TestCase):\n    def {{name}}(self):\n{body}\n", cls))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def plan_native(
+    repo: str, cmd: NativeCommand, python: str, tmp_root: str, plant_in: str | None, like: list[str],
+    like_classes: list[str], guard: list[str], wanted: list[str], test_files: list[str],
+) -> NativePlan:
+    """A supervised run of `cmd` in `repo`, canaries planted in `plant_in` (repo-relative)."""
+    rng = secrets.SystemRandom()
+    work = f"{tmp_root.rstrip('/')}/.lg-{secrets.token_hex(8)}"
+    root = repo.rstrip("/")
+    plant: dict[str, Any] = {}
+    if plant_in:
+        plant = {"path": f"{root}/{plant_in}", "rel": plant_in, "candidates": canary_candidates(like, rng)}
+        if cmd.runner == "django":
+            p, f, pc, fc = _django_blocks(rng, like_classes)
+            mod = plant_in.removeprefix("tests/").removesuffix(".py").replace("/", ".")
+            plant.update(pass_=p, fail=f, ids={"pass": f"{{name}} ({mod}.{pc}.{{name}})", "fail": f"{{name}} ({mod}.{fc}.{{name}})"})
+        else:
+            plant.update(pass_=canary_source(True, rng), fail=canary_source(False, rng), ids={"pass": "{name}", "fail": "{name}"})
+        plant["pass"] = plant.pop("pass_")
+    nonce, key = secrets.token_hex(16), secrets.token_hex(32)
+    cfg_path = f"{work}/{secrets.token_hex(8)}.json"
+    config = json.dumps({
+        "repo": repo, "runner": cmd.recorder, "script": cmd.script, "args": cmd.args, "warnings": cmd.warnings,
+        "log": f"{work}/test.log", "nonce": nonce, "key": key, "plant": plant, "guard": guard, "wanted": wanted,
+        "test_files": test_files,
+    })
+    env = ["env", "-i", f"PATH={SAFE_PATH}", f"HOME={work}/home", f"TMPDIR={work}/tmp", "LANG=C.UTF-8"]
+    command = (
+        f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && cd {shlex.quote(repo)} && "
+        f"exec {shlex.join(env)} {shlex.quote(python)} -I -B {shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
+    )
+    files = {
+        f"{work}/run.py": NATIVE_SUPERVISOR.read_text(encoding="utf-8"),
+        f"{work}/base.py": SUPERVISOR.read_text(encoding="utf-8"),
+        cfg_path: config,
+    }
+    return NativePlan(work, f"{work}/test.log", files, nonce, command)
+
+
+def _norm(status: TestStatus) -> str:
+    """The graded verdict of a status: a pass, or not (failed, errored, skipped, missing alike)."""
+    return "pass" if status.ok else "fail"
+
+
+def judge_native(
+    wanted: list[str], official: dict[str, str] | None, summary: dict[str, Any] | None, tags: int,
+    log_sha256: str | None, exit_code: int, timed_out: bool,
+) -> Verdict:
+    """Per-test statuses from the official parse confirmed by the records; flags; `resolved`."""
+    flags: list[str] = []
+    ev: dict[str, Any] = {}
+    s = summary or {}
+    records: dict[str, dict[str, Any]] = {}
+    end = None
+    for rec in s.get("records", []):
+        if rec.get("k") == "test" and isinstance(rec.get("id"), str):
+            records[rec["id"]] = rec
+            if isinstance(rec.get("legacy"), str):
+                records[rec["legacy"]] = rec
+        elif rec.get("k") == "end":
+            end = rec
+    if summary is None:
+        ev["supervisor"] = "no summary" if tags == 0 else f"{tags} tagged lines"
+        if tags > 1:
+            flags += [TAMPER, "summary_forged"]
+    if s.get("bad_records"):
+        flags += [TAMPER, "records_forged"]
+    if summary is not None and log_sha256 is not None and s.get("log_sha256") != log_sha256:
+        flags += [TAMPER, "report_replaced"]
+    if end and end.get("changed"):
+        flags += [TAMPER, "runner_modified"]
+        ev["runner_modified"] = list(end["changed"])[:20]
+    if s.get("tests_changed"):
+        flags += [TAMPER, "tests_modified_at_run"]
+        ev["tests_modified_at_run"] = s["tests_changed"][:20]
+    parsed = {t: OFFICIAL_STATUS.get(v, TestStatus.FAILED) for t, v in (official or {}).items()}
+
+    def ours(t: str) -> TestStatus:
+        rec = records.get(t)
+        return recorded_status(rec) if rec is not None else TestStatus.MISSING
+
+    def confirmed(t: str) -> TestStatus:
+        status = parsed.get(t, TestStatus.MISSING)
+        if not status.ok:
+            return status
+        rec = records.get(t)
+        if rec is None:
+            if summary is not None:
+                flags.extend([TAMPER, "report_unconfirmed"])
+                ev.setdefault("unconfirmed", []).append(t)
+            return TestStatus.MISSING
+        seen = recorded_status(rec)
+        ok = seen is TestStatus.PASSED or (status is TestStatus.XFAILED and (seen is TestStatus.XFAILED or rec.get("xfail")))
+        if not ok:
+            flags.extend([TAMPER, "report_contradicted"])
+            ev.setdefault("contradicted", {})[t] = {"log": status.value, "raised": seen.value}
+            return seen if seen is not TestStatus.PASSED else TestStatus.FAILED
+        return status
+
+    tests = {t: confirmed(t).value for t in wanted}
+    agree = [t for t in wanted if _norm(parsed.get(t, TestStatus.MISSING)) == _norm(ours(t))]
+    ev["parser_agreement"] = {"agree": len(agree), "total": len(wanted),
+                              "disagree": {t: [parsed.get(t, TestStatus.MISSING).value, ours(t).value] for t in wanted if t not in agree}}
+    can = s.get("canaries") or {}
+    c_pass_id, c_fail_id = str(can.get("pass", "")), str(can.get("fail", ""))
+    c_pass = confirmed(c_pass_id) if c_pass_id else TestStatus.MISSING
+    c_fail = parsed.get(c_fail_id, TestStatus.MISSING)
+    ev["canary"] = {"pass": c_pass.value, "fail": c_fail.value}
+    all_ok = bool(wanted) and all(TestStatus(v).ok for v in tests.values())
+    fail_rec = records.get(c_fail_id)
+    if c_fail.ok or c_fail is TestStatus.SKIPPED or (fail_rec is not None and recorded_status(fail_rec) is not TestStatus.FAILED):
+        flags += [TAMPER, "report_inconsistent"]
+    if exit_code == 0 and not timed_out:
+        flags += [TAMPER, "report_inconsistent"]  # a run holding a failing canary exited 0
+    if end is None and summary is not None and not timed_out:
+        ev["session_end"] = "missing"
+        if all_ok:
+            flags += [TAMPER, "session_incomplete"]
+    ran_others = any(t in records for t in wanted)
+    if c_pass_id and c_pass_id not in records and c_fail_id not in records and c_pass_id not in parsed and ran_others and end and TAMPER not in flags:
+        return Verdict(tests=tests, flags=[], evidence=ev, fault="canaries absent")
+    integrity = summary is not None and end is not None and c_pass is TestStatus.PASSED and c_fail in (TestStatus.FAILED, TestStatus.ERROR) and exit_code != 0
+    if all_ok and not integrity:
+        flags += [TAMPER, "report_inconsistent"]
+    if s.get("stray_processes"):
+        flags.append("stray_processes")
+    ev["records"] = len({id(r) for r in records.values()})
+    return Verdict(tests=tests, flags=list(dict.fromkeys(flags)), evidence=ev, resolved=all_ok and integrity and TAMPER not in flags)
