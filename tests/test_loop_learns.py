@@ -64,8 +64,14 @@ def slice_config(tmp_path: Path, extra: dict[tuple[str, str], str] | None = None
 
 @pytest.mark.timeout(1800)  # ~4 min on an idle 2-core machine; far longer when it is shared
 def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
-    max_staleness = 0  # asynchronous training is not shown to learn yet (see README: it diverged)
-    config = slice_config(tmp_path)
+    """Synchronously. Asynchronous training (`max_staleness = 1`, MIS at the geometric level)
+    gained ≥ 5 held-out points on this slice in 3 of 5 runs and passed this whole test in 2
+    (README, "Scaling out"): its per-step resolved rate swings too far for these margins.
+    Set `max_staleness` to 1 here once it holds."""
+    max_staleness = 0
+    extra = {("run", "max_staleness"): max_staleness, ("trainer", "correction"): '"mis"',
+             ("trainer", "correction_level"): '"geometric"'} if max_staleness else {}  # fmt: skip
+    config = slice_config(tmp_path, extra)
     proc = subprocess.run([*LEGORL, "train", str(config)], capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "run" / "heldout_results.json").read_text())
@@ -75,7 +81,7 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     assert start <= 0.05  # the untrained policy does not solve these
     assert warm >= start + 0.15  # the warm start taught the commands
     # and GSPO taught where to apply them: on held-out tasks (this slice measured +22 points,
-    # the full quickstart +31) and on its own training rollouts (384 per side)
+    # +15 with seed 1; the full quickstart +31) and on its own training rollouts (384 per side)
     assert end >= warm + 0.05, res
     with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
         rate = dict(db.execute("SELECT step, value FROM metrics WHERE key = 'resolved_rate'"))

@@ -153,3 +153,15 @@ def test_bf16_keeps_fp32_master_weights(one_thread):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_mismatch_is_over_the_tokens_the_recomputed_policy_sampled(one_thread):
+    """A stale token differs from the recomputation by the policy's own updates, not by engine
+    numerics: it stays out of mismatch/* (an asynchronous run would report its learning as a
+    mismatch), while staleness counts it. Sampled by version 0, trained at 0 then at 1."""
+    trainer = Trainer(TrainerConfig(model="tiny-qwen3", lr=3e-2, seed=0))
+    trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=1, group_size=8))
+    fresh = trainer.step(copy.deepcopy(trajs))
+    assert fresh["mismatch/pearson"] > 0.9999 and fresh["policy/staleness_mean"] == 0
+    stale = trainer.step(copy.deepcopy(trajs))  # the same tokens, now one version behind
+    assert stale["policy/staleness_max"] == 1 and not any(k.startswith("mismatch/pearson") for k in stale)

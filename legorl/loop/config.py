@@ -134,6 +134,13 @@ class RayConfig(Section):
     """Rollout worker actors."""
     num_cpus_per_worker: float = Field(0.5, gt=0)
     """CPUs Ray reserves per worker actor."""
+    worker_resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources each worker actor needs (e.g. `{ worker_node = 1 }` with nodes
+    started by `ray start --resources '{"worker_node": 2}'`): where rollouts may run."""
+    lost_rollout_retries: int = Field(1, ge=0)
+    """A rollout whose worker died (process killed, node lost) runs again from the start on
+    a live worker this many times before it is masked as an infra error. The lost attempt
+    left nothing in the run store (records reach the driver only when graded)."""
 
 
 class EvalSection(Section):
@@ -236,9 +243,11 @@ class RunConfig(Section):
         if p.temperature != t.temperature:
             raise ValueError(f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
                              f"({p.temperature}): logprobs are recomputed at the sampling temperature")
-        if self.run.max_staleness and t.correction == "none":
-            raise ValueError("run.max_staleness > 0 trains on tokens of older policies: set trainer.correction "
-                             "to 'tis' or 'mis' (importance correction against the recorded behaviour logprobs)")
+        if self.run.max_staleness and t.correction == "none" and t.old_logprobs != "rollout":
+            raise ValueError("run.max_staleness > 0 trains on tokens of older policies: set trainer.old_logprobs = "
+                             "'rollout' (the clip ratio against the recorded behaviour logprobs) or "
+                             "trainer.correction to 'tis' or 'mis' (importance correction against them; with GSPO, "
+                             "correction_level = 'geometric' weighs each trajectory on its sequence ratio's scale)")
         if self.warm_start.control_steps and not self.heldout.tasks:
             raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")
         if p.top_p != 1.0 or p.top_k != -1:

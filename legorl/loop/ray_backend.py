@@ -15,15 +15,21 @@ Where generation happens (`ray_rollout_pool`):
 
 A remote client cannot see the trainer's weight version, so every rollout carries the
 driver engine's `policy_version` to its actor, which stamps it on the turns it records.
-Dispatch is least-loaded (fewest rollouts in flight, ties to the lowest index); the
-step-wide `limit` is held on the driver. An actor process that dies (OOM, node lost) turns
-its rollouts into masked `infra_error`s and is restarted by Ray; its worker is rebuilt on
-the next call. A local cluster binds to 127.0.0.1 only and never reports usage stats.
+Dispatch is least-loaded over the live actors (fewest rollouts in flight, ties to the
+lowest index); the step-wide `limit` is held on the driver. Actors need
+`[ray] worker_resources`, so a cluster's custom resources decide which nodes run rollouts.
+An actor process that dies (OOM, node lost) takes its rollouts in flight with it: each runs
+again from the start on a live actor (`lost_rollout_retries`, a new session id ending
+`-r<attempt>`), or becomes a masked `infra_error` when none is left. The dead actor gets no
+more rollouts until Ray has restarted it (on any node with its resources; a probe call
+tells) and its worker is rebuilt. A local cluster, or a cluster addressed on loopback,
+binds to 127.0.0.1 only; no usage stats are reported.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -73,7 +79,8 @@ class RolloutActor:
 
     async def start(self) -> dict[str, Any]:
         await self._ensure()
-        return {"index": self.index, "pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+        return {"index": self.index, "pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
 
     async def rollout(self, task: Task, step: int, session_id: str, policy_version: int | None) -> RolloutRecord:
         worker = await self._ensure()
@@ -99,8 +106,10 @@ def init_ray(rc: RayConfig) -> bool:
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING, "log_to_driver": True}
     if rc.address is not None:
         _check_reachable(rc.address)
+        host = rc.address.removeprefix("ray://").rpartition(":")[0].strip("[]")
         try:
-            ray.init(address=rc.address, **kwargs)
+            with _loopback_only() if host in ("127.0.0.1", "localhost", "::1") else contextlib.nullcontext():
+                ray.init(address=rc.address, **kwargs)
         except ConnectionError as e:  # reported like a bad config value: it names the field to fix
             raise ConfigError(f"[ray] address = {rc.address!r}: cannot connect to a Ray cluster there ({e})") from None
         return True
@@ -175,14 +184,18 @@ class RayRolloutPool:
         self.actors: list[Any] = []
         self.inflight: list[int] = []
         self.info: list[dict[str, Any]] = []
+        self.lost: set[int] = set()  # actors whose process died and that Ray has not restarted yet
+        self.lost_rollouts = 0  # attempts lost with their actor (retried or masked)
+        self._probes: dict[int, asyncio.Task[None]] = {}
         self._owns_ray = False
 
     async def __aenter__(self) -> RayRolloutPool:
         self._owns_ray = init_ray(self.cfg.ray)
         try:
             actor_cls = ray.remote(RolloutActor).options(
-                num_cpus=self.cfg.ray.num_cpus_per_worker, max_restarts=2, max_task_retries=0, max_concurrency=1000
-            )
+                num_cpus=self.cfg.ray.num_cpus_per_worker, resources=dict(self.cfg.ray.worker_resources) or None,
+                max_restarts=2, max_task_retries=0, max_concurrency=1000,
+            )  # fmt: skip
             raw = self.worker_cfg.model_dump(mode="json")
             self.actors = [actor_cls.remote(raw, i) for i in range(self.cfg.ray.workers)]
             self.inflight = [0] * len(self.actors)
@@ -192,9 +205,20 @@ class RayRolloutPool:
             raise
         return self
 
+    @property
+    def placement(self) -> dict[str, Any]:
+        """Where the driver (trainer, served engine) and each worker actor run."""
+        nodes = {n["NodeID"]: {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
+                 for n in ray.nodes() if n["Alive"]}  # fmt: skip
+        return {"driver_node_id": ray.get_runtime_context().get_node_id(), "workers": list(self.info),
+                "nodes": nodes, "lost": sorted(self.lost), "lost_rollouts": self.lost_rollouts}  # fmt: skip
+
     async def __aexit__(self, *exc: object) -> None:
-        if self.actors:
-            stops = [a.stop.remote() for a in self.actors]
+        for t in self._probes.values():
+            t.cancel()
+        await asyncio.gather(*self._probes.values(), return_exceptions=True)
+        if self.actors:  # a lost actor has nothing to stop (a call would wait for its restart)
+            stops = [a.stop.remote() for i, a in enumerate(self.actors) if i not in self.lost]
             done, _ = await asyncio.wait([asyncio.ensure_future(s) for s in stops], timeout=60)
             for d in done:
                 d.exception()  # a worker that died while stopping has nothing left to close
@@ -224,16 +248,42 @@ class RayRolloutPool:
         return list(await asyncio.gather(*(one(k) for k in range(n))))
 
     async def _run(self, task: Task, step: int, *, session_id: str | None, prefix: str) -> RolloutRecord:
-        i = min(range(len(self.actors)), key=lambda j: (self.inflight[j], j))
-        sid = session_id or f"{prefix}-w{i}-{uuid.uuid4().hex[:6]}"  # the session id names its worker
-        version = self.policy_version() if self.policy_version is not None else None
-        self.inflight[i] += 1
-        try:
-            return await self.actors[i].rollout.remote(task, step, sid, version)
-        except RayActorError as e:
-            return self._lost(task, step, sid, e)
-        finally:
-            self.inflight[i] -= 1
+        err: Exception | None = None
+        sid = session_id or f"{prefix}-lost-{uuid.uuid4().hex[:6]}"
+        for attempt in range(self.cfg.ray.lost_rollout_retries + 1):
+            live = [j for j in range(len(self.actors)) if j not in self.lost]
+            if not live:
+                break
+            i = min(live, key=lambda j: (self.inflight[j], j))
+            retry = f"-r{attempt}" if attempt else ""
+            sid = session_id or f"{prefix}-w{i}-{uuid.uuid4().hex[:6]}{retry}"  # the session id names its worker
+            version = self.policy_version() if self.policy_version is not None else None
+            self.inflight[i] += 1
+            try:
+                return await self.actors[i].rollout.remote(task, step, sid, version)
+            except RayActorError as e:
+                err = e
+                self.lost_rollouts += 1
+                self._mark_lost(i)
+            finally:
+                self.inflight[i] -= 1
+        return self._lost(task, step, sid, err or RuntimeError("no live rollout worker"))
+
+    def _mark_lost(self, i: int) -> None:
+        """Take actor i out of dispatch until a probe call reaches its restarted process."""
+        if i in self.lost:
+            return
+        self.lost.add(i)
+
+        async def probe() -> None:
+            try:
+                self.info[i] = await self.actors[i].start.remote()  # waits for Ray's restart
+            except RayActorError:
+                return  # restarts used up: it stays out
+            self.lost.discard(i)
+            self._probes.pop(i, None)
+
+        self._probes[i] = asyncio.create_task(probe())
 
     def _lost(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
         """A rollout whose worker process died: an infrastructure fault, masked."""
@@ -257,13 +307,17 @@ async def ray_rollout_pool(cfg: RunConfig, engine: Engine) -> AsyncIterator[RayR
         return
     from legorl.engine.serve import EngineServer
 
-    local = cfg.ray.address is None
-    host, advertise = ("127.0.0.1", "127.0.0.1") if local else ("0.0.0.0", ray.util.get_node_ip_address())
-    key = secrets.token_hex(16)  # the served engine answers only our workers
-    tokenizer = engine.tokenizer if isinstance(engine, HoldsTokenizer) else load_tokenizer(cfg.engine.model)
-    name = cfg.engine.served_model_name or cfg.engine.model
-    async with EngineServer(engine, tokenizer, name, host=host, port=0, api_key=key) as srv:
-        client = client_config(cfg.engine, f"http://{advertise}:{srv.port}", api_key=key,
-                               max_context=engine.max_context, routed_experts=records_routing(engine))  # fmt: skip
-        async with RayRolloutPool(cfg, engine_cfg=client, policy_version=version) as pool:
-            yield pool
+    owns = init_ray(cfg.ray)  # first: the served engine binds the address of the driver's own node
+    try:
+        host = ray.util.get_node_ip_address()  # 127.0.0.1 for a local or loopback cluster
+        key = secrets.token_hex(16)  # the served engine answers only our workers
+        tokenizer = engine.tokenizer if isinstance(engine, HoldsTokenizer) else load_tokenizer(cfg.engine.model)
+        name = cfg.engine.served_model_name or cfg.engine.model
+        async with EngineServer(engine, tokenizer, name, host=host, port=0, api_key=key) as srv:
+            client = client_config(cfg.engine, f"http://{host}:{srv.port}", api_key=key,
+                                   max_context=engine.max_context, routed_experts=records_routing(engine))  # fmt: skip
+            async with RayRolloutPool(cfg, engine_cfg=client, policy_version=version) as pool:
+                yield pool
+    finally:
+        if owns:
+            ray.shutdown()

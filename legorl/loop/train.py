@@ -201,6 +201,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": []}
     try:
         async with rollout_backend(cfg, engine) as worker:
+            placed = getattr(worker, "placement", None)  # Ray: which node runs what
+            if placed is not None:
+                store.add_event("ray_placement", placed)
 
             async def evaluate(label: str) -> None:
                 ev = await evaluate_heldout(worker, heldout, label, limit, on_record)
@@ -236,6 +239,8 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                         break
                     step += 1
             report.phase("gspo", time.monotonic() - t_gspo)
+            if placed is not None:  # and again after the steps: actors lost on the way, rollouts retried
+                store.add_event("ray_placement", worker.placement)
             if heldout and "end" in cfg.heldout.at:
                 await report.timed("eval_end", evaluate("end"))
             if heldout and control is not None:

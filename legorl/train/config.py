@@ -75,7 +75,10 @@ class TrainerConfig(Section):
     """Rollout→trainer importance correction: truncated IS (weight min(ρ, tis_cap)) or
     masked IS (weight ρ inside [mis_low, mis_high], else the token/sequence is dropped)."""
     correction_level: CorrectionLevel = "token"
-    """ρ per token, per sequence unit (product of token ratios) or per unit geometric mean."""
+    """ρ per token, per sequence unit (product of token ratios) or per unit geometric mean
+    (exp of the mean token log-ratio: the same length normalisation as GSPO's own sequence
+    ratio, so one weight per trajectory on the scale of that ratio; what `max_staleness`
+    runs were measured with, README "Scaling out")."""
     tis_cap: float = 2.0
     """C of TIS."""
     mis_low: float = 0.5

@@ -184,7 +184,7 @@ class Trainer:
                 out = self.policy(_dummy(self.device) if mb is None else mb.to(self.device), self.opts)
                 if mb is not None:
                     found[id(mb)] = out.logprobs_N.detach().cpu()
-                    acc.observe(mb, out)
+                    acc.observe(mb, out, self.version)
             olds.append(found)
         return olds
 
@@ -206,7 +206,7 @@ class Trainer:
                 self._backward(out.logprobs_N.sum() * 0.0, mb)
                 continue
             if record:
-                acc.observe(mb_cpu, out)
+                acc.observe(mb_cpu, out, self.version)
             if c.old_logprobs == "rollout":
                 old_N = mb.rollout_logprobs_N
             elif olds is not None:
@@ -315,10 +315,14 @@ class _Accumulator:
         self.grad_norms: list[float] = []
         self._min_ver = 2**62
 
-    def observe(self, mb: MicroBatch, out: Any) -> None:
-        """Statistics of a pre-update forward: mismatch, entropy, routing, staleness."""
+    def observe(self, mb: MicroBatch, out: Any, version: int) -> None:
+        """Statistics of a pre-update forward of policy `version`: mismatch, entropy, routing,
+        staleness. Mismatch is over the tokens that version sampled (or of unknown version):
+        a stale token differs by the policy's own updates, which is not engine numerics
+        (asynchronous runs otherwise report a 'mismatch' of every step's learning)."""
         mask = mb.mask_N > 0
-        self.mismatch.add(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N)
+        fresh_N = ((mb.versions_N < 0) | (mb.versions_N >= version)).to(mb.mask_N.dtype)
+        self.mismatch.add(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N * fresh_N)
         ent = out.entropy_N.detach().cpu()[mask]
         ver = mb.versions_N[mask]
         known = ver >= 0
