@@ -29,7 +29,7 @@ from legorl.models import load_tokenizer
 from legorl.types import Status
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
-HARNESSES = ["claude-code", "opencode", "openhands", "mini-swe-agent"]
+HARNESSES = ["claude-code", "opencode", "openhands", "mini-swe-agent", "codex", "pi", "gemini-cli", "qwen-code"]
 
 
 async def traced_rollout(setup: Setup) -> RolloutRecord:
