@@ -34,16 +34,21 @@ from legorl.tasks.loader import load_shipped
 
 ROOT = Path(__file__).resolve().parents[1]
 # examples/agents/ask-twice.sh (two policy calls through the proxy), then the long tail, then the fix
-AGENT = (ROOT / "examples" / "agents" / "ask-twice.sh").read_text() + """
+AGENT = (
+    (ROOT / "examples" / "agents" / "ask-twice.sh").read_text()
+    + """
 if [ $((RANDOM % 10)) -eq 0 ]; then sleep 10; else sleep 1; fi
 case "$LEGORL_INSTANCE_ID" in
 __CASES__
 esac
 """
+)
 
 
 def write_run(root: Path, args: argparse.Namespace, max_staleness: int) -> Path:
-    cases = "\n".join(f"{t.instance_id}) git apply <<'PATCH'\n{t.patch.rstrip()}\nPATCH\n;;" for t in load_shipped("train"))
+    cases = "\n".join(
+        f"{t.instance_id}) git apply <<'PATCH'\n{t.patch.rstrip()}\nPATCH\n;;" for t in load_shipped("train")
+    )
     (root / "agent.sh").write_text(AGENT.replace("__CASES__", cases))
     cfg = root / f"run{max_staleness}.toml"
     cfg.write_text(f"""
@@ -85,9 +90,12 @@ def figures(run_dir: Path, wall_s: float) -> dict[str, Any]:
         n = db.execute("SELECT count(*) FROM trajectories WHERE step >= 0 AND status IS NOT NULL").fetchone()[0]
     idle = sum(m.get("async/trainer_idle_s", [])) if "async/trainer_idle_s" in m else sum(m["time/rollout_s"])
     return {
-        "rollouts": n, "gspo_wall_s": round(wall_s, 1), "rollouts_per_min": round(60 * n / wall_s, 1),
+        "rollouts": n,
+        "gspo_wall_s": round(wall_s, 1),
+        "rollouts_per_min": round(60 * n / wall_s, 1),
         "trainer_idle_fraction": round(idle / wall_s, 3),
-        "staleness_max": max(m.get("async/staleness_max", [0])), "dropped_stale": sum(m.get("async/dropped_stale", [0])),
+        "staleness_max": max(m.get("async/staleness_max", [0])),
+        "dropped_stale": sum(m.get("async/dropped_stale", [0])),
         "train_sync_s_mean": round(sum(m["time/train_sync_s"]) / len(m["time/train_sync_s"]), 2),
     }
 

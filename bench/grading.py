@@ -29,8 +29,8 @@ import statistics
 import time
 from collections import defaultdict
 
-from legorl.tasks.image import TaskImages
 from legorl.sandbox import open_backend
+from legorl.tasks.image import TaskImages
 from legorl.tasks.loader import load_shipped
 from legorl.types import Status, Task
 from legorl.verify.grade import grade
@@ -113,7 +113,12 @@ def main() -> None:
     args = ap.parse_args()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
-    result: dict = {"bench": "grading", "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "backends": {}}
+    result: dict = {
+        "bench": "grading",
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "backends": {},
+    }
     if "pytest" in runners:
         tasks = spread(load_shipped(), args.tasks)
         for name in backends:

@@ -152,10 +152,15 @@ def breakdown(rec: Any, t_agent_start: float) -> dict[str, float]:
 
 
 def _row(rec: Any, t0: float, total: float) -> dict[str, Any]:
-    row = {"wall_s": round(total, 2), **breakdown(rec, t0), "status": rec.trajectory.outcome.status.value,
-           "turns": len(rec.turns), "segments": len(rec.trajectory.segments),
-           "side_calls": len(rec.trajectory.side_turns),
-           "delivered_fraction": delivered(rec.turns, rec.trajectory)["fraction"]}
+    row = {
+        "wall_s": round(total, 2),
+        **breakdown(rec, t0),
+        "status": rec.trajectory.outcome.status.value,
+        "turns": len(rec.turns),
+        "segments": len(rec.trajectory.segments),
+        "side_calls": len(rec.trajectory.side_turns),
+        "delivered_fraction": delivered(rec.turns, rec.trajectory)["fraction"],
+    }
     row["other_s"] = round(total - row["startup_s"] - row["model_s"] - row["tool_and_harness_s"] - row["grade_s"], 2)
     return row
 
@@ -229,9 +234,14 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict
         return {"harness": harness, "error": why}
     setup = Setup(harness, timeout_s=900)
     _, seq = asyncio.run(run_n(setup, 1, sequential=runs))
-    scaling = [{"n": 1, "wall_s": round(statistics.median(r["wall_s"] for r in seq), 1),
-                "rollouts_per_min": round(60.0 / statistics.median(r["wall_s"] for r in seq), 2),
-                "resolved": sum(r["status"] == "resolved" for r in seq)}]
+    scaling = [
+        {
+            "n": 1,
+            "wall_s": round(statistics.median(r["wall_s"] for r in seq), 1),
+            "rollouts_per_min": round(60.0 / statistics.median(r["wall_s"] for r in seq), 2),
+            "resolved": sum(r["status"] == "resolved" for r in seq),
+        }
+    ]
     all_runs: list[dict[str, Any]] = list(seq)
     best, useful = scaling[0]["rollouts_per_min"], 1
     peak_concurrent = 0.0
@@ -242,8 +252,14 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict
         peak_concurrent = max(peak_concurrent, peaks.max_mb())
         all_runs += rows
         per_min = round(60.0 * n / wall, 2)
-        scaling.append({"n": n, "wall_s": round(wall, 1), "rollouts_per_min": per_min,
-                        "resolved": sum(r["status"] == "resolved" for r in rows)})
+        scaling.append(
+            {
+                "n": n,
+                "wall_s": round(wall, 1),
+                "rollouts_per_min": per_min,
+                "resolved": sum(r["status"] == "resolved" for r in rows),
+            }
+        )
         if per_min < best * 1.10:
             break
         best, useful = per_min, n
@@ -254,12 +270,17 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict
         "harness": harness,
         "runs": len(seq),
         "startup_s": {"p50": _pct(starts, 0.5), "p90": _pct(starts, 0.9), "all": starts},
-        "rollout_s": {k: median[k] for k in ("wall_s", "startup_s", "model_s", "tool_and_harness_s", "grade_s",
-                                             "other_s")},
-        "cpu_s": {"sandboxes": round(statistics.median(r["sandbox_cpu_s"] for r in seq), 2),
-                  "host": round(statistics.median(r["host_cpu_s"] for r in seq), 2)},
-        "peak_mem_mb": {"alone": max(r["peak_mem_mb"] for r in seq),
-                        "max_concurrent": max(peak_concurrent, *(r["peak_mem_mb"] for r in seq))},
+        "rollout_s": {
+            k: median[k] for k in ("wall_s", "startup_s", "model_s", "tool_and_harness_s", "grade_s", "other_s")
+        },
+        "cpu_s": {
+            "sandboxes": round(statistics.median(r["sandbox_cpu_s"] for r in seq), 2),
+            "host": round(statistics.median(r["host_cpu_s"] for r in seq), 2),
+        },
+        "peak_mem_mb": {
+            "alone": max(r["peak_mem_mb"] for r in seq),
+            "max_concurrent": max(peak_concurrent, *(r["peak_mem_mb"] for r in seq)),
+        },
         "delivered_fraction": min(r["delivered_fraction"] for r in all_runs),
         "scaling": scaling,
         "max_useful_concurrency": useful,
@@ -282,8 +303,12 @@ def main() -> None:
     if args.runs < 1 or args.max_n < 1:
         ap.error("--runs and --max-n must be at least 1")
 
-    out = {"machine": {"cpus": os.cpu_count()}, "engine": "oracle", "sandbox": "local",
-           "harnesses": [bench_harness(h, args.max_n, args.runs, args.compaction) for h in (args.harness or NATIVE)]}
+    out = {
+        "machine": {"cpus": os.cpu_count()},
+        "engine": "oracle",
+        "sandbox": "local",
+        "harnesses": [bench_harness(h, args.max_n, args.runs, args.compaction) for h in (args.harness or NATIVE)],
+    }
     print(json.dumps(out))
 
 

@@ -31,9 +31,9 @@ import asyncio
 import json
 import os
 import statistics
-from collections import Counter
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,9 @@ def proc_cpu(pid: int | str = "self") -> float:
 
 def machine_cpu() -> float:
     """CPU seconds the whole machine spent busy (all cores)."""
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in Path("/proc/stat").read_text().split()[1:9])
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split()[1:9]
+    )
     return (user + nice + system + irq + softirq + steal) / TICK
 
 
@@ -81,8 +83,15 @@ def per_rollout(recs: list[RolloutRecord]) -> dict[str, dict[str, float]]:
         t.pop("t_harness_start", None)
         for k, v in t.items():
             rows.setdefault(k, []).append(v)
-    return {k: {"p50": round(statistics.median(v), 4), "p90": round(pct(v, 0.9), 4), "mean": round(statistics.fmean(v), 4),
-                "n": len(v)} for k, v in sorted(rows.items())}  # fmt: skip
+    return {
+        k: {
+            "p50": round(statistics.median(v), 4),
+            "p90": round(pct(v, 0.9), 4),
+            "mean": round(statistics.fmean(v), 4),
+            "n": len(v),
+        }
+        for k, v in sorted(rows.items())
+    }
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,9 +109,15 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     engine = make_engine(cfg.engine, tok)
     trainer = build_trainer(cfg, engine)
     limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
-    out: dict[str, Any] = {"config": str(args.config), "harness": cfg.harness.name, "backend": cfg.sandbox.backend,
-                           "model": cfg.engine.model, "cores": os.cpu_count(), "load_before": os.getloadavg(),
-                           "steps": []}  # fmt: skip
+    out: dict[str, Any] = {
+        "config": str(args.config),
+        "harness": cfg.harness.name,
+        "backend": cfg.sandbox.backend,
+        "model": cfg.engine.model,
+        "cores": os.cpu_count(),
+        "load_before": os.getloadavg(),
+        "steps": [],
+    }
     recs: list[RolloutRecord] = []
 
     def on_record(rec: RolloutRecord) -> None:
@@ -111,7 +126,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         t0 = time.monotonic()
-        await warm_start_phase(cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, Console(quiet=True))
+        await warm_start_phase(
+            cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, Console(quiet=True)
+        )
         out["warm_start_s"] = round(time.monotonic() - t0, 1)
         t_up = time.monotonic()
         async with rollout_backend(cfg, engine) as worker:  # one in-process worker, or Ray actors
@@ -132,23 +149,33 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     cpu["driver"] += d_driver
                     cpu["rest"] += d_machine - d_main - d_driver
                     wall += m["time/step_s"]
-                out["steps"].append({
-                    "rollouts": len(recs), "rollout_s": round(m["time/rollout_s"], 2),
-                    "train_sync_s": round(m["time/train_sync_s"], 2),
-                    "rollouts_per_min": round(m["rollout/rollouts_per_min"], 1),
-                    "rollouts_per_min_whole_step": round(60 * len(recs) / m["time/step_s"], 1),
-                    "resolved_rate": round(m["resolved_rate"], 3), "per_rollout": per_rollout(recs),
-                    "statuses": dict(Counter(r.trajectory.outcome.status.value for r in recs)),
-                    "cpu_s": {"machine": round(d_machine, 1), "main": round(d_main, 1), "driver": round(d_driver, 1)},
-                })  # fmt: skip
+                out["steps"].append(
+                    {
+                        "rollouts": len(recs),
+                        "rollout_s": round(m["time/rollout_s"], 2),
+                        "train_sync_s": round(m["time/train_sync_s"], 2),
+                        "rollouts_per_min": round(m["rollout/rollouts_per_min"], 1),
+                        "rollouts_per_min_whole_step": round(60 * len(recs) / m["time/step_s"], 1),
+                        "resolved_rate": round(m["resolved_rate"], 3),
+                        "per_rollout": per_rollout(recs),
+                        "statuses": dict(Counter(r.trajectory.outcome.status.value for r in recs)),
+                        "cpu_s": {
+                            "machine": round(d_machine, 1),
+                            "main": round(d_main, 1),
+                            "driver": round(d_driver, 1),
+                        },
+                    }
+                )
             later = out["steps"][1:] or out["steps"]
             n = sum(s["rollouts"] for s in later)
             out["mean_after_first"] = {
                 "rollouts_per_min": round(statistics.fmean(s["rollouts_per_min"] for s in later), 1),
-                "rollouts_per_min_whole_step": round(statistics.fmean(s["rollouts_per_min_whole_step"] for s in later), 1),
+                "rollouts_per_min_whole_step": round(
+                    statistics.fmean(s["rollouts_per_min_whole_step"] for s in later), 1
+                ),
                 "cpu_s_per_rollout": {k: round(v / max(n, 1), 4) for k, v in cpu.items()},
                 "machine_cpu_utilisation": round(cpu["machine"] / max(wall, 1e-9) / (os.cpu_count() or 1), 3),
-            }  # fmt: skip
+            }
     finally:
         await engine.close()
         store.close()

@@ -52,19 +52,37 @@ def build(kind: str, dtype: torch.dtype, small: bool, device: str) -> tuple[torc
     """Exactly mismatch_probe.build."""
     torch.manual_seed(0)
     if kind == "moe":
-        cfg = AutoConfig.for_model("qwen3_moe", vocab_size=32000,
-            hidden_size=256 if small else 1024, intermediate_size=512 if small else 2048,
-            moe_intermediate_size=128 if small else 512, num_hidden_layers=2 if small else 12,
-            num_attention_heads=4 if small else 16, num_key_value_heads=2 if small else 4,
-            head_dim=64, num_experts=16 if small else 64, num_experts_per_tok=4 if small else 8,
-            decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=4096,
-            output_router_logits=False, tie_word_embeddings=False)  # fmt: skip
+        cfg = AutoConfig.for_model(
+            "qwen3_moe",
+            vocab_size=32000,
+            hidden_size=256 if small else 1024,
+            intermediate_size=512 if small else 2048,
+            moe_intermediate_size=128 if small else 512,
+            num_hidden_layers=2 if small else 12,
+            num_attention_heads=4 if small else 16,
+            num_key_value_heads=2 if small else 4,
+            head_dim=64,
+            num_experts=16 if small else 64,
+            num_experts_per_tok=4 if small else 8,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            max_position_embeddings=4096,
+            output_router_logits=False,
+            tie_word_embeddings=False,
+        )
     else:
-        cfg = AutoConfig.for_model("qwen3", vocab_size=32000,
-            hidden_size=256 if small else 1024, intermediate_size=512 if small else 3072,
-            num_hidden_layers=2 if small else 16, num_attention_heads=4 if small else 16,
-            num_key_value_heads=2 if small else 8, head_dim=64, max_position_embeddings=4096,
-            tie_word_embeddings=False)  # fmt: skip
+        cfg = AutoConfig.for_model(
+            "qwen3",
+            vocab_size=32000,
+            hidden_size=256 if small else 1024,
+            intermediate_size=512 if small else 3072,
+            num_hidden_layers=2 if small else 16,
+            num_attention_heads=4 if small else 16,
+            num_key_value_heads=2 if small else 8,
+            head_dim=64,
+            max_position_embeddings=4096,
+            tie_word_embeddings=False,
+        )
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():
         m.lm_head.weight.mul_(40.0)
@@ -109,9 +127,19 @@ def probe_row(m: torch.nn.Module, kind: str, B: int, P: int, T: int, device: str
     prompt = torch.randint(0, vocab, (B, P), generator=g).to(device)
     torch.manual_seed(2)
     with torch.no_grad():
-        gen = m.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=True, temperature=1.0, top_k=0,
-                         top_p=1.0, max_new_tokens=T, min_new_tokens=T, output_logits=True,
-                         return_dict_in_generate=True, pad_token_id=0)  # fmt: skip
+        gen = m.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=T,
+            min_new_tokens=T,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
     seq, comp = gen.sequences, gen.sequences[:, P:]
     roll_lp = torch.log_softmax(torch.stack(gen.logits, 1).float(), -1).gather(-1, comp.unsqueeze(-1)).squeeze(-1)
     roll_route = {i: list(c) for i, c in calls.items()}
@@ -177,8 +205,11 @@ def trainer_rows(
             out = PolicyModel(m)(mb.to(device), opts)
         fwd_s = time.perf_counter() - t0
         sel = mb.mask_N > 0
-        row = {"lm_head_fp32": head_fp32, "router_fp32": router_fp32 if kind == "moe" else None,
-               "replay": replay if kind == "moe" else None}  # fmt: skip
+        row = {
+            "lm_head_fp32": head_fp32,
+            "router_fp32": router_fp32 if kind == "moe" else None,
+            "replay": replay if kind == "moe" else None,
+        }
         row.update(summarise(mb.rollout_logprobs_N[sel], out.logprobs_N.cpu()[sel], lengths))
         row["route_mismatch"] = None
         if out.used_N_L_K is not None:
@@ -225,8 +256,9 @@ def engine_rows(m: torch.nn.Module, kind: str, dtype: torch.dtype, B: int, P: in
     trajs = []
     for i, (p, gen) in enumerate(zip(prompts, gens, strict=True)):
         n = len(gen.completion_ids)
-        seg = Segment([0], p + gen.completion_ids, [0] * len(p) + [1] * n, [0.0] * len(p) + gen.logprobs, [0],
-                      gen.routed_experts)  # fmt: skip
+        seg = Segment(
+            [0], p + gen.completion_ids, [0] * len(p) + [1] * n, [0.0] * len(p) + gen.logprobs, [0], gen.routed_experts
+        )
         trajs.append(Trajectory(f"e{i}", [seg], AlignmentStats(), instance_id="t"))
     rows = trainer_rows(m, kind, trajs, True, False, device)
     for row in rows:
@@ -259,8 +291,16 @@ def main() -> None:
     B, P, T = (2, 16, 24) if small else (16, 128, 512)
     if args.bpt:
         B, P, T = (int(x) for x in args.bpt.split(","))
-    out = {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
-           "size": "cpu" if small else "gpu", "B": B, "P": P, "T": T, "rows": []}  # fmt: skip
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": args.device,
+        "size": "cpu" if small else "gpu",
+        "B": B,
+        "P": P,
+        "T": T,
+        "rows": [],
+    }
     if args.device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
     models = args.family.split(",") if args.family else args.kinds.split(",")
@@ -269,8 +309,12 @@ def main() -> None:
             if args.family:
                 m, nparams = family_model(name, dtype, args.device)
                 kind = "moe" if moe_gates(m) else "dense"
-                base = {"family": name, "kind": kind, "dtype": str(dtype).split(".")[-1],
-                        "params_M": round(nparams / 1e6, 2)}  # fmt: skip
+                base = {
+                    "family": name,
+                    "kind": kind,
+                    "dtype": str(dtype).split(".")[-1],
+                    "params_M": round(nparams / 1e6, 2),
+                }
             else:
                 kind = name
                 m, nparams = build(kind, dtype, small, args.device)

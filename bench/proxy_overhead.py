@@ -54,14 +54,26 @@ sys.path.insert(0, str(REPO))
 
 REPLY = "I will read the file and fix the failing test."  # the shared proxy bench's 10-token reply
 TOOLS = [
-    ("Bash", "Executes a bash command in a persistent shell session with an optional timeout.",
-     {"command": "string", "timeout": "number", "description": "string"}),
-    ("Read", "Reads a file from the local filesystem; returns lines in cat -n format.",
-     {"file_path": "string", "offset": "number", "limit": "number"}),
-    ("Edit", "Performs an exact string replacement in a file; the old string must be unique.",
-     {"file_path": "string", "old_string": "string", "new_string": "string"}),
-    ("Grep", "Searches file contents with ripgrep regular expressions.",
-     {"pattern": "string", "path": "string", "glob": "string"}),
+    (
+        "Bash",
+        "Executes a bash command in a persistent shell session with an optional timeout.",
+        {"command": "string", "timeout": "number", "description": "string"},
+    ),
+    (
+        "Read",
+        "Reads a file from the local filesystem; returns lines in cat -n format.",
+        {"file_path": "string", "offset": "number", "limit": "number"},
+    ),
+    (
+        "Edit",
+        "Performs an exact string replacement in a file; the old string must be unique.",
+        {"file_path": "string", "old_string": "string", "new_string": "string"},
+    ),
+    (
+        "Grep",
+        "Searches file contents with ripgrep regular expressions.",
+        {"pattern": "string", "path": "string", "glob": "string"},
+    ),
     ("Glob", "Finds files by glob pattern, newest first.", {"pattern": "string", "path": "string"}),
 ]
 
@@ -69,31 +81,43 @@ TOOLS = [
 # -- the conversation, in a neutral form, then per dialect ---------------------------------------
 def conversation(seed: int = 3) -> tuple[str, list[dict[str, Any]]]:
     rng = random.Random(seed)
-    words = ("the agent reads files runs tests edits code carefully checks the diff before it commits and "
-             "keeps answers short uses absolute paths never guesses library names prefers small focused "
-             "changes explains commands").split()
+    words = (
+        "the agent reads files runs tests edits code carefully checks the diff before it commits and "
+        "keeps answers short uses absolute paths never guesses library names prefers small focused "
+        "changes explains commands"
+    ).split()
     system = "You are a coding agent working in a git repository.\n\n" + "\n".join(
-        f"- {' '.join(rng.choice(words) for _ in range(14))}." for _ in range(220))
-    src = "\n".join(f"{i + 1:>6}\tresult[{i}] = tokens[{i % 7}].strip() if depth < {i % 5 + 1} else None"
-                    for i in range(80))
-    calls = [("Grep", {"pattern": "def parse_block", "path": "/repo"}), ("Read", {"file_path": "/repo/src/parser.py"}),
-             ("Bash", {"command": "python -m pytest -x tests/test_parser.py"}),
-             ("Edit", {"file_path": "/repo/src/parser.py", "old_string": "depth < 2", "new_string": "depth < 8"}),
-             ("Bash", {"command": "python -m pytest tests/test_parser.py -q"})]
-    outputs = ["/repo/src/parser.py:13:def parse_block_12(tokens)", src,
-               "FAILED tests/test_parser.py::test_nested - AssertionError\n1 failed, 13 passed", "updated", "14 passed"]
+        f"- {' '.join(rng.choice(words) for _ in range(14))}." for _ in range(220)
+    )
+    src = "\n".join(
+        f"{i + 1:>6}\tresult[{i}] = tokens[{i % 7}].strip() if depth < {i % 5 + 1} else None" for i in range(80)
+    )
+    calls = [
+        ("Grep", {"pattern": "def parse_block", "path": "/repo"}),
+        ("Read", {"file_path": "/repo/src/parser.py"}),
+        ("Bash", {"command": "python -m pytest -x tests/test_parser.py"}),
+        ("Edit", {"file_path": "/repo/src/parser.py", "old_string": "depth < 2", "new_string": "depth < 8"}),
+        ("Bash", {"command": "python -m pytest tests/test_parser.py -q"}),
+    ]
+    outputs = [
+        "/repo/src/parser.py:13:def parse_block_12(tokens)",
+        src,
+        "FAILED tests/test_parser.py::test_nested - AssertionError\n1 failed, 13 passed",
+        "updated",
+        "14 passed",
+    ]
     turns: list[dict[str, Any]] = [{"role": "user", "text": "test_nested fails after my parser change; fix it."}]
     for k, ((name, args), out) in enumerate(zip(calls, outputs, strict=True)):
-        turns.append({"role": "assistant", "text": "Let me check." if k % 2 == 0 else "",
-                      "call": (f"toolu_{k:02d}", name, args)})
+        turns.append(
+            {"role": "assistant", "text": "Let me check." if k % 2 == 0 else "", "call": (f"toolu_{k:02d}", name, args)}
+        )
         turns.append({"role": "tool", "id": f"toolu_{k:02d}", "text": out})
     turns.append({"role": "user", "text": "Also check test_roundtrip covers this case."})
     return system, turns
 
 
 def _schema(props: dict[str, str]) -> dict[str, Any]:
-    return {"type": "object", "properties": {k: {"type": v} for k, v in props.items()},
-            "required": [next(iter(props))]}
+    return {"type": "object", "properties": {k: {"type": v} for k, v in props.items()}, "required": [next(iter(props))]}
 
 
 def openai_body(stream: bool) -> dict[str, Any]:
@@ -102,15 +126,28 @@ def openai_body(stream: bool) -> dict[str, Any]:
     for t in turns:
         if t["role"] == "assistant":
             i, n, a = t["call"]
-            msgs.append({"role": "assistant", "content": t["text"] or None, "tool_calls": [
-                {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}]})
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": t["text"] or None,
+                    "tool_calls": [{"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}],
+                }
+            )
         elif t["role"] == "tool":
             msgs.append({"role": "tool", "tool_call_id": t["id"], "content": t["text"]})
         else:
             msgs.append({"role": "user", "content": t["text"]})
-    body = {"model": "bench-model", "messages": msgs, "stream": stream, "max_tokens": 4096, "tool_choice": "auto",
-            "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": _schema(p)}}
-                      for n, d, p in TOOLS]}
+    body = {
+        "model": "bench-model",
+        "messages": msgs,
+        "stream": stream,
+        "max_tokens": 4096,
+        "tool_choice": "auto",
+        "tools": [
+            {"type": "function", "function": {"name": n, "description": d, "parameters": _schema(p)}}
+            for n, d, p in TOOLS
+        ],
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -123,17 +160,24 @@ def anthropic_body(stream: bool) -> dict[str, Any]:
         if t["role"] == "assistant":
             i, n, a = t["call"]
             blocks = ([{"type": "text", "text": t["text"]}] if t["text"] else []) + [
-                {"type": "tool_use", "id": i, "name": n, "input": a}]
+                {"type": "tool_use", "id": i, "name": n, "input": a}
+            ]
             msgs.append({"role": "assistant", "content": blocks})
         elif t["role"] == "tool":
-            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": t["id"],
-                                                      "content": t["text"]}]})
+            msgs.append(
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": t["id"], "content": t["text"]}]}
+            )
         else:
             msgs.append({"role": "user", "content": [{"type": "text", "text": t["text"]}]})
-    return {"model": "bench-model", "max_tokens": 4096, "stream": stream, "messages": msgs,
-            "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
-            "tools": [{"name": n, "description": d, "input_schema": _schema(p)} for n, d, p in TOOLS],
-            "metadata": {"user_id": "bench"}}
+    return {
+        "model": "bench-model",
+        "max_tokens": 4096,
+        "stream": stream,
+        "messages": msgs,
+        "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+        "tools": [{"name": n, "description": d, "input_schema": _schema(p)} for n, d, p in TOOLS],
+        "metadata": {"user_id": "bench"},
+    }
 
 
 def responses_body(stream: bool) -> dict[str, Any]:
@@ -143,20 +187,29 @@ def responses_body(stream: bool) -> dict[str, Any]:
         if t["role"] == "assistant":
             i, n, a = t["call"]
             if t["text"]:
-                items.append({"type": "message", "role": "assistant",
-                              "content": [{"type": "output_text", "text": t["text"]}]})
+                items.append(
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": t["text"]}]}
+                )
             items.append({"type": "function_call", "call_id": i, "name": n, "arguments": json.dumps(a)})
         elif t["role"] == "tool":
             items.append({"type": "function_call_output", "call_id": t["id"], "output": t["text"]})
         else:
             items.append({"role": "user", "content": t["text"]})
-    return {"model": "bench-model", "instructions": system, "input": items, "stream": stream,
-            "max_output_tokens": 4096,
-            "tools": [{"type": "function", "name": n, "description": d, "parameters": _schema(p)} for n, d, p in TOOLS]}
+    return {
+        "model": "bench-model",
+        "instructions": system,
+        "input": items,
+        "stream": stream,
+        "max_output_tokens": 4096,
+        "tools": [{"type": "function", "name": n, "description": d, "parameters": _schema(p)} for n, d, p in TOOLS],
+    }
 
 
-DIALECTS = {"openai_chat": ("/v1/chat/completions", openai_body), "anthropic": ("/v1/messages", anthropic_body),
-            "responses": ("/v1/responses", responses_body)}
+DIALECTS = {
+    "openai_chat": ("/v1/chat/completions", openai_body),
+    "anthropic": ("/v1/messages", anthropic_body),
+    "responses": ("/v1/responses", responses_body),
+}
 
 
 # -- measurement -----------------------------------------------------------------------------
@@ -217,10 +270,15 @@ async def run_direct(engine: Any, prompt_ids: list[int], stream: bool, n: int, c
 async def run_proxy(base: str, path: str, body: bytes, stream: bool, n: int, c: int, pid: int) -> dict[str, Any]:
     tls = ssl.create_default_context()
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1, keepalive_expiry=300)
-    clients = [httpx.AsyncClient(base_url=base, limits=limits, timeout=300, verify=tls, trust_env=False)
-               for _ in range(c)]
+    clients = [
+        httpx.AsyncClient(base_url=base, limits=limits, timeout=300, verify=tls, trust_env=False) for _ in range(c)
+    ]
     headers = {"content-type": "application/json", "x-api-key": "bench", "authorization": "Bearer bench"}
-    end = b"[DONE]" if path.endswith("completions") else (b"message_stop" if path.endswith("messages") else b"response.completed")
+    end = (
+        b"[DONE]"
+        if path.endswith("completions")
+        else (b"message_stop" if path.endswith("messages") else b"response.completed")
+    )
 
     async def one(k: int) -> bool:
         async with clients[k].stream("POST", path, content=body, headers=headers) as r:
@@ -234,8 +292,13 @@ async def run_proxy(base: str, path: str, body: bytes, stream: bool, n: int, c: 
         cpu = cpu_seconds(pid) - cpu0
     finally:
         await asyncio.gather(*[cl.aclose() for cl in clients])
-    return {"p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3, "rps": len(lat) / wall, "errors": errors,
-            "proxy_cpu_ms_per_req": cpu * 1e3 / max(len(lat), 1)}
+    return {
+        "p50_ms": pct(lat, 0.5) * 1e3,
+        "p99_ms": pct(lat, 0.99) * 1e3,
+        "rps": len(lat) / wall,
+        "errors": errors,
+        "proxy_cpu_ms_per_req": cpu * 1e3 / max(len(lat), 1),
+    }
 
 
 def template_model(tmp: Path, which: str) -> str:
@@ -274,8 +337,12 @@ def render_ms(model: str) -> dict[str, float]:
         t = time.perf_counter()
         r.render(chat, state)
         grown += time.perf_counter() - t
-    return {"renderer": type(r).__name__, "fresh_request_ms": round(fresh, 3), "grown_request_ms": round(grown / n * 1e3, 3),
-            "prompt_tokens": len(r.render(chat))}
+    return {
+        "renderer": type(r).__name__,
+        "fresh_request_ms": round(fresh, 3),
+        "grown_request_ms": round(grown / n * 1e3, 3),
+        "prompt_tokens": len(r.render(chat)),
+    }
 
 
 def start_proxy(tmp: Path, model: str = "tiny-qwen3") -> tuple[subprocess.Popen[str], str]:
@@ -284,11 +351,19 @@ def start_proxy(tmp: Path, model: str = "tiny-qwen3") -> tuple[subprocess.Popen[
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = ("from pathlib import Path; from legorl.proxy.server import run_standalone; "
-            f"run_standalone('scripted', {model!r}, '127.0.0.1', {port}, Path({str(tmp / 'out')!r}), "
-            f"Path({str(cfg)!r}))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp / "proxy.log", "w"), text=True, start_new_session=True)
+    code = (
+        "from pathlib import Path; from legorl.proxy.server import run_standalone; "
+        f"run_standalone('scripted', {model!r}, '127.0.0.1', {port}, Path({str(tmp / 'out')!r}), "
+        f"Path({str(cfg)!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "proxy.log", "w"),
+        text=True,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     for _ in range(1200):
         try:
@@ -341,21 +416,31 @@ async def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
                             reset(base, tmp / "out")
                             b = await run_proxy(base, path, body, stream, n, c, proc.pid)
                             reps.append((a, b))
-                            print(f"{dialect:11s} stream={int(stream)} c={c:<3d} direct p50={a['p50_ms']:.2f} "
-                                  f"proxy p50={b['p50_ms']:.2f} p99={b['p99_ms']:.2f} rps={b['rps']:.0f} "
-                                  f"cpu/req={b['proxy_cpu_ms_per_req']:.2f} err={b['errors']}", file=sys.stderr)
+                            print(
+                                f"{dialect:11s} stream={int(stream)} c={c:<3d} direct p50={a['p50_ms']:.2f} "
+                                f"proxy p50={b['p50_ms']:.2f} p99={b['p99_ms']:.2f} rps={b['rps']:.0f} "
+                                f"cpu/req={b['proxy_cpu_ms_per_req']:.2f} err={b['errors']}",
+                                file=sys.stderr,
+                            )
                         med = lambda f, reps=reps: round(statistics.median(f(a, b) for a, b in reps), 3)  # noqa: E731
-                        cells.append({
-                            "dialect": dialect, "stream": stream, "concurrency": c, "n": n, "reps": args.reps,
-                            "prompt_tokens": len(prompt_ids), "body_bytes": len(body),
-                            "added_p50_ms": med(lambda a, b: b["p50_ms"] - a["p50_ms"]),
-                            "added_p99_ms": med(lambda a, b: b["p99_ms"] - a["p99_ms"]),
-                            "direct_p50_ms": med(lambda a, b: a["p50_ms"]),
-                            "proxy_p50_ms": med(lambda a, b: b["p50_ms"]),
-                            "proxy_rps": med(lambda a, b: b["rps"]),
-                            "proxy_cpu_ms_per_req": med(lambda a, b: b["proxy_cpu_ms_per_req"]),
-                            "errors": sum(b["errors"] for _, b in reps),
-                        })
+                        cells.append(
+                            {
+                                "dialect": dialect,
+                                "stream": stream,
+                                "concurrency": c,
+                                "n": n,
+                                "reps": args.reps,
+                                "prompt_tokens": len(prompt_ids),
+                                "body_bytes": len(body),
+                                "added_p50_ms": med(lambda a, b: b["p50_ms"] - a["p50_ms"]),
+                                "added_p99_ms": med(lambda a, b: b["p99_ms"] - a["p99_ms"]),
+                                "direct_p50_ms": med(lambda a, b: a["p50_ms"]),
+                                "proxy_p50_ms": med(lambda a, b: b["p50_ms"]),
+                                "proxy_rps": med(lambda a, b: b["rps"]),
+                                "proxy_cpu_ms_per_req": med(lambda a, b: b["proxy_cpu_ms_per_req"]),
+                                "errors": sum(b["errors"] for _, b in reps),
+                            }
+                        )
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -381,8 +466,15 @@ async def hf_throughput(max_tokens: int) -> dict[str, Any]:
         c16 = await run(engine, prompt, 16, 32, max_tokens)
     finally:
         await engine.close()
-    return {"model": "tiny-qwen3", "max_tokens": max_tokens, "prompt_tokens": len(prompt),
-            "tokens_per_s_c1": c1["tokens_per_s"], "tokens_per_s_c16": c16["tokens_per_s"], "c1": c1, "c16": c16}
+    return {
+        "model": "tiny-qwen3",
+        "max_tokens": max_tokens,
+        "prompt_tokens": len(prompt),
+        "tokens_per_s_c1": c1["tokens_per_s"],
+        "tokens_per_s_c16": c16["tokens_per_s"],
+        "c1": c1,
+        "c16": c16,
+    }
 
 
 def main() -> None:
@@ -393,8 +485,12 @@ def main() -> None:
     ap.add_argument("--dialects", default="openai_chat,anthropic,responses")
     ap.add_argument("--no-hf", action="store_true", help="skip the hf engine throughput")
     ap.add_argument("--quick", action="store_true", help="C=1,64, n=200, one rep, no hf")
-    ap.add_argument("--template", default="bundled", choices=["bundled", "qwen3.5", "qwen3"],
-                    help="chat template served: the bundled models' (hand-written renderer) or a published one")
+    ap.add_argument(
+        "--template",
+        default="bundled",
+        choices=["bundled", "qwen3.5", "qwen3"],
+        help="chat template served: the bundled models' (hand-written renderer) or a published one",
+    )
     args = ap.parse_args()
     if args.quick:
         args.conc, args.n, args.reps, args.no_hf = "1,64", 200, 1, True
@@ -407,9 +503,14 @@ def main() -> None:
     except ImportError:
         run = asyncio.run
     t0 = time.time()
-    out: dict[str, Any] = {"bench": "proxy_overhead", "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
-                           "reply": REPLY, "method": "proxy (own process, standalone, scripted engine, recording) "
-                           "minus in-process engine calls on the same prompt ids; medians over interleaved reps"}
+    out: dict[str, Any] = {
+        "bench": "proxy_overhead",
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+        "reply": REPLY,
+        "method": "proxy (own process, standalone, scripted engine, recording) "
+        "minus in-process engine calls on the same prompt ids; medians over interleaved reps",
+    }
     out["template"] = args.template
     out["overhead"] = run(overhead(args))
     out["render_ms"] = args.render

@@ -53,8 +53,11 @@ from legorl.proxy.config import ProxyConfig  # noqa: E402
 from legorl.proxy.render import Renderer  # noqa: E402
 from legorl.proxy.server import ProxyServer  # noqa: E402
 
-REPLIES = ["Let me look.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"cmd\": \"ls -la\"}}\n</tool_call>",
-           "<think>\nThe file is there.\n</think>\n\nDone: the bug was in parse().", "fine, thanks"]
+REPLIES = [
+    'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>',
+    "<think>\nThe file is there.\n</think>\n\nDone: the bug was in parse().",
+    "fine, thanks",
+]
 
 
 def rss_mb() -> float:
@@ -69,22 +72,27 @@ def make_server(out: Path, **cfg: Any) -> ProxyServer:
 
 # -- fuzz ----------------------------------------------------------------------------------
 
+
 def fuzz(n_total: int) -> dict[str, Any]:
     from hypothesis import HealthCheck, given, settings
 
     out = Path(tempfile.mkdtemp(prefix="legorl-fuzz-"))
     counts = {"requests": 0, "2xx": 0, "4xx": 0, "5xx": 0, "timeouts": 0}
     five: list[str] = []
-    with ThreadedProxy(lambda: make_server(out, max_context=4000)) as tp, \
-            httpx.Client(base_url=tp.srv.base_url, timeout=30) as client:
+    with (
+        ThreadedProxy(lambda: make_server(out, max_context=4000)) as tp,
+        httpx.Client(base_url=tp.srv.base_url, timeout=30) as client,
+    ):
+
         def run_dialect(path: str) -> None:
-            @settings(max_examples=n_total // 3, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+            @settings(max_examples=n_total // 3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             @given(body=BODIES[path]())
             def one(body: Any) -> None:
                 counts["requests"] += 1
                 try:
-                    r = client.post(f"/s/fuzz{path}", content=json.dumps(body), headers={"content-type": "application/json"})
+                    r = client.post(
+                        f"/s/fuzz{path}", content=json.dumps(body), headers={"content-type": "application/json"}
+                    )
                 except httpx.TimeoutException:
                     counts["timeouts"] += 1
                     return
@@ -115,21 +123,30 @@ def _words(rng: random.Random, n_chars: int) -> str:
 def _agent_body(path: str, turn: int, stream: bool) -> dict[str, Any]:
     hist = []
     for i in range(turn):
-        hist += [{"role": "user", "content": f"step {i}: run the tests and fix what fails " * 4},
-                 {"role": "assistant", "content": REPLIES[2]}]
+        hist += [
+            {"role": "user", "content": f"step {i}: run the tests and fix what fails " * 4},
+            {"role": "assistant", "content": REPLIES[2]},
+        ]
     hist.append({"role": "user", "content": f"step {turn}: go on"})
     if path == CHAT:
         return {"model": "m", "stream": stream, "messages": [{"role": "system", "content": "You are an agent."}, *hist]}
     if path == MSGS:
         return {"model": "m", "stream": stream, "max_tokens": 64, "system": "You are an agent.", "messages": hist}
-    return {"model": "m", "stream": stream, "instructions": "You are an agent.",
-            "input": [{"type": "message", **m} for m in hist]}
+    return {
+        "model": "m",
+        "stream": stream,
+        "instructions": "You are an agent.",
+        "input": [{"type": "message", **m} for m in hist],
+    }
 
 
 def _huge_body(path: str, text: str) -> dict[str, Any]:
     half = len(text) // 2  # two messages: each under max_string_chars, so it is tokenised
-    msgs = [{"role": "user", "content": text[:half]}, {"role": "assistant", "content": "ok"},
-            {"role": "user", "content": text[half:]}]
+    msgs = [
+        {"role": "user", "content": text[:half]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": text[half:]},
+    ]
     if path == RESP:
         return {"model": "m", "input": [{"type": "message", **m} for m in msgs]}
     return {"model": "m", "max_tokens": 64, "messages": msgs}
@@ -141,8 +158,10 @@ async def soak(n: int, huge_mb: float) -> dict[str, Any]:
     huge_texts = [_words(random.Random(i), int(huge_mb * 2**20)) for i in range(18)]
     statuses: dict[str, int] = {}
     samples: list[tuple[int, float]] = []
-    async with make_server(out, max_context=32768) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=120, limits=httpx.Limits(max_connections=64)) as c:
+    async with (
+        make_server(out, max_context=32768) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=120, limits=httpx.Limits(max_connections=64)) as c,
+    ):
         kinds = ["agent"] * 80 + ["bad_json"] * 6 + ["deep"] * 4 + ["fresh_refused"] * 10
         # two huge prompts in the warm-up (the allocator's high-water mark), 16 after it
         huge_at = set(rng.sample(range(n // 20, n // 10), 2)) | set(rng.sample(range(n // 10 + 1, n), 16))
@@ -169,7 +188,11 @@ async def soak(n: int, huge_mb: float) -> dict[str, Any]:
                         turn = 0
                     r = await c.post(f"/s/{sid}{path}", json=_agent_body(path, turn, stream=i % 2 == 0))
                 elif kind == "bad_json":
-                    r = await c.post(f"/s/{sid}{path}", content=b'{"model": "m", "messages": [', headers={"content-type": "application/json"})
+                    r = await c.post(
+                        f"/s/{sid}{path}",
+                        content=b'{"model": "m", "messages": [',
+                        headers={"content-type": "application/json"},
+                    )
                 elif kind == "deep":
                     r = await c.post(f"/s/{sid}{path}", content=b'{"model":"m","x":' + b"[" * 400 + b"]" * 400 + b"}")
                 else:  # a fresh key per request, refused: must leave no session behind
@@ -195,12 +218,19 @@ async def soak(n: int, huge_mb: float) -> dict[str, Any]:
         await asyncio.sleep(1.5)  # as for the start: after the last deferred trim
         rss_end = rss_mb()
         cache = getattr(srv.ctx.renderer, "_cache", None)
-        return {"requests": n, "seconds": round(elapsed, 1), "statuses": dict(sorted(statuses.items())),
-                "rss_start_mb": round(rss_start, 1), "rss_end_mb": round(rss_end, 1),
-                "rss_max_mb": max(s[1] for s in samples), "rss_change_pct": round(100 * (rss_end / rss_start - 1), 1),
-                "rss_quiet_samples_mb": [s[1] for s in samples if s[0] >= n // 10 and not s[2]],
-                "rss_samples_with_huge_in_flight_mb": [s[1] for s in samples if s[2]], "open_sessions": len(srv.sessions.open_sessions),
-                "render_cache_mb": round(getattr(cache, "nbytes", 0) / 2**20, 1)}
+        return {
+            "requests": n,
+            "seconds": round(elapsed, 1),
+            "statuses": dict(sorted(statuses.items())),
+            "rss_start_mb": round(rss_start, 1),
+            "rss_end_mb": round(rss_end, 1),
+            "rss_max_mb": max(s[1] for s in samples),
+            "rss_change_pct": round(100 * (rss_end / rss_start - 1), 1),
+            "rss_quiet_samples_mb": [s[1] for s in samples if s[0] >= n // 10 and not s[2]],
+            "rss_samples_with_huge_in_flight_mb": [s[1] for s in samples if s[2]],
+            "open_sessions": len(srv.sessions.open_sessions),
+            "render_cache_mb": round(getattr(cache, "nbytes", 0) / 2**20, 1),
+        }
 
 
 class PacedEngine:
@@ -254,8 +284,10 @@ async def stall(huge_mb: float) -> dict[str, Any]:
     text = _words(random.Random(99), int(huge_mb * 2**20))
     engine = PacedEngine(ScriptedEngine([long_reply], tokenizer()), 0.005)
     cfg = ProxyConfig(port=0, max_tokens=800)
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), standalone=True, out_dir=out) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=300) as c:
+    async with (
+        ProxyServer(cfg, engine, Renderer(tokenizer()), standalone=True, out_dir=out) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=300) as c,
+    ):
 
         async def stream_gaps() -> tuple[float, float]:
             """(max, p99) ms between the stream's chunks."""
@@ -290,10 +322,16 @@ async def stall(huge_mb: float) -> dict[str, Any]:
             during = (worst, max(p99s))
             status, huge_s = await huge_task
             cpu.on = False
-        return {"prompt_mb": huge_mb, "gap_alone_ms": {"max": alone[0], "p99": alone[1]},
-                "gap_during_huge_ms": {"max": during[0], "p99": during[1]},
-                "loop_callback_cpu_max_ms": round(cpu.max_ms, 1), "loop_callback_cpu_max_at": cpu.where,
-                "streams_during_huge": streams, "huge_status": status, "huge_seconds": round(huge_s, 2)}
+        return {
+            "prompt_mb": huge_mb,
+            "gap_alone_ms": {"max": alone[0], "p99": alone[1]},
+            "gap_during_huge_ms": {"max": during[0], "p99": during[1]},
+            "loop_callback_cpu_max_ms": round(cpu.max_ms, 1),
+            "loop_callback_cpu_max_at": cpu.where,
+            "streams_during_huge": streams,
+            "huge_status": status,
+            "huge_seconds": round(huge_s, 2),
+        }
 
 
 def main() -> None:

@@ -58,22 +58,29 @@ def main() -> None:
     summary = asyncio.run(train(cfg, console=Console(stderr=True)))
     total = time.perf_counter() - T_PROCESS
     rep = summary.get("heldout", {})
-    print(json.dumps({
-        "bench": "quickstart",
-        "config": str(args.config),
-        "run_dir": str(out),
-        "seed": cfg.run.seed,
-        "evaluations": rep.get("evaluations"),
-        "gains": rep.get("gains"),
-        "phases_s": {"process_start_and_imports": round(total - rep.get("wall_s", total), 1), **rep.get("phases_s", {})},
-        "gspo_steps": len(summary["steps"]),
-        "wall_s_total": round(total, 1),
-        "within_15_min": total <= 900,
-        "cpu_s": round(cpu_seconds(), 1),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "cores": os.cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "quickstart",
+                "config": str(args.config),
+                "run_dir": str(out),
+                "seed": cfg.run.seed,
+                "evaluations": rep.get("evaluations"),
+                "gains": rep.get("gains"),
+                "phases_s": {
+                    "process_start_and_imports": round(total - rep.get("wall_s", total), 1),
+                    **rep.get("phases_s", {}),
+                },
+                "gspo_steps": len(summary["steps"]),
+                "wall_s_total": round(total, 1),
+                "within_15_min": total <= 900,
+                "cpu_s": round(cpu_seconds(), 1),
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                "cores": os.cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,6 @@ from legorl.sandbox.pool import SandboxPool  # noqa: E402
 from legorl.sandbox.testing import demo_repo  # noqa: E402
 
 
-
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 2)

@@ -48,8 +48,17 @@ def request_bodies_mb(turns: int, start: int, completion: int, tool: int, share:
     words = " ".join(f"w{i}" for i in range(2000))
     text = lambda n: (words * (1 + 4 * n // len(words)))[: 4 * n]  # noqa: E731 - ~4 chars a token
     msgs = [{"role": "system", "content": text(start // 2)}, {"role": "user", "content": text(start // 2)}]
-    tools = [{"type": "function", "function": {"name": f"t{i}", "description": text(100),
-              "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}} for i in range(5)]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"t{i}",
+                "description": text(100),
+                "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+            },
+        }
+        for i in range(5)
+    ]
     session = Session("bench")
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -60,8 +69,17 @@ def request_bodies_mb(turns: int, start: int, completion: int, tool: int, share:
             share_request(session, turn)
         session.turns.append(turn)
         msgs = msgs + [
-            {"role": "assistant", "content": text(completion // 2), "tool_calls": [
-                {"id": f"c{i}", "type": "function", "function": {"name": "t0", "arguments": orjson.dumps({"x": text(completion // 2)}).decode()}}]},
+            {
+                "role": "assistant",
+                "content": text(completion // 2),
+                "tool_calls": [
+                    {
+                        "id": f"c{i}",
+                        "type": "function",
+                        "function": {"name": "t0", "arguments": orjson.dumps({"x": text(completion // 2)}).decode()},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": f"c{i}", "content": text(tool)},
         ]
     held = tracemalloc.get_traced_memory()[0] - base
@@ -93,8 +111,17 @@ def main() -> None:
     trim_s = 0.0
     for i in range(args.turns):
         end = prompt_len + args.completion
-        turn = Turn("bench", i, Dialect.OPENAI_CHAT, ids[:prompt_len], ids[prompt_len:end], [0.0] * args.completion,
-                    FinishReason.STOP, {}, routed_experts=as_routing(full_T_L_K[:end].copy()))
+        turn = Turn(
+            "bench",
+            i,
+            Dialect.OPENAI_CHAT,
+            ids[:prompt_len],
+            ids[prompt_len:end],
+            [0.0] * args.completion,
+            FinishReason.STOP,
+            {},
+            routed_experts=as_routing(full_T_L_K[:end].copy()),
+        )
         untrimmed += turn.routed_experts.nbytes
         rows_reported += end
         t0 = time.perf_counter()
@@ -107,19 +134,28 @@ def main() -> None:
     seg = traj.segments[0].routed_experts
     assert len(traj.segments) == 1 and seg is not None and np.array_equal(seg, full_T_L_K[: len(seg)])
     mb = 1 << 20
-    print(json.dumps({
-        "turns": args.turns, "final_context_tokens": len(seg), "layers": args.layers, "top_k": args.top_k,
-        "nested_lists_gb": round(rows_reported * list_bytes_per_row / (1 << 30), 2),
-        "arrays_untrimmed_mb": round(untrimmed / mb, 1),
-        "arrays_trimmed_mb": round(kept / mb, 1),
-        "segment_mb": round(seg.nbytes / mb, 1),
-        "segment_matches_engine_routing": True,
-        "trim_ms_per_turn": round(trim_s / args.turns * 1000, 2),
-        "request_bodies_mb": {
-            "kept_as_parsed": request_bodies_mb(args.turns, args.start, args.completion, args.tool, share=False),
-            "shared": request_bodies_mb(args.turns, args.start, args.completion, args.tool, share=True),
-        },
-    }))
+    print(
+        json.dumps(
+            {
+                "turns": args.turns,
+                "final_context_tokens": len(seg),
+                "layers": args.layers,
+                "top_k": args.top_k,
+                "nested_lists_gb": round(rows_reported * list_bytes_per_row / (1 << 30), 2),
+                "arrays_untrimmed_mb": round(untrimmed / mb, 1),
+                "arrays_trimmed_mb": round(kept / mb, 1),
+                "segment_mb": round(seg.nbytes / mb, 1),
+                "segment_matches_engine_routing": True,
+                "trim_ms_per_turn": round(trim_s / args.turns * 1000, 2),
+                "request_bodies_mb": {
+                    "kept_as_parsed": request_bodies_mb(
+                        args.turns, args.start, args.completion, args.tool, share=False
+                    ),
+                    "shared": request_bodies_mb(args.turns, args.start, args.completion, args.tool, share=True),
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,16 +35,35 @@ from legorl.types import AlignmentStats, Outcome, Segment, Status, Trajectory
 def probe_config(kind: str, small: bool):
     """Exactly trainer_probe.build's configs."""
     if kind == "dense":
-        return AutoConfig.for_model("qwen3", vocab_size=32000, hidden_size=128 if small else 2048,
-            intermediate_size=256 if small else 6144, num_hidden_layers=2 if small else 16,
-            num_attention_heads=4 if small else 16, num_key_value_heads=2 if small else 8,
-            head_dim=32 if small else 128, max_position_embeddings=8192, tie_word_embeddings=False)  # fmt: skip
-    return AutoConfig.for_model("qwen3_moe", vocab_size=32000, hidden_size=128 if small else 1024,
-        intermediate_size=256 if small else 2048, moe_intermediate_size=64 if small else 512,
-        num_hidden_layers=2 if small else 12, num_attention_heads=4 if small else 16,
-        num_key_value_heads=2 if small else 4, head_dim=32 if small else 64, num_experts=8 if small else 64,
-        num_experts_per_tok=2 if small else 8, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=8192, tie_word_embeddings=False)  # fmt: skip
+        return AutoConfig.for_model(
+            "qwen3",
+            vocab_size=32000,
+            hidden_size=128 if small else 2048,
+            intermediate_size=256 if small else 6144,
+            num_hidden_layers=2 if small else 16,
+            num_attention_heads=4 if small else 16,
+            num_key_value_heads=2 if small else 8,
+            head_dim=32 if small else 128,
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+        )
+    return AutoConfig.for_model(
+        "qwen3_moe",
+        vocab_size=32000,
+        hidden_size=128 if small else 1024,
+        intermediate_size=256 if small else 2048,
+        moe_intermediate_size=64 if small else 512,
+        num_hidden_layers=2 if small else 12,
+        num_attention_heads=4 if small else 16,
+        num_key_value_heads=2 if small else 4,
+        head_dim=32 if small else 64,
+        num_experts=8 if small else 64,
+        num_experts_per_tok=2 if small else 8,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
 
 
 def active_params(m: torch.nn.Module) -> tuple[int, int]:
@@ -69,8 +88,15 @@ def synthetic(m: torch.nn.Module, B: int, T: int, seed: int) -> list[Trajectory]
         if experts:
             routing = torch.rand(T, layers, experts, generator=g).topk(k, dim=-1).indices.tolist()
         seg = Segment([0], ids, [0] * prompt + [1] * (T - prompt), [0.0] * prompt + [-2.0] * (T - prompt), [0], routing)
-        out.append(Trajectory(f"s{i}", [seg], AlignmentStats(), instance_id=f"task{i // 4}",
-                              outcome=Outcome(float(i % 4) / 3, Status.FAILED)))  # fmt: skip
+        out.append(
+            Trajectory(
+                f"s{i}",
+                [seg],
+                AlignmentStats(),
+                instance_id=f"task{i // 4}",
+                outcome=Outcome(float(i % 4) / 3, Status.FAILED),
+            )
+        )
     return out
 
 
@@ -99,10 +125,16 @@ def naive_step_time(m: torch.nn.Module, B: int, T: int, device: str, steps: int,
 
 
 def legorl_step_time(m: torch.nn.Module, B: int, T: int, args: argparse.Namespace) -> tuple[float, dict]:
-    cfg = TrainerConfig(device=args.device, dtype=args.dtype, lr=1e-6, logprob_chunk=args.chunk,
-                        master_weights_fp32=args.master_fp32,
-                        max_tokens_per_microbatch=args.microbatch_tokens, experts_implementation=None,
-                        attn_implementation=m.config._attn_implementation)  # fmt: skip
+    cfg = TrainerConfig(
+        device=args.device,
+        dtype=args.dtype,
+        lr=1e-6,
+        logprob_chunk=args.chunk,
+        master_weights_fp32=args.master_fp32,
+        max_tokens_per_microbatch=args.microbatch_tokens,
+        experts_implementation=None,
+        attn_implementation=m.config._attn_implementation,
+    )
     trainer = Trainer(cfg, lm=m)
     trajs = synthetic(m, B, T, seed=0)
     times, metrics = [], {}
@@ -119,8 +151,16 @@ def legorl_step_time(m: torch.nn.Module, B: int, T: int, args: argparse.Namespac
 def row(kind: str, pipeline: str, m: torch.nn.Module, B: int, T: int, t: float, device: str) -> dict:
     total, active = active_params(m)
     tok = B * T
-    r = {"kind": kind, "pipeline": pipeline, "params_M": round(total / 1e6, 2), "active_M": round(active / 1e6, 2),
-         "B": B, "T": T, "step_s": round(t, 4), "tokens_per_s": round(tok / t)}  # fmt: skip
+    r = {
+        "kind": kind,
+        "pipeline": pipeline,
+        "params_M": round(total / 1e6, 2),
+        "active_M": round(active / 1e6, 2),
+        "B": B,
+        "T": T,
+        "step_s": round(t, 4),
+        "tokens_per_s": round(tok / t),
+    }
     if device.startswith("cuda"):
         flops = 6 * active * tok
         r["mfu_vs_989"] = round(flops / t / 989e12, 4)
@@ -141,9 +181,12 @@ def main() -> None:
     ap.add_argument("--microbatch-tokens", type=int, default=16384)
     ap.add_argument("--experts", default="", help="experts_implementation for MoE (e.g. grouped_mm)")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--master-fp32", action="store_true",
-                    help="bf16 with fp32 master weights (FSDP2 mixed precision, what a real run uses); "
-                         "default: train the bf16 parameters directly, as the naive probe does")  # fmt: skip
+    ap.add_argument(
+        "--master-fp32",
+        action="store_true",
+        help="bf16 with fp32 master weights (FSDP2 mixed precision, what a real run uses); "
+        "default: train the bf16 parameters directly, as the naive probe does",
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -151,9 +194,15 @@ def main() -> None:
     args.dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     dtype = getattr(torch, args.dtype)
     B, T = (2, 64) if small else (8, 2048)
-    out = {"torch": torch.__version__, "transformers": transformers.__version__, "device": args.device,
-           "dtype": args.dtype, "master_weights_fp32": bool(args.master_fp32 and args.dtype == "bfloat16"),
-           "size": "cpu" if small else "gpu", "rows": []}  # fmt: skip
+    out = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": args.device,
+        "dtype": args.dtype,
+        "master_weights_fp32": bool(args.master_fp32 and args.dtype == "bfloat16"),
+        "size": "cpu" if small else "gpu",
+        "rows": [],
+    }
     if args.device.startswith("cuda"):
         out["gpu"] = torch.cuda.get_device_name()
     models: list[tuple[str, Callable[[str], torch.nn.Module]]] = []

@@ -54,11 +54,22 @@ def main() -> None:
     for kind in args.kinds.split(","):
         for head_fp32 in (True, False):
             torch.manual_seed(0)
-            m = AutoModelForCausalLM.from_config(tb.probe_config(kind, small), dtype=torch.bfloat16,
-                                                 attn_implementation=varlen.register()).to(args.device).train()  # fmt: skip
-            cfg = TrainerConfig(device=args.device, dtype="bfloat16", lr=1e-6, logprob_chunk=4096,
-                                max_tokens_per_microbatch=B * T, lm_head_fp32=head_fp32,
-                                attn_implementation=varlen.NAME)  # fmt: skip
+            m = (
+                AutoModelForCausalLM.from_config(
+                    tb.probe_config(kind, small), dtype=torch.bfloat16, attn_implementation=varlen.register()
+                )
+                .to(args.device)
+                .train()
+            )
+            cfg = TrainerConfig(
+                device=args.device,
+                dtype="bfloat16",
+                lr=1e-6,
+                logprob_chunk=4096,
+                max_tokens_per_microbatch=B * T,
+                lm_head_fp32=head_fp32,
+                attn_implementation=varlen.NAME,
+            )
             trainer = Trainer(cfg, lm=m)
             trajs = tb.synthetic(m, B, T, seed=0)
             for _ in range(2):
@@ -70,8 +81,12 @@ def main() -> None:
                 trainer.step(trajs)
                 tb.sync(args.device)
                 times.append(time.perf_counter() - t0)
-            row = {"kind": kind, "lm_head_fp32": head_fp32, "step_s": round(sorted(times)[len(times) // 2], 4),
-                   "tokens_per_s": round(B * T / sorted(times)[len(times) // 2])}  # fmt: skip
+            row = {
+                "kind": kind,
+                "lm_head_fp32": head_fp32,
+                "step_s": round(sorted(times)[len(times) // 2], 4),
+                "tokens_per_s": round(B * T / sorted(times)[len(times) // 2]),
+            }
             if head_fp32:
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
                 with profile(activities=acts) as prof:

@@ -43,12 +43,18 @@ def ensure_run(run_dir: Path, n: int) -> dict[str, float]:
         write_demo_run(store, steps=math.ceil(n / (TASKS * GROUP)), tasks=TASKS, group_size=GROUP, seed=0)
         dt = time.perf_counter() - t0
         info = store.run_info()
-        out.update(write_seconds=round(dt, 1), turns_written_per_s=round(info["turns"] / dt, 1),
-                   sessions_written_per_s=round(info["trajectories"] / dt, 1))
+        out.update(
+            write_seconds=round(dt, 1),
+            turns_written_per_s=round(info["turns"] / dt, 1),
+            sessions_written_per_s=round(info["trajectories"] / dt, 1),
+        )
     info = store.run_info()
     store.close()
-    out.update(trajectories=info["trajectories"], turns=info["turns"],
-               store_mb=round(sum(p.stat().st_size for p in run_dir.glob("run.sqlite*")) / 2**20, 1))
+    out.update(
+        trajectories=info["trajectories"],
+        turns=info["turns"],
+        store_mb=round(sum(p.stat().st_size for p in run_dir.glob("run.sqlite*")) / 2**20, 1),
+    )
     return out
 
 
@@ -66,8 +72,11 @@ def timed(client: httpx.Client, paths: list[str]) -> dict[str, float]:
         ms.append((time.perf_counter() - t0) * 1000)
         if r.status_code != 200:
             raise SystemExit(f"error: GET {p} -> {r.status_code} {r.text[:200]}")
-    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2),
-            "n": len(ms)}
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "n": len(ms),
+    }
 
 
 def main() -> None:
@@ -80,8 +89,14 @@ def main() -> None:
 
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-c", f"from legorl.monitor.ui.server import serve_ui; serve_ui({str(args.dir)!r}, '127.0.0.1', {port})"],
-        stdout=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            f"from legorl.monitor.ui.server import serve_ui; serve_ui({str(args.dir)!r}, '127.0.0.1', {port})",
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}/", timeout=30)
         deadline = time.monotonic() + 60
@@ -100,12 +115,20 @@ def main() -> None:
         n = args.requests
         client.get("api/trajectories")  # warm the server's thread pool connections
         result["list_first_page"] = timed(client, ["api/trajectories?limit=50"] * n)
-        result["list_deep_page"] = timed(client, [f"api/trajectories?limit=50&cursor={rng.randint(1, len(sids))}"
-                                                  for _ in range(n)])
-        result["list_filtered"] = timed(client, [f"api/trajectories?limit=50&status=resolved&harness=opencode&step="
-                                                 f"{rng.randint(0, 70)}" for _ in range(n)])
-        result["list_search"] = timed(client, [f"api/trajectories?limit=50&q={w}" for w in
-                                               rng.choices(["cright", "pytest", "separable", "setup.cfg"], k=n)])
+        result["list_deep_page"] = timed(
+            client, [f"api/trajectories?limit=50&cursor={rng.randint(1, len(sids))}" for _ in range(n)]
+        )
+        result["list_filtered"] = timed(
+            client,
+            [f"api/trajectories?limit=50&status=resolved&harness=opencode&step={rng.randint(0, 70)}" for _ in range(n)],
+        )
+        result["list_search"] = timed(
+            client,
+            [
+                f"api/trajectories?limit=50&q={w}"
+                for w in rng.choices(["cright", "pytest", "separable", "setup.cfg"], k=n)
+            ],
+        )
         result["trajectory"] = timed(client, [f"api/trajectories/{s}" for s in rng.choices(sids, k=n)])
         result["metrics_all"] = timed(client, ["api/metrics"] * max(n // 10, 5))
     finally:

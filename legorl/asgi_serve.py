@@ -38,8 +38,9 @@ def bind_tcp(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as e:
         sock.close()
-        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror} (is another server running? "
-                               "use another --port)") from e
+        raise OSError(
+            e.errno, f"cannot listen on {host}:{port}: {e.strerror} (is another server running? use another --port)"
+        ) from e
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -49,8 +50,15 @@ class LoopServer:
     """`await start()` / `await stop()` a uvicorn server for `app` on `sock`."""
 
     def __init__(self, app: Any, sock: socket.socket, *, what: str, **config: Any) -> None:
-        options: dict[str, Any] = dict(lifespan="off", log_level="warning", access_log=False, loop="none",
-                                       server_header=False, date_header=False, timeout_graceful_shutdown=5)
+        options: dict[str, Any] = dict(
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            loop="none",
+            server_header=False,
+            date_header=False,
+            timeout_graceful_shutdown=5,
+        )
         options.update(config)
         self.sock = sock
         self.what = what
@@ -77,8 +85,14 @@ class LoopServer:
 
 def _error_response(status: bytes, message: str, code: str) -> bytes:
     body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\ncontent-length: "
-            + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body)
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(body)).encode()
+        + b"\r\nconnection: close\r\n\r\n"
+        + body
+    )
 
 
 def guarded_httptools(header_timeout_s: float) -> type[asyncio.Protocol] | None:
@@ -119,14 +133,20 @@ def guarded_httptools(header_timeout_s: float) -> type[asyncio.Protocol] | None:
         def _head_timeout(self) -> None:
             self._head_timer = None
             if not self.transport.is_closing():
-                self.transport.write(_error_response(
-                    b"408 Request Timeout", f"the request line and headers did not arrive within "
-                    f"{header_timeout_s:g} s (proxy setting `header_timeout_s`)", "header_timeout"))
+                self.transport.write(
+                    _error_response(
+                        b"408 Request Timeout",
+                        f"the request line and headers did not arrive within "
+                        f"{header_timeout_s:g} s (proxy setting `header_timeout_s`)",
+                        "header_timeout",
+                    )
+                )
                 self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            self.transport.write(_error_response(b"400 Bad Request", f"malformed HTTP request: {msg}",
-                                                 "bad_http_request"))
+            self.transport.write(
+                _error_response(b"400 Bad Request", f"malformed HTTP request: {msg}", "bad_http_request")
+            )
             self.transport.close()
 
     return GuardedHttpTools

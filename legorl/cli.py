@@ -158,8 +158,9 @@ def eval_(
 
     from legorl.loop.evaluate import evaluate
 
-    summary = asyncio.run(evaluate(_run_config(config), split=split, endpoint=endpoint, api_key=api_key,
-                                   k=k, limit=limit, out=out))
+    summary = asyncio.run(
+        evaluate(_run_config(config), split=split, endpoint=endpoint, api_key=api_key, k=k, limit=limit, out=out)
+    )
     typer.echo(json.dumps({k_: v for k_, v in summary.items() if k_ != "per_task"}))
 
 
@@ -183,8 +184,20 @@ def rollout(
     from legorl.loop.rollout_cli import run_one
 
     cfg = _run_config(config)
-    line = asyncio.run(run_one(cfg, tasks, instance, harness=harness, command_file=command_file, engine=engine,
-                               model=model, sandbox=sandbox, max_turns=max_turns, out=out))
+    line = asyncio.run(
+        run_one(
+            cfg,
+            tasks,
+            instance,
+            harness=harness,
+            command_file=command_file,
+            engine=engine,
+            model=model,
+            sandbox=sandbox,
+            max_turns=max_turns,
+            out=out,
+        )
+    )
     typer.echo(line)
 
 

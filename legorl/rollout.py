@@ -106,15 +106,26 @@ async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
 
 
 async def _agent_stage(
-    task: Task, harness: Harness, backend: Backend, image: str, cfg: RolloutConfig, proxy_socket: str | None,
-    host_proxy_url: str | None, timings: dict[str, float],
+    task: Task,
+    harness: Harness,
+    backend: Backend,
+    image: str,
+    cfg: RolloutConfig,
+    proxy_socket: str | None,
+    host_proxy_url: str | None,
+    timings: dict[str, float],
 ) -> tuple[AgentRun, str, Outcome | None]:
     """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
     on_host = isinstance(harness, HostHarness)  # its process is beside the sandbox: no socket, no mounts
     # A native harness brings its installation as read-only layers (legorl/harness/install.py).
     mounts = dict(harness.readonly_mounts) if isinstance(harness, InstalledHarness) and not on_host else {}
-    spec = SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir,
-                       proxy_socket=None if on_host else proxy_socket, readonly_mounts=mounts)  # fmt: skip
+    spec = SandboxSpec(
+        image=image,
+        limits=cfg.limits,
+        workdir=cfg.repo_dir,
+        proxy_socket=None if on_host else proxy_socket,
+        readonly_mounts=mounts,
+    )
     t0 = time.monotonic()
     try:
         sb: Sandbox = await backend.start(spec)
@@ -130,7 +141,9 @@ async def _agent_stage(
             timings["harness_s"] = time.monotonic() - t1
         except SandboxError as exc:
             if cause := await _lost(sb, exc):  # killed from outside / backend gone: never the agent's
-                raise _Infra(Status.INFRA_ERROR, f"sandbox lost during the agent stage ({cause}): {exc}", cause) from None
+                raise _Infra(
+                    Status.INFRA_ERROR, f"sandbox lost during the agent stage ({cause}): {exc}", cause
+                ) from None
             if await _probe(backend, image, cfg.repo_dir):  # the machinery works: the agent broke its sandbox
                 run = AgentRun(exit_code=-1, details={"error": str(exc)})
                 return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
@@ -177,8 +190,13 @@ async def run_rollout(
         run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url, timings)
     except _Infra as exc:  # retried by the caller (RolloutWorker) in a fresh sandbox and session
         errors = [f"{exc.status.value}: {exc}"]
-        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=[exc.flag] if exc.flag else [],
-                          evidence={"cause": exc.flag or exc.status.value, "errors": errors})  # fmt: skip
+        outcome = Outcome(
+            0.0,
+            Status.INFRA_ERROR,
+            masked=True,
+            flags=[exc.flag] if exc.flag else [],
+            evidence={"cause": exc.flag or exc.status.value, "errors": errors},
+        )
         return RolloutResult(task.instance_id, harness.name, outcome, timings={"agent_s": time.monotonic() - t0})
     timings["agent_s"] = time.monotonic() - t0
     assert run is not None

@@ -118,8 +118,9 @@ def _segment_for(turn: Turn, segments: list[Segment], prev_seg: int | None) -> i
         return prev_seg
     best: int | None = None
     for k, seg in enumerate(segments):
-        if (best is None or len(seg.token_ids) > len(segments[best].token_ids)) and extends(turn.prompt_ids,
-                                                                                             seg.token_ids):
+        if (best is None or len(seg.token_ids) > len(segments[best].token_ids)) and extends(
+            turn.prompt_ids, seg.token_ids
+        ):
             best = k
     return best
 
@@ -184,11 +185,17 @@ def delivered(turns: list[Turn], traj: Trajectory) -> dict[str, float | int]:
             if t is None:
                 continue
             n, m = len(t.prompt_ids), len(t.completion_ids)
-            placed[i] = (seg.token_ids[n : n + m] == list(t.completion_ids) and all(seg.loss_mask[n : n + m])
-                         and seg.token_ids[:n] == list(t.prompt_ids))
+            placed[i] = (
+                seg.token_ids[n : n + m] == list(t.completion_ids)
+                and all(seg.loss_mask[n : n + m])
+                and seg.token_ids[:n] == list(t.prompt_ids)
+            )
     policy = [t for t in turns if not t.side_call]
     total = sum(len(t.completion_ids) for t in policy)
     got = sum(len(t.completion_ids) for t in policy if placed.get(t.index))
-    return {"policy_tokens": total, "delivered_tokens": got,
-            "side_tokens": sum(len(t.completion_ids) for t in turns if t.side_call),
-            "fraction": round(got / total, 6) if total else 1.0}
+    return {
+        "policy_tokens": total,
+        "delivered_tokens": got,
+        "side_tokens": sum(len(t.completion_ids) for t in turns if t.side_call),
+        "fraction": round(got / total, 6) if total else 1.0,
+    }

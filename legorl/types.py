@@ -92,9 +92,7 @@ class Status(enum.StrEnum):
         return self in INFRA_STATUSES
 
 
-INFRA_STATUSES = frozenset(
-    {Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR, Status.GRADER_ERROR, Status.INFRA_ERROR}
-)
+INFRA_STATUSES = frozenset({Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR, Status.GRADER_ERROR, Status.INFRA_ERROR})
 
 
 @dataclass(frozen=True)

@@ -58,13 +58,20 @@ def run_config(s: Setup) -> RunConfig:
         engine["options"] = {"tasks": str(TASKS_FILE), **(s.engine_options or {})}
     elif s.engine == "hf":
         engine["seed"] = 0
-    return RunConfig.model_validate({
-        "engine": engine,
-        "proxy": {"port": 0, "max_tokens": s.max_tokens, "max_context": s.max_context, "request_timeout_s": 300},
-        "sandbox": {"backend": s.backend, "agent_timeout_s": s.timeout_s, "retries": 0, "cpus": 2.0,
-                    "memory_mb": 3072},
-        "harness": {"name": s.harness, "max_turns": s.max_turns, "options": s.options or {}},
-    })
+    return RunConfig.model_validate(
+        {
+            "engine": engine,
+            "proxy": {"port": 0, "max_tokens": s.max_tokens, "max_context": s.max_context, "request_timeout_s": 300},
+            "sandbox": {
+                "backend": s.backend,
+                "agent_timeout_s": s.timeout_s,
+                "retries": 0,
+                "cpus": 2.0,
+                "memory_mb": 3072,
+            },
+            "harness": {"name": s.harness, "max_turns": s.max_turns, "options": s.options or {}},
+        }
+    )
 
 
 async def rollouts(s: Setup, tasks: list[Task], engine: Any = None) -> list[RolloutRecord]:
@@ -94,10 +101,15 @@ def prompt_window_between(rec: RolloutRecord, turn: int) -> int:
 
 def summary(rec: RolloutRecord) -> dict[str, Any]:
     o = rec.trajectory.outcome
-    return {"status": o.status.value if o else None, "reward": o.reward if o else None,
-            "turns": len(rec.turns), "segments": len(rec.trajectory.segments),
-            "side": rec.trajectory.side_turns, "agent": rec.result.agent.details if rec.result.agent else None,
-            "stderr": rec.result.agent.stderr_tail[-800:] if rec.result.agent else None}
+    return {
+        "status": o.status.value if o else None,
+        "reward": o.reward if o else None,
+        "turns": len(rec.turns),
+        "segments": len(rec.trajectory.segments),
+        "side": rec.trajectory.side_turns,
+        "agent": rec.result.agent.details if rec.result.agent else None,
+        "stderr": rec.result.agent.stderr_tail[-800:] if rec.result.agent else None,
+    }
 
 
 def check_recorded(rec: RolloutRecord) -> None:

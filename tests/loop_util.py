@@ -68,5 +68,6 @@ zero_variance_groups = "keep"  # train every step even if a group's rewards happ
 
 def train(config: Path, launcher: list[str] = LEGORL) -> subprocess.CompletedProcess[str]:
     """`<launcher> train <config>` in the config's directory, output captured."""
-    return subprocess.run([*launcher, "train", str(config)], cwd=config.parent, capture_output=True, text=True,
-                          timeout=900, check=False)
+    return subprocess.run(
+        [*launcher, "train", str(config)], cwd=config.parent, capture_output=True, text=True, timeout=900, check=False
+    )

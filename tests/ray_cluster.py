@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # `ray start` with the loopback node address kept as given (see the module docstring)
-_LOOPBACK_START = ("import sys, ray._private.services as s; s.resolve_ip_for_localhost = lambda h: h; "
-                   "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()")  # fmt: skip
+_LOOPBACK_START = (
+    "import sys, ray._private.services as s; s.resolve_ip_for_localhost = lambda h: h; "
+    "from ray.scripts.scripts import main; sys.argv[0] = 'ray'; main()"
+)
 
 
 WORKER_PORTS = 40  # per node: one per Ray worker process it may start
@@ -120,18 +122,34 @@ class LocalCluster:
 def _node_args(ports: PortBlock, temp_dir: Path, num_cpus: float, resources: dict[str, float]) -> list[str]:
     nm, om, agent, agent_grpc, env_agent, metrics = (ports.take() for _ in range(6))
     wmin = ports.take(WORKER_PORTS)
-    return [f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources)}", "--node-ip-address=127.0.0.1",
-            f"--node-manager-port={nm}", f"--object-manager-port={om}", f"--dashboard-agent-listen-port={agent}",
-            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={env_agent}",
-            f"--metrics-export-port={metrics}", f"--min-worker-port={wmin}",
-            f"--max-worker-port={wmin + WORKER_PORTS - 1}", "--disable-usage-stats", "--block",
-            f"--temp-dir={temp_dir}", "--object-store-memory=80000000"]  # fmt: skip
+    return [
+        f"--num-cpus={num_cpus}",
+        f"--resources={json.dumps(resources)}",
+        "--node-ip-address=127.0.0.1",
+        f"--node-manager-port={nm}",
+        f"--object-manager-port={om}",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={env_agent}",
+        f"--metrics-export-port={metrics}",
+        f"--min-worker-port={wmin}",
+        f"--max-worker-port={wmin + WORKER_PORTS - 1}",
+        "--disable-usage-stats",
+        "--block",
+        f"--temp-dir={temp_dir}",
+        "--object-store-memory=80000000",
+    ]
 
 
 def _start(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-c", _LOOPBACK_START, "start", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-c", _LOOPBACK_START, "start", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
 
 
 def wait_started(node: RayNode, timeout: float = 180.0) -> None:
@@ -156,8 +174,14 @@ def ray_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": _TOKEN, **extra}
 
 
-def start_cluster(stack: ExitStack, head: dict[str, float], workers: list[dict[str, float]], *,
-                  head_cpus: float = 1, worker_cpus: float = 2) -> LocalCluster:  # fmt: skip
+def start_cluster(
+    stack: ExitStack,
+    head: dict[str, float],
+    workers: list[dict[str, float]],
+    *,
+    head_cpus: float = 1,
+    worker_cpus: float = 2,
+) -> LocalCluster:
     """A head with `head` custom resources and one node per entry of `workers`; all nodes are
     killed when `stack` closes. The temp dir is short: Ray's unix sockets live under it."""
     temp_dir = Path(tempfile.mkdtemp(prefix="lr-ray-", dir="/tmp"))
@@ -174,8 +198,13 @@ def start_cluster(stack: ExitStack, head: dict[str, float], workers: list[dict[s
     stack.callback(stop)
     env = ray_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # the head: single-machine mode, loopback
     log = temp_dir / "head.log"
-    args = ["--head", f"--port={gcs}", f"--ray-client-server-port={ports.take()}", "--include-dashboard=false",
-            *_node_args(ports, temp_dir, head_cpus, head)]  # fmt: skip
+    args = [
+        "--head",
+        f"--port={gcs}",
+        f"--ray-client-server-port={ports.take()}",
+        "--include-dashboard=false",
+        *_node_args(ports, temp_dir, head_cpus, head),
+    ]
     cluster.nodes.append(RayNode(_start(args, log, env), log, head))
     wait_started(cluster.nodes[0])
     for i, res in enumerate(workers):

@@ -12,9 +12,9 @@ import pytest
 
 from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, RolloutResult, run_rollout
+from legorl.sandbox import open_backend
 from legorl.sandbox.base import Limits
 from legorl.tasks.image import TaskImages
-from legorl.sandbox import open_backend
 from legorl.tasks.loader import load_shipped
 from legorl.types import Task
 

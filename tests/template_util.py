@@ -51,8 +51,11 @@ def qwen_tokenizer(chat_template: str):
 
     d = _qwen_dir()
     vocab = json.loads((d / "vocab.json").read_text())
-    merges = [tuple(line.split(" ")) for line in (d / "merges.txt").read_text().splitlines()
-              if line and not line.startswith("#version")]
+    merges = [
+        tuple(line.split(" "))
+        for line in (d / "merges.txt").read_text().splitlines()
+        if line and not line.startswith("#version")
+    ]
     tok = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None, eos_token=None, pad_token=None)
     _add(tok, "qwen3_added.json", check_ids=True)
     tok.eos_token, tok.pad_token = "<|im_end|>", "<|endoftext|>"

@@ -64,7 +64,9 @@ def test_grading_self_test_catches_a_broken_task(tmp_path) -> None:
     row = json.loads((shipped_tasks_dir() / "train.jsonl").read_text().splitlines()[0])
     row["repo_path"] = str((shipped_tasks_dir() / row["repo_path"]).resolve())
     # a well-formed "gold" patch that fixes nothing
-    row["patch"] = "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+note\n"
+    row["patch"] = (
+        "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+note\n"
+    )
     (tmp_path / "broken.jsonl").write_text(json.dumps(row) + "\n")
     cfg = _cfg(run={"tasks": str(tmp_path / "broken.jsonl"), "split": None})
     res = run_one(grading_check(cfg))
@@ -77,14 +79,34 @@ def test_grading_self_test_catches_a_broken_task(tmp_path) -> None:
 def test_doctor_cli_exit_codes(tmp_path) -> None:
     good = tmp_path / "good.toml"
     good.write_text(f'[run]\ndir = "{tmp_path / "run"}"\n[harness]\nname = "command"\ncommand_file = "/bin/true"\n')
-    ok = subprocess.run([sys.executable, "-m", "legorl.cli", "doctor", "--config", str(good),
-                         "--skip", "grading self-test", "--skip", "free disk and memory"],
-                        capture_output=True, text=True, timeout=900)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legorl.cli",
+            "doctor",
+            "--config",
+            str(good),
+            "--skip",
+            "grading self-test",
+            "--skip",
+            "free disk and memory",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert ok.returncode == 0, ok.stdout[-3000:]
     assert "all 7 checks passed" in ok.stdout
     bad = tmp_path / "bad.toml"
-    bad.write_text(good.read_text() + f'[engine]\nkind = "vllm"\nurl = "http://127.0.0.1:{_closed_port()}"\n'
-                   'request_timeout_s = 5\n')
-    res = subprocess.run([sys.executable, "-m", "legorl.cli", "doctor", "--config", str(bad),
-                          "--skip", "grading self-test"], capture_output=True, text=True, timeout=900)
+    bad.write_text(
+        good.read_text() + f'[engine]\nkind = "vllm"\nurl = "http://127.0.0.1:{_closed_port()}"\n'
+        "request_timeout_s = 5\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "legorl.cli", "doctor", "--config", str(bad), "--skip", "grading self-test"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert res.returncode == 1 and "engine answers" in res.stdout and "start the vllm" in res.stdout

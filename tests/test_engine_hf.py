@@ -81,11 +81,16 @@ async def test_seeded_sampling_is_reproducible(dense: HFEngine) -> None:
 @pytest.mark.parametrize("which", ["dense", "moe"])
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=1.0, max_tokens=20, seed=5), SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=20, seed=6),
-     SamplingParams(temperature=0.0, max_tokens=20)],
+    [
+        SamplingParams(temperature=1.0, max_tokens=20, seed=5),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=50, max_tokens=20, seed=6),
+        SamplingParams(temperature=0.0, max_tokens=20),
+    ],
     ids=["t1", "t0.7-p0.9-k50", "greedy"],
 )
-async def test_logprobs_equal_a_fresh_full_forward(request: pytest.FixtureRequest, which: str, params: SamplingParams) -> None:
+async def test_logprobs_equal_a_fresh_full_forward(
+    request: pytest.FixtureRequest, which: str, params: SamplingParams
+) -> None:
     engine: HFEngine = request.getfixturevalue(which)
     gens = await asyncio.gather(*[engine.generate(p, params) for p in PROMPTS])  # batched, padded
     rollout, recomputed = [], []

@@ -127,7 +127,11 @@ class FakeServer:
                 return JSONResponse(fixture("sglang_error_context_length.json"), status_code=400)
             return err
         if body.get("stream"):
-            name = "sglang_generate_stream_incremental.json" if self.mode == "incremental" else "sglang_generate_stream.json"
+            name = (
+                "sglang_generate_stream_incremental.json"
+                if self.mode == "incremental"
+                else "sglang_generate_stream.json"
+            )
             chunks = fixture(name)
             if self.mode == "no_finish":
                 chunks = chunks[:-1]
@@ -137,7 +141,14 @@ class FakeServer:
     async def control(self, request: Request) -> Response:
         await self._record(request)
         if self.mode == "update_fails":
-            return JSONResponse({"success": False, "message": "Failed to get weights iterator: no safetensors found", "num_paused_requests": 0}, status_code=400)
+            return JSONResponse(
+                {
+                    "success": False,
+                    "message": "Failed to get weights iterator: no safetensors found",
+                    "num_paused_requests": 0,
+                },
+                status_code=400,
+            )
         if request.url.path == "/update_weights_from_disk":
             return JSONResponse(fixture("sglang_update_weights_from_disk.json"))
         if request.url.path == "/collective_rpc":

@@ -111,6 +111,9 @@ def test_a_seeded_row_draws_the_same_whatever_shares_its_batch() -> None:
         g = torch.Generator().manual_seed(11)
         gens = [g if r == row else None for r in range(batch)]
         lp = lp_1_V.repeat(batch, 1)
-        return [int(sample(lp, torch.zeros(batch, dtype=torch.bool), gens, torch.Generator().manual_seed(batch))[row]) for _ in range(6)]
+        return [
+            int(sample(lp, torch.zeros(batch, dtype=torch.bool), gens, torch.Generator().manual_seed(batch))[row])
+            for _ in range(6)
+        ]
 
     assert draw(1, 0) == draw(5, 3) == draw(2, 1)

@@ -13,7 +13,7 @@ from legorl.models import load_tokenizer
 from legorl.types import FinishReason, SamplingParams
 
 TOK = load_tokenizer("tiny-qwen3")
-SCRIPT = ["I will look at the file.", "<tool_call>\n{\"name\": \"bash\"}\n</tool_call>", "Done."]
+SCRIPT = ["I will look at the file.", '<tool_call>\n{"name": "bash"}\n</tool_call>', "Done."]
 
 
 def prompt(turns: int) -> list[int]:
@@ -68,7 +68,9 @@ async def test_logprobs_and_routing_are_fake_but_deterministic() -> None:
     assert a.logprobs[0] == fake_logprob(a.completion_ids[0], len(p))
     assert all(-3.0 <= lp < 0 for lp in a.logprobs)
     assert a.routed_experts is not None and len(a.routed_experts) == len(p) + len(a.completion_ids)
-    assert all(len(t) == 4 and all(len(set(layer)) == 2 and max(layer) < 8 for layer in t) for t in a.routed_experts.tolist())
+    assert all(
+        len(t) == 4 and all(len(set(layer)) == 2 and max(layer) < 8 for layer in t) for t in a.routed_experts.tolist()
+    )
 
 
 async def test_bad_requests_are_refused_with_the_reason() -> None:

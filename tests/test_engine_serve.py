@@ -58,7 +58,10 @@ async def via_client(srv: EngineServer, params: SamplingParams, *, stream: bool,
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=0.0, max_tokens=24), SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=24, seed=7)],
+    [
+        SamplingParams(temperature=0.0, max_tokens=24),
+        SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=24, seed=7),
+    ],
     ids=["greedy", "seeded"],
 )
 async def test_client_through_server_equals_direct_engine(
@@ -85,13 +88,24 @@ async def test_moe_routing_has_vllms_layout() -> None:
     assert direct.routed_experts is not None and served.routed_experts is not None
     n = len(PROMPT) + len(direct.completion_ids)
     assert len(direct.routed_experts) == n
-    assert served.routed_experts.tolist() == direct.routed_experts[: n - 1].tolist()  # vLLM never routes the last sampled token
+    assert (
+        served.routed_experts.tolist() == direct.routed_experts[: n - 1].tolist()
+    )  # vLLM never routes the last sampled token
     assert served.completion_ids == direct.completion_ids
 
 
 async def test_sse_stream_is_shaped_like_vllms(server: EngineServer) -> None:
-    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0.0, "logprobs": 0, "stream": True,
-            "return_token_ids": True, "return_tokens_as_token_ids": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": NAME,
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "logprobs": 0,
+        "stream": True,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stream_options": {"include_usage": True},
+    }
     async with httpx.AsyncClient(base_url=server.url) as http:
         resp = await http.post("/v1/completions", json=body)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
@@ -118,8 +132,15 @@ async def test_stop_string_is_cut_from_text_and_named(dense: HFEngine, server: E
     text = TOK.decode(free.completion_ids, skip_special_tokens=True)
     stop = text.strip()[2:4] if len(text.strip()) >= 4 else text.strip()[:1]
     assert stop, "the greedy completion has no text to stop on"
-    body = {"model": NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0.0, "stop": [stop], "logprobs": 0,
-            "return_token_ids": True}
+    body = {
+        "model": NAME,
+        "prompt": PROMPT,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "stop": [stop],
+        "logprobs": 0,
+        "return_token_ids": True,
+    }
     async with httpx.AsyncClient(base_url=server.url) as http:
         choice = (await http.post("/v1/completions", json=body)).json()["choices"][0]
     assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
@@ -134,8 +155,9 @@ async def test_openai_client_and_model_listing(server: EngineServer) -> None:
 
     client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused")
     try:
-        out = await client.completions.create(model=NAME, prompt=PROMPT, max_tokens=5, temperature=0.0, logprobs=0,
-                                              extra_body={"return_token_ids": True})
+        out = await client.completions.create(
+            model=NAME, prompt=PROMPT, max_tokens=5, temperature=0.0, logprobs=0, extra_body={"return_token_ids": True}
+        )
         models = await client.models.list()
     finally:
         await client.close()

@@ -36,13 +36,15 @@ from legorl.monitor.doctor import run_one
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
-from legorl.train.sync import DiskSync
 from legorl.tasks.loader import load_shipped
+from legorl.train.sync import DiskSync
 from legorl.types import FinishReason, SamplingParams, Status
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_per_module")]
 NAME = "tiny-qwen3"
-PROMPT = tokenizer().encode("<|im_start|>user\nfix the bug<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+PROMPT = tokenizer().encode(
+    "<|im_start|>user\nfix the bug<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +52,13 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
     if vllm_python() is None:
         pytest.skip(f"no vLLM venv; {SETUP_HINT}")
     served = served_copy(resolve_model(NAME), tmp_path_factory.mktemp("vllm") / "served")
-    server = VLLMServer(served, NAME, extra_args=("--enable-scale-out",), start_timeout_s=240,
-                        log_path=tmp_path_factory.getbasetemp() / "vllm-server.log")
+    server = VLLMServer(
+        served,
+        NAME,
+        extra_args=("--enable-scale-out",),
+        start_timeout_s=240,
+        log_path=tmp_path_factory.getbasetemp() / "vllm-server.log",
+    )
     try:
         server.start()
     except (RuntimeError, TimeoutError) as exc:
@@ -69,8 +76,9 @@ def recompute(lm: torch.nn.Module, prompt: list[int], ids: list[int], params: Sa
     with torch.no_grad():
         logits_T_V = lm(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
     n = len(ids)
-    lp_T_V = processed_logprobs(logits_T_V, torch.full((n,), params.temperature), torch.full((n,), params.top_p),
-                                torch.full((n,), params.top_k))
+    lp_T_V = processed_logprobs(
+        logits_T_V, torch.full((n,), params.temperature), torch.full((n,), params.top_p), torch.full((n,), params.top_k)
+    )
     return lp_T_V.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
 
 
@@ -82,7 +90,9 @@ async def test_proxy_records_what_the_real_vllm_sampled(vllm_server: VLLMServer,
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=sid, max_retries=0)
         msgs = [{"role": "user", "content": "list the files"}]
         if stream:
-            s = await o.chat.completions.create(model="p", messages=msgs, stream=True, stream_options={"include_usage": True})
+            s = await o.chat.completions.create(
+                model="p", messages=msgs, stream=True, stream_options={"include_usage": True}
+            )
             content, reasoning, calls, usage = "", "", {}, None
             async for ch in s:
                 usage = (ch.usage.prompt_tokens, ch.usage.completion_tokens) if ch.usage else usage
@@ -129,8 +139,12 @@ async def test_stop_string_ends_the_completion_and_its_token_is_kept(vllm_server
     e = engine(vllm_server, route=route)
     free = await e.generate(PROMPT, SamplingParams(max_tokens=24, temperature=1.0, seed=5))
     tok = tokenizer()
-    k = next(i for i in range(3, 24) if len(tok.decode([free.completion_ids[i]]).strip()) >= 2
-             and tok.decode([free.completion_ids[i]]) not in tok.decode(free.completion_ids[:i]))
+    k = next(
+        i
+        for i in range(3, 24)
+        if len(tok.decode([free.completion_ids[i]]).strip()) >= 2
+        and tok.decode([free.completion_ids[i]]) not in tok.decode(free.completion_ids[:i])
+    )
     stop = tok.decode([free.completion_ids[k]])
     g = await e.generate(PROMPT, SamplingParams(max_tokens=24, temperature=1.0, seed=5, stop=(stop,)))
     await e.close()
@@ -210,11 +224,18 @@ async def test_weight_sync_after_a_train_step_changes_what_the_server_samples(vl
 
 
 def _doctor_cfg(server: VLLMServer) -> RunConfig:
-    return RunConfig.model_validate({
-        "harness": {"name": "command", "command_file": "/bin/true"},
-        "engine": {"kind": "vllm", "model": NAME, "url": server.url, "served_model_dir": str(server.model_dir),
-                   "request_timeout_s": 30},
-    })
+    return RunConfig.model_validate(
+        {
+            "harness": {"name": "command", "command_file": "/bin/true"},
+            "engine": {
+                "kind": "vllm",
+                "model": NAME,
+                "url": server.url,
+                "served_model_dir": str(server.model_dir),
+                "request_timeout_s": 30,
+            },
+        }
+    )
 
 
 def test_doctor_checks_the_servers_logprobs_mode(vllm_server: VLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,8 +278,12 @@ async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_mas
 ) -> None:
     """Last of the server tests: it kills the shared server, then restarts it."""
     (tmp_path / "agent.sh").write_text(AGENT)
-    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
-                                    "sandbox": {"retries": 1, "agent_timeout_s": 120}})
+    cfg = RunConfig.model_validate(
+        {
+            "harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
+            "sandbox": {"retries": 1, "agent_timeout_s": 120},
+        }
+    )
     task = load_shipped("train")[0]
     e = engine(vllm_server)
     async with RolloutWorker(cfg, e) as w:
@@ -303,8 +328,13 @@ def _replaying(answers: dict[str, tuple[int, object]], tmp: str | None = None) -
 
 
 async def test_missing_scale_out_flag_is_named() -> None:
-    forbidden = {"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to "
-                                      "enable them.", "type": "PermissionDeniedError", "code": 403}}
+    forbidden = {
+        "error": {
+            "message": "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+            "type": "PermissionDeniedError",
+            "code": 403,
+        }
+    }
     e, _ = _replaying({"/inference/v1/generate": (403, forbidden)})
     with pytest.raises(EngineError, match="start it with --enable-scale-out"):
         await e.generate(PROMPT, SamplingParams(max_tokens=2))
@@ -316,8 +346,9 @@ async def test_missing_dev_mode_and_a_failed_cache_reset_are_errors(tmp_path: Pa
     with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE=1"):
         await e.update_weights_from_disk(tmp_path, version=1)
     await e.close()
-    e, seen = _replaying({"/collective_rpc": (200, {"results": [None]}), "/reset_prefix_cache": (200, {"success": False})},
-                         str(tmp_path))
+    e, seen = _replaying(
+        {"/collective_rpc": (200, {"results": [None]}), "/reset_prefix_cache": (200, {"success": False})}, str(tmp_path)
+    )
     with pytest.raises(EngineError, match="success=false"):
         await e.update_weights_from_disk(tmp_path, version=1)
     assert seen.count("/reset_prefix_cache") == 5 and "/update_weight_version" not in seen and e.policy_version == 0

@@ -34,8 +34,15 @@ def layers(tmp_path, monkeypatch):
 
 
 def _cc_result(**kw) -> str:
-    base = {"type": "result", "subtype": "success", "is_error": False, "num_turns": 4, "terminal_reason": "completed",
-            "session_id": "s", "result": "done"}
+    base = {
+        "type": "result",
+        "subtype": "success",
+        "is_error": False,
+        "num_turns": 4,
+        "terminal_reason": "completed",
+        "session_id": "s",
+        "result": "done",
+    }
     return "\n".join([json.dumps({"type": "system", "subtype": "init"}), json.dumps({**base, **kw})])
 
 
@@ -43,8 +50,15 @@ def test_claude_code_launch(layers) -> None:
     a = ClaudeCode(model="my-policy", max_turns=7, max_output_tokens=512, auto_compact_window=90000)
     launch = a.launch(TASK, BASE, "/repo")
     assert launch.binary.endswith("/bin/claude") and launch.binary.startswith(str(layers))
-    for flag in ("-p", "--output-format stream-json", "--verbose", "--dangerously-skip-permissions",
-                 "--max-turns 7", "--model my-policy", f"< {PROBLEM_FILE}"):
+    for flag in (
+        "-p",
+        "--output-format stream-json",
+        "--verbose",
+        "--dangerously-skip-permissions",
+        "--max-turns 7",
+        "--model my-policy",
+        f"< {PROBLEM_FILE}",
+    ):
         assert flag in launch.command
     env = launch.env
     assert env["ANTHROPIC_BASE_URL"] == BASE and env["IS_SANDBOX"] == "1"
@@ -61,14 +75,41 @@ def test_claude_code_launch(layers) -> None:
         ({}, None),
         ({"subtype": "error_max_turns", "is_error": True, "terminal_reason": "max_turns"}, Status.MAX_TURNS),
         ({"is_error": True, "terminal_reason": "prompt_too_long"}, None),
-        ({"is_error": True, "terminal_reason": "api_error", "api_error_status": 502,
-          "result": "API Error: 502 engine error"}, Status.ENGINE_ERROR),
-        ({"is_error": True, "terminal_reason": "api_error", "api_error_status": None,
-          "result": "API Error: Connection error."}, Status.ENGINE_ERROR),
-        ({"is_error": True, "terminal_reason": "api_error", "api_error_status": 400,
-          "result": "API Error: 400 messages.0.content: unsupported block"}, Status.INFRA_ERROR),
-        ({"is_error": True, "terminal_reason": "api_error", "result":
-          "API Error: Claude's response exceeded the 4096 output token maximum."}, Status.FORMAT_ERROR),
+        (
+            {
+                "is_error": True,
+                "terminal_reason": "api_error",
+                "api_error_status": 502,
+                "result": "API Error: 502 engine error",
+            },
+            Status.ENGINE_ERROR,
+        ),
+        (
+            {
+                "is_error": True,
+                "terminal_reason": "api_error",
+                "api_error_status": None,
+                "result": "API Error: Connection error.",
+            },
+            Status.ENGINE_ERROR,
+        ),
+        (
+            {
+                "is_error": True,
+                "terminal_reason": "api_error",
+                "api_error_status": 400,
+                "result": "API Error: 400 messages.0.content: unsupported block",
+            },
+            Status.INFRA_ERROR,
+        ),
+        (
+            {
+                "is_error": True,
+                "terminal_reason": "api_error",
+                "result": "API Error: Claude's response exceeded the 4096 output token maximum.",
+            },
+            Status.FORMAT_ERROR,
+        ),
         ({"subtype": "error_during_execution", "is_error": True, "terminal_reason": "x"}, Status.INFRA_ERROR),
     ],
 )
@@ -105,12 +146,22 @@ def _oc(*events: dict) -> str:
     [
         ([{"type": "step_start"}, {"type": "step_finish", "part": {"reason": "stop"}}], 0, None),
         ([{"type": "step_start"}] * 5, 0, Status.MAX_TURNS),
-        ([{"type": "step_start"}, {"type": "error", "error": {"name": "APIError", "data": {"statusCode": 502,
-                                                                                          "message": "x"}}}], 1,
-         Status.ENGINE_ERROR),
-        ([{"type": "step_start"}, {"type": "error", "error": {"name": "APIError", "data": {"statusCode": 400,
-                                                                                          "message": "x"}}}], 1,
-         Status.INFRA_ERROR),
+        (
+            [
+                {"type": "step_start"},
+                {"type": "error", "error": {"name": "APIError", "data": {"statusCode": 502, "message": "x"}}},
+            ],
+            1,
+            Status.ENGINE_ERROR,
+        ),
+        (
+            [
+                {"type": "step_start"},
+                {"type": "error", "error": {"name": "APIError", "data": {"statusCode": 400, "message": "x"}}},
+            ],
+            1,
+            Status.INFRA_ERROR,
+        ),
         ([{"type": "step_start"}, {"type": "error", "error": {"name": "ContextOverflowError", "data": {}}}], 1, None),
         ([], 1, Status.INFRA_ERROR),
     ],
@@ -125,8 +176,13 @@ def test_openhands_launch(layers) -> None:
     a = OpenHands(max_turns=9, condenser_max_size=6, condenser_keep_first=1)
     launch = a.launch(TASK, BASE, "/repo")
     assert launch.binary.endswith("/venv/bin/python")
-    for part in ("--base-url http://127.0.0.1:8000/v1", "--max-iterations 9", "--condenser-max-size 6",
-                 "--workspace /repo", f"--prompt-file {PROBLEM_FILE}"):
+    for part in (
+        "--base-url http://127.0.0.1:8000/v1",
+        "--max-iterations 9",
+        "--condenser-max-size 6",
+        "--workspace /repo",
+        f"--prompt-file {PROBLEM_FILE}",
+    ):
         assert part in launch.command
     driver = next(v for k, v in launch.files.items() if k.endswith("openhands_driver.py"))
     assert b"LLMSummarizingCondenser" in driver and b"import legorl" not in driver
@@ -154,9 +210,17 @@ def test_openhands_endings(layers, result, status) -> None:
 
 def test_mini_launch(layers) -> None:
     launch = MiniSweAgent(max_turns=3, max_output_tokens=99).launch(TASK, BASE, "/repo")
-    for part in ("-c mini.yaml", "model.model_kwargs.api_base=http://127.0.0.1:8000/v1", "agent.step_limit=3",
-                 "environment.cwd=/repo", "model.model_kwargs.max_tokens=99", "-m openai/legorl-policy",
-                 f'-t "$(cat {PROBLEM_FILE})"', "--exit-immediately", "-y"):
+    for part in (
+        "-c mini.yaml",
+        "model.model_kwargs.api_base=http://127.0.0.1:8000/v1",
+        "agent.step_limit=3",
+        "environment.cwd=/repo",
+        "model.model_kwargs.max_tokens=99",
+        "-m openai/legorl-policy",
+        f'-t "$(cat {PROBLEM_FILE})"',
+        "--exit-immediately",
+        "-y",
+    ):
         assert part in launch.command
     assert launch.command.index("-c mini.yaml") < launch.command.index("agent.step_limit")  # -c replaces defaults
     assert launch.env["MSWEA_COST_TRACKING"] == "ignore_errors" and launch.env["MSWEA_CONFIGURED"] == "true"
@@ -164,15 +228,23 @@ def test_mini_launch(layers) -> None:
 
 @pytest.mark.parametrize(
     ("exit_status", "status"),
-    [("Submitted", None), ("LimitsExceeded", Status.MAX_TURNS), ("TimeExceeded", Status.AGENT_TIMEOUT),
-     ("RepeatedFormatError", Status.FORMAT_ERROR), ("ContextWindowExceededError", None),
-     ("InternalServerError", Status.ENGINE_ERROR), ("APIConnectionError", Status.ENGINE_ERROR),
-     ("KeyError", Status.INFRA_ERROR)],
+    [
+        ("Submitted", None),
+        ("LimitsExceeded", Status.MAX_TURNS),
+        ("TimeExceeded", Status.AGENT_TIMEOUT),
+        ("RepeatedFormatError", Status.FORMAT_ERROR),
+        ("ContextWindowExceededError", None),
+        ("InternalServerError", Status.ENGINE_ERROR),
+        ("APIConnectionError", Status.ENGINE_ERROR),
+        ("KeyError", Status.INFRA_ERROR),
+    ],
 )
 def test_mini_endings(layers, exit_status, status) -> None:
     a = MiniSweAgent()
-    traj = {"info": {"exit_status": exit_status, "model_stats": {"api_calls": 2}},
-            "messages": [{"role": "exit", "content": "x", "extra": {"exception_str": "boom"}}]}
+    traj = {
+        "info": {"exit_status": exit_status, "model_stats": {"api_calls": 2}},
+        "messages": [{"role": "exit", "content": "x", "extra": {"exception_str": "boom"}}],
+    }
     v = a.interpret(OK, {"traj": json.dumps(traj), "stdout": ""}, a.launch(TASK, BASE, "/repo"))
     assert v.status is status, v.details
 
@@ -208,12 +280,15 @@ def test_layer_keys_and_missing_layers(tmp_path, monkeypatch) -> None:
 def test_build_is_idempotent_and_atomic(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("LEGORL_HARNESS_ROOT", str(tmp_path))
     count = tmp_path / "count"
-    monkeypatch.setitem(install.RECIPES, "demo", install.Recipe(
-        "demo", f'echo run >> {count}; sleep 0.3; echo hi > "$LAYER/x"'))
+    monkeypatch.setitem(
+        install.RECIPES, "demo", install.Recipe("demo", f'echo run >> {count}; sleep 0.3; echo hi > "$LAYER/x"')
+    )
     monkeypatch.setitem(install.RECIPES, "broken", install.Recipe("broken", 'echo partial > "$LAYER/x"; exit 3'))
     paths: list = []
-    threads = [threading.Thread(target=lambda: paths.append(install.build("demo", log=open("/dev/null", "w"))))
-               for _ in range(3)]
+    threads = [
+        threading.Thread(target=lambda: paths.append(install.build("demo", log=open("/dev/null", "w"))))
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -59,7 +59,7 @@ def test_codex_bodies_parse_as_responses() -> None:
         assert shell is not None and shell["name"] == "exec_command" and command_key(shell) == "cmd"
     assert all(t["type"] == "function" for t in first["tools"])  # web search and sub-agents are off
     # The reasoning Codex got back comes back as a reasoning item's content, before the call.
-    kinds = [i.get("type") for i in second["input"][len(first["input"]):]]
+    kinds = [i.get("type") for i in second["input"][len(first["input"]) :]]
     assert kinds == ["reasoning", "message", "function_call", "function_call_output"]
     msgs = responses.parse(second).chat.messages
     assert any(m.get("reasoning_content") and m.get("tool_calls") for m in msgs)
@@ -98,10 +98,17 @@ def test_oracle_plan_through_codex_tools() -> None:
         (call,) = p.tool_calls
         args = json.loads(call.arguments)
         assert call.name == "exec_command" and set(args) == {"cmd"} and f"{MARK}:step-{step}" in args["cmd"]
-        msgs += [{"role": "assistant", "content": p.content, "reasoning_content": p.reasoning,
-                  "tool_calls": [{"id": call.id, "type": "function",
-                                  "function": {"name": call.name, "arguments": call.arguments}}]},
-                 {"role": "tool", "tool_call_id": call.id, "content": "ok"}]
+        msgs += [
+            {
+                "role": "assistant",
+                "content": p.content,
+                "reasoning_content": p.reasoning,
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "ok"},
+        ]
 
 
 def test_config_and_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

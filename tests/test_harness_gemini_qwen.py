@@ -67,39 +67,77 @@ def _res(code: int = 0) -> ExecResult:
     return ExecResult(exit_code=code, stdout="", stderr="", duration_s=1.0)
 
 
-@pytest.mark.parametrize(("events", "code", "status"), [
-    ([{"type": "init"}, {"type": "result", "status": "success", "stats": {}}], 0, None),
-    ([{"type": "init"}], 53, Status.MAX_TURNS),
-    ([{"type": "result", "status": "error", "error": {"type": "Error", "message": "[API Error: got status: 502 "
-                                                                              "Bad Gateway]"}}], 1, Status.ENGINE_ERROR),
-    ([{"type": "result", "status": "error", "error": {"message": "The input token count (40000) exceeds the maximum "
-                                                                 "number of tokens allowed (32768)."}}], 1, None),
-    ([{"type": "result", "status": "error", "error": {"message": "status: 400 bad field"}}], 1, Status.INFRA_ERROR),
-    ([], 1, Status.INFRA_ERROR),
-])
+@pytest.mark.parametrize(
+    ("events", "code", "status"),
+    [
+        ([{"type": "init"}, {"type": "result", "status": "success", "stats": {}}], 0, None),
+        ([{"type": "init"}], 53, Status.MAX_TURNS),
+        (
+            [
+                {
+                    "type": "result",
+                    "status": "error",
+                    "error": {"type": "Error", "message": "[API Error: got status: 502 Bad Gateway]"},
+                }
+            ],
+            1,
+            Status.ENGINE_ERROR,
+        ),
+        (
+            [
+                {
+                    "type": "result",
+                    "status": "error",
+                    "error": {
+                        "message": "The input token count (40000) exceeds the maximum number of tokens allowed (32768)."
+                    },
+                }
+            ],
+            1,
+            None,
+        ),
+        ([{"type": "result", "status": "error", "error": {"message": "status: 400 bad field"}}], 1, Status.INFRA_ERROR),
+        ([], 1, Status.INFRA_ERROR),
+    ],
+)
 def test_gemini_cli_endings(events: list, code: int, status: Status | None) -> None:
     out = {"events": "\n".join(json.dumps(e) for e in events), "stderr": "boom"}
     v = GeminiCli().interpret(_res(code), out, None)  # type: ignore[arg-type]
     assert v.status is status, v
 
 
-@pytest.mark.parametrize(("result", "code", "status"), [
-    ({"type": "result", "subtype": "success", "is_error": False, "num_turns": 3}, 0, None),
-    ({"type": "result", "subtype": "error_max_turns", "is_error": True}, 1, Status.MAX_TURNS),
-    ({"type": "result", "subtype": "error_during_execution", "is_error": True,
-      "error": {"message": "Connection error. (cause: fetch failed)"}}, 1, Status.ENGINE_ERROR),
-    (None, 1, Status.INFRA_ERROR),
-])
+@pytest.mark.parametrize(
+    ("result", "code", "status"),
+    [
+        ({"type": "result", "subtype": "success", "is_error": False, "num_turns": 3}, 0, None),
+        ({"type": "result", "subtype": "error_max_turns", "is_error": True}, 1, Status.MAX_TURNS),
+        (
+            {
+                "type": "result",
+                "subtype": "error_during_execution",
+                "is_error": True,
+                "error": {"message": "Connection error. (cause: fetch failed)"},
+            },
+            1,
+            Status.ENGINE_ERROR,
+        ),
+        (None, 1, Status.INFRA_ERROR),
+    ],
+)
 def test_qwen_code_endings(result: dict | None, code: int, status: Status | None) -> None:
     out = {"events": json.dumps(result) if result else "", "stderr": ""}
     assert QwenCode().interpret(_res(code), out, None).status is status  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
-async def test_not_installed_is_one_clear_message(harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_not_installed_is_one_clear_message(
+    harness: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LEGORL_HARNESS_ROOT", str(tmp_path))
     adapter = make_harness(harness)
-    run = await run_native(adapter, None, Task("t", "repo", "base", "fix it", "", "", [], []), "http://127.0.0.1:1/s/x", "/repo", 10)  # type: ignore[arg-type]
+    run = await run_native(
+        adapter, None, Task("t", "repo", "base", "fix it", "", "", [], []), "http://127.0.0.1:1/s/x", "/repo", 10
+    )  # type: ignore[arg-type]
     assert run.status is Status.INFRA_ERROR
     assert "not installed" in run.details["error"] and "setup_harnesses.sh" in run.details["error"]
 
@@ -165,4 +203,3 @@ def test_gemini_cli_context_overflow_is_graded() -> None:
     o = rec.trajectory.outcome
     assert o is not None and not o.masked and o.status is not Status.INFRA_ERROR, summary(rec)
     check_recorded(rec)
-

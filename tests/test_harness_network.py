@@ -68,13 +68,18 @@ def test_only_the_proxy_is_reached_on_docker() -> None:
 
 
 def test_foreign_destinations_are_found() -> None:
-    log = ('7 connect(3, {sa_family=AF_INET, sin_port=htons(8000), sin_addr=inet_addr("127.0.0.1")}, 16) = 0\n'
-           '8 connect(4, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("192.0.2.53")}, 16) = -1\n'
-           '9 connect(5, {sa_family=AF_INET6, sin6_port=htons(443), sin6_flowinfo=htonl(0), '
-           'inet_pton(AF_INET6, "2001:db8::1", &sin6_addr), sin6_scope_id=0}, 28) = -1 ENETUNREACH\n'
-           '9 connect(6, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT\n')
+    log = (
+        '7 connect(3, {sa_family=AF_INET, sin_port=htons(8000), sin_addr=inet_addr("127.0.0.1")}, 16) = 0\n'
+        '8 connect(4, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("192.0.2.53")}, 16) = -1\n'
+        "9 connect(5, {sa_family=AF_INET6, sin6_port=htons(443), sin6_flowinfo=htonl(0), "
+        'inet_pton(AF_INET6, "2001:db8::1", &sin6_addr), sin6_scope_id=0}, 28) = -1 ENETUNREACH\n'
+        '9 connect(6, {sa_family=AF_UNIX, sun_path="/var/run/nscd/socket"}, 110) = -1 ENOENT\n'
+    )
     assert foreign(log) == [("192.0.2.53", 53), ("2001:db8::1", 443)]
     dns = '1 connect(3, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("127.0.0.53")}, 16) = 0\n'
     assert foreign(dns) == [("127.0.0.53", 53)]  # a lookup, even through a loopback resolver
-    assert foreign(log + dns, allow={("127.0.0.1", 8000)}) == [("127.0.0.53", 53), ("192.0.2.53", 53),
-                                                                ("2001:db8::1", 443)]
+    assert foreign(log + dns, allow={("127.0.0.1", 8000)}) == [
+        ("127.0.0.53", 53),
+        ("192.0.2.53", 53),
+        ("2001:db8::1", 443),
+    ]

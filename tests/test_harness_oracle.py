@@ -28,8 +28,12 @@ PATCH = (
     "diff --git a/calc/core.py b/calc/core.py\n--- a/calc/core.py\n+++ b/calc/core.py\n"
     "@@ -1,3 +1,3 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"
 )
-TASK = OracleTask("calc__add-1", "add() subtracts instead of adding: add(2, 3) returns -1, expected 5.", PATCH,
-                  "pytest tests/test_core.py")
+TASK = OracleTask(
+    "calc__add-1",
+    "add() subtracts instead of adding: add(2, 3) returns -1, expected 5.",
+    PATCH,
+    "pytest tests/test_core.py",
+)
 OTHER = OracleTask("calc__mul-2", "mul() returns the sum of its arguments instead of the product.", PATCH)
 
 
@@ -40,18 +44,40 @@ def _fn(name: str, props: dict, required: list[str]) -> dict:
 
 STR = {"type": "string"}
 # The tool sets (names, required parameters) the four harnesses send.
-CLAUDE = ("You are a Claude agent.", [_fn("Bash", {"command": STR, "timeout": {"type": "number"}}, ["command"]),
-                                      _fn("Read", {"file_path": STR}, ["file_path"])])
-OPENCODE = ("You are opencode.", [_fn("bash", {"command": STR, "description": STR}, ["command", "description"]),
-                                  _fn("edit", {"filePath": STR}, ["filePath"])])
-OPENHANDS = ("You are OpenHands agent.", [
-    _fn("terminal", {"command": STR, "security_risk": {"type": "string", "enum": ["LOW", "MEDIUM", "HIGH"]},
-                     "is_input": {"type": "boolean"}}, ["command", "security_risk"]),
-    _fn("file_editor", {"command": STR, "path": STR}, ["command", "path"]),
-    _fn("finish", {"message": STR}, ["message"]),
-])
-MINI = ("You are a helpful assistant. Finish with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.",
-        [_fn("bash", {"command": STR}, ["command"])])
+CLAUDE = (
+    "You are a Claude agent.",
+    [
+        _fn("Bash", {"command": STR, "timeout": {"type": "number"}}, ["command"]),
+        _fn("Read", {"file_path": STR}, ["file_path"]),
+    ],
+)
+OPENCODE = (
+    "You are opencode.",
+    [
+        _fn("bash", {"command": STR, "description": STR}, ["command", "description"]),
+        _fn("edit", {"filePath": STR}, ["filePath"]),
+    ],
+)
+OPENHANDS = (
+    "You are OpenHands agent.",
+    [
+        _fn(
+            "terminal",
+            {
+                "command": STR,
+                "security_risk": {"type": "string", "enum": ["LOW", "MEDIUM", "HIGH"]},
+                "is_input": {"type": "boolean"},
+            },
+            ["command", "security_risk"],
+        ),
+        _fn("file_editor", {"command": STR, "path": STR}, ["command", "path"]),
+        _fn("finish", {"message": STR}, ["message"]),
+    ],
+)
+MINI = (
+    "You are a helpful assistant. Finish with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.",
+    [_fn("bash", {"command": STR}, ["command"])],
+)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +96,10 @@ def _assistant(text: str) -> dict:
     if p.reasoning:
         m["reasoning_content"] = p.reasoning
     if p.tool_calls:
-        m["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                           for c in p.tool_calls]
+        m["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in p.tool_calls
+        ]
     return m
 
 
@@ -112,7 +140,8 @@ def test_plan_through_each_tool_set(renderer, harness) -> None:
         assert calls[0]["security_risk"] == "LOW"
     elif harness == "mini":
         assert json.loads(last["tool_calls"][0]["function"]["arguments"]) == {
-            "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}
+            "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+        }
     else:  # Claude Code and OpenCode end with a plain answer
         assert not last.get("tool_calls") and f"{MARK}:step-4" in last["content"]
     if harness == "opencode":
@@ -122,8 +151,11 @@ def test_plan_through_each_tool_set(renderer, harness) -> None:
 
 def test_delegate_hands_the_task_to_a_sub_agent_tool(renderer) -> None:
     system, tools = CLAUDE
-    agent = _fn("Agent", {"description": STR, "prompt": STR, "subagent_type": STR,
-                          "run_in_background": {"type": "boolean"}}, ["description", "prompt"])
+    agent = _fn(
+        "Agent",
+        {"description": STR, "prompt": STR, "subagent_type": STR, "run_in_background": {"type": "boolean"}},
+        ["description", "prompt"],
+    )
     policy = OraclePolicy({TASK.instance_id: TASK}, delegate=True)
     first = _episode(renderer, policy, system, [*tools, agent], TASK.problem_statement, max_turns=1)[0]
     call = first["tool_calls"][0]["function"]
@@ -135,29 +167,44 @@ def test_delegate_hands_the_task_to_a_sub_agent_tool(renderer) -> None:
     assert len(sub) == 4 and all(t["tool_calls"][0]["function"]["name"] == "Bash" for t in sub[:3])
     # without the option the tool is ignored
     plain = OraclePolicy({TASK.instance_id: TASK})
-    assert _episode(renderer, plain, system, [*tools, agent], TASK.problem_statement, max_turns=1)[0][
-        "tool_calls"][0]["function"]["name"] == "Bash"
+    assert (
+        _episode(renderer, plain, system, [*tools, agent], TASK.problem_statement, max_turns=1)[0]["tool_calls"][0][
+            "function"
+        ]["name"]
+        == "Bash"
+    )
 
 
 def test_summary_title_and_prefill(renderer) -> None:
     policy = OraclePolicy({TASK.instance_id: TASK})
     done = _episode(renderer, policy, *OPENCODE, TASK.problem_statement, max_turns=2)
-    convo = [{"role": "system", "content": "You are a context summarization agent."},
-             {"role": "user", "content": "Here is the conversation so far: " + json.dumps(done)}]
+    convo = [
+        {"role": "system", "content": "You are a context summarization agent."},
+        {"role": "user", "content": "Here is the conversation so far: " + json.dumps(done)},
+    ]
     summary = policy.complete(renderer.decode(renderer.render(ChatRequest(convo, []))))
     assert "<summary>" in summary and f"{MARK}:step-2" in summary and f"{MARK}:task={TASK.instance_id}" in summary
     assert "<tool_call>" not in summary
     # Claude Code's compaction keeps the tools but appends "Do NOT call any tools".
-    cc = [{"role": "system", "content": CLAUDE[0]}, {"role": "user", "content": TASK.problem_statement},
-          done[0], {"role": "tool", "tool_call_id": "x", "content": "ok"},
-          {"role": "user", "content": "Summarise. REMINDER: Do NOT call any tools. Respond with plain text only."}]
+    cc = [
+        {"role": "system", "content": CLAUDE[0]},
+        {"role": "user", "content": TASK.problem_statement},
+        done[0],
+        {"role": "tool", "tool_call_id": "x", "content": "ok"},
+        {"role": "user", "content": "Summarise. REMINDER: Do NOT call any tools. Respond with plain text only."},
+    ]
     assert "<tool_call>" not in policy.complete(renderer.decode(renderer.render(ChatRequest(cc, CLAUDE[1]))))
-    title = [{"role": "system", "content": "You are a title generator."},
-             {"role": "user", "content": TASK.problem_statement}]
+    title = [
+        {"role": "system", "content": "You are a title generator."},
+        {"role": "user", "content": TASK.problem_statement},
+    ]
     assert policy.complete(renderer.decode(renderer.render(ChatRequest(title, [])))).startswith("Fix: add()")
     # OpenCode's max-steps prefill: a trailing open assistant message gets text only.
-    pre = [{"role": "system", "content": OPENCODE[0]}, {"role": "user", "content": TASK.problem_statement},
-           {"role": "assistant", "content": "CRITICAL - MAXIMUM STEPS REACHED. Respond with text only."}]
+    pre = [
+        {"role": "system", "content": OPENCODE[0]},
+        {"role": "user", "content": TASK.problem_statement},
+        {"role": "assistant", "content": "CRITICAL - MAXIMUM STEPS REACHED. Respond with text only."},
+    ]
     text = renderer.decode(renderer.render(ChatRequest(pre, OPENCODE[1], add_generation_prompt=False)))
     assert parse_prompt(text).open_assistant is not None
     assert "<tool_call>" not in policy.complete(text)
@@ -214,9 +261,17 @@ def test_engine_from_registry(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown oracle option"):
         make_engine(EngineConfig(kind="oracle", options={"tasks": [TASK], "bogus": 1}))
     f = tmp_path / "tasks.jsonl"
-    row = {"instance_id": "x__1", "repo": "x/x", "base_commit": "a" * 40, "problem_statement": "p", "patch": PATCH,
-           "test_patch": PATCH, "FAIL_TO_PASS": ["tests/test_core.py::test_add"], "PASS_TO_PASS": [],
-           "repo_path": "repo.bundle"}
+    row = {
+        "instance_id": "x__1",
+        "repo": "x/x",
+        "base_commit": "a" * 40,
+        "problem_statement": "p",
+        "patch": PATCH,
+        "test_patch": PATCH,
+        "FAIL_TO_PASS": ["tests/test_core.py::test_add"],
+        "PASS_TO_PASS": [],
+        "repo_path": "repo.bundle",
+    }
     f.write_text(json.dumps(row) + "\n")
     eng = make_engine(EngineConfig(kind="oracle", options={"tasks": str(f), "think": False}))
     assert eng.name == "oracle" and list(eng.policy.tasks) == ["x__1"] and not eng.policy.think
@@ -236,9 +291,13 @@ async def test_oracle_through_the_proxy_with_official_clients(tok) -> None:
         srv.open_session("an")
         client = openai.AsyncOpenAI(base_url=srv.session_url("oa") + "/v1", api_key="x")
         stream = await client.chat.completions.create(
-            model="legorl-policy", stream=True, stream_options={"include_usage": True},
+            model="legorl-policy",
+            stream=True,
+            stream_options={"include_usage": True},
             messages=[{"role": "system", "content": OPENCODE[0]}, {"role": "user", "content": TASK.problem_statement}],
-            tools=OPENCODE[1], tool_choice="auto")
+            tools=OPENCODE[1],
+            tool_choice="auto",
+        )
         args, usage = "", None
         async for chunk in stream:
             if chunk.usage:
@@ -249,8 +308,13 @@ async def test_oracle_through_the_proxy_with_official_clients(tok) -> None:
         assert f"{MARK}:step-1" in json.loads(args)["command"] and usage.completion_tokens > 0
         ac = anthropic.AsyncAnthropic(base_url=srv.session_url("an"), api_key="x")
         tools = [{"name": "Bash", "description": "run", "input_schema": CLAUDE[1][0]["function"]["parameters"]}]
-        async with ac.messages.stream(model="legorl-policy", max_tokens=4096, system=CLAUDE[0], tools=tools,
-                                      messages=[{"role": "user", "content": TASK.problem_statement}]) as s:
+        async with ac.messages.stream(
+            model="legorl-policy",
+            max_tokens=4096,
+            system=CLAUDE[0],
+            tools=tools,
+            messages=[{"role": "user", "content": TASK.problem_statement}],
+        ) as s:
             msg = await s.get_final_message()
         kinds = [b.type for b in msg.content]
         assert kinds[0] == "thinking" and kinds[-1] == "tool_use" and msg.stop_reason == "tool_use"

@@ -31,15 +31,17 @@ FENCE = "```mswea_bash_command\n{}\n```"
 
 
 def config(engine: dict[str, Any], **sandbox: Any) -> RunConfig:
-    return RunConfig.model_validate({
-        "run": {"tasks": "quickstart-calc", "max_concurrent_rollouts": 8},
-        "calc_tasks": {"train": 16, "heldout": 4},
-        "engine": {"model": "quickstart-qwen3", **engine},
-        "proxy": {"temperature": 1.0, "max_tokens": 256, "max_context": 2048},
-        "sandbox": {"retries": 0, **sandbox},
-        "harness": {"name": "mini-swe-agent-warm", "max_turns": 4, "options": {"config": "quickstart"}},
-        "trainer": {"model": "quickstart-qwen3"},
-    })  # fmt: skip
+    return RunConfig.model_validate(
+        {
+            "run": {"tasks": "quickstart-calc", "max_concurrent_rollouts": 8},
+            "calc_tasks": {"train": 16, "heldout": 4},
+            "engine": {"model": "quickstart-qwen3", **engine},
+            "proxy": {"temperature": 1.0, "max_tokens": 256, "max_context": 2048},
+            "sandbox": {"retries": 0, **sandbox},
+            "harness": {"name": "mini-swe-agent-warm", "max_turns": 4, "options": {"config": "quickstart"}},
+            "trainer": {"model": "quickstart-qwen3"},
+        }
+    )
 
 
 async def run(cfg: RunConfig, n: int = 1) -> list[Any]:
@@ -77,8 +79,9 @@ async def test_commands_run_in_the_sandbox_not_on_the_host(tmp_path: Path) -> No
 
 
 async def test_command_timeout_and_agent_timeout() -> None:
-    cfg = config({"kind": "scripted", "scripted_completions": [FENCE.format("echo started; sleep 30")]},
-                 agent_timeout_s=4)  # fmt: skip
+    cfg = config(
+        {"kind": "scripted", "scripted_completions": [FENCE.format("echo started; sleep 30")]}, agent_timeout_s=4
+    )
     rec = (await run(cfg))[0]
     assert rec.trajectory.outcome.status is Status.AGENT_TIMEOUT and not rec.trajectory.outcome.masked
     cfg.harness.options["command_timeout_s"] = 1

@@ -31,8 +31,9 @@ def config(tmp_path: Path, **sections: str) -> Path:
 
 
 def train(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*LEGORL, "train", str(path)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        [*LEGORL, "train", str(path)], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
 
 
 def one_message(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -43,12 +44,16 @@ def one_message(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
 
 
 def test_missing_and_broken_task_files(tmp_path: Path) -> None:
-    one_message(train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "missing.jsonl"')),
-                "missing.jsonl", "no such file")  # fmt: skip
+    one_message(
+        train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "missing.jsonl"')), "missing.jsonl", "no such file"
+    )
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"instance_id": "a"}\nnot json\n')
-    one_message(train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "{bad}"')),
-                "tasks.jsonl:1: missing field", "tasks.jsonl:2: not valid JSON")  # fmt: skip
+    one_message(
+        train(config(tmp_path, run=f'dir = "{tmp_path}/run"\ntasks = "{bad}"')),
+        "tasks.jsonl:1: missing field",
+        "tasks.jsonl:2: not valid JSON",
+    )
     assert not (tmp_path / "run" / "run.sqlite").exists()  # refused before a run store was opened
 
 
@@ -77,9 +82,23 @@ def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
 def test_rollout_with_an_unknown_instance(tmp_path: Path) -> None:
     from legorl.tasks.loader import shipped_tasks_dir
 
-    proc = subprocess.run([*LEGORL, "rollout", "--tasks", str(shipped_tasks_dir() / "train.jsonl"), "--instance", "nope",
-                           "--harness", "command", "--command-file", "/dev/null"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [
+            *LEGORL,
+            "rollout",
+            "--tasks",
+            str(shipped_tasks_dir() / "train.jsonl"),
+            "--instance",
+            "nope",
+            "--harness",
+            "command",
+            "--command-file",
+            "/dev/null",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     one_message(proc, "--instance: no task 'nope'")
 
 
@@ -95,7 +114,9 @@ def test_full_disk_for_checkpoints_is_one_message_and_resume_continues(tmp_path:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(ckpt)], check=True)
     try:
         run = f'dir = "{tmp_path / "run"}"\ntasks = "quickstart-calc"\nsteps = 3\ntasks_per_step = 1\ngroup_size = 2'
-        path = config(tmp_path, run=run, trainer=f'model = "quickstart-qwen3"\ncheckpoint_dir = "{ckpt}"\nkeep_checkpoints = 0')
+        path = config(
+            tmp_path, run=run, trainer=f'model = "quickstart-qwen3"\ncheckpoint_dir = "{ckpt}"\nkeep_checkpoints = 0'
+        )
         first = train(path)
         one_message(first, "cannot write checkpoint", "--resume")
         assert [p.name for p in ckpt.iterdir()] == ["step_00000001"]  # no .tmp_step_* left behind
@@ -123,9 +144,23 @@ def test_a_task_whose_repository_is_broken_is_masked_not_a_crash(tmp_path: Path)
     row.update(repo_path="broken.bundle", instance_id="broken-1")
     (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")
     (tmp_path / "agent.sh").write_text("true\n")
-    proc = subprocess.run([*LEGORL, "rollout", "--tasks", str(tmp_path / "tasks.jsonl"), "--instance", "broken-1",
-                           "--harness", "command", "--command-file", str(tmp_path / "agent.sh")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [
+            *LEGORL,
+            "rollout",
+            "--tasks",
+            str(tmp_path / "tasks.jsonl"),
+            "--instance",
+            "broken-1",
+            "--harness",
+            "command",
+            "--command-file",
+            str(tmp_path / "agent.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["status"] == "infra_error" and line["masked"] and line["flags"] == ["task_image"], line
@@ -148,5 +183,7 @@ def test_a_dead_engine_masks_rollouts_then_ends_with_one_message(tmp_path: Path)
         closed = db.execute("SELECT t_end FROM steps WHERE step = 0").fetchone()[0]
     assert rows and all(r == ("infra_error", 1, 0.0) for r in rows), rows
     assert closed is not None and (tmp_path / "run" / "checkpoints" / "step_00000001").is_dir()
-    one_message(train(config(tmp_path, engine='kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"')),
-                "engine.served_model_dir is required")  # fmt: skip
+    one_message(
+        train(config(tmp_path, engine='kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"')),
+        "engine.served_model_dir is required",
+    )

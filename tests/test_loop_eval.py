@@ -40,10 +40,22 @@ def _endpoint(answer_for: dict[str, str], seen: list[dict]) -> Starlette:
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
         seen.append({"auth": request.headers.get("authorization"), "model": body["model"]})
-        return JSONResponse({"id": "x", "object": "chat.completion", "model": body["model"], "created": 0,
-                             "choices": [{"index": 0, "finish_reason": "stop",
-                                          "message": {"role": "assistant", "content": answer_for["answer"]}}],
-                             "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": body["model"],
+                "created": 0,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": answer_for["answer"]},
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
@@ -54,7 +66,7 @@ async def test_eval_external_endpoint(tmp_path: Path, answer: str, expected: flo
     (tmp_path / "agent.sh").write_text(AGENT.replace("__PATCH__", task.patch.rstrip("\n") + "\n"))
     (tmp_path / "eval.toml").write_text(f"""
 [run]
-tasks = "{shipped_tasks_dir() / 'train.jsonl'}"
+tasks = "{shipped_tasks_dir() / "train.jsonl"}"
 eval_split = "train"
 [harness]
 name = "command"
@@ -64,17 +76,31 @@ k = 2
 limit = 1
 """)
     seen: list[dict] = []
-    server = uvicorn.Server(uvicorn.Config(_endpoint({"answer": answer}, seen), host="127.0.0.1", port=0,
-                                           log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _endpoint({"answer": answer}, seen), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+        )
+    )
     serve = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "legorl.cli", "eval", str(tmp_path / "eval.toml"),
-            "--endpoint", f"http://127.0.0.1:{port}/v1", "--api-key", "sk-test", "--out", str(tmp_path / "out.json"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "legorl.cli",
+            "eval",
+            str(tmp_path / "eval.toml"),
+            "--endpoint",
+            f"http://127.0.0.1:{port}/v1",
+            "--api-key",
+            "sk-test",
+            "--out",
+            str(tmp_path / "out.json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await asyncio.wait_for(proc.communicate(), 600)
     finally:
         server.should_exit = True

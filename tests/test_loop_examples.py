@@ -32,8 +32,9 @@ def test_example_config_loads(path: Path) -> None:
     else:
         from legorl.harness.registry import harness_class, make_harness
 
-        adapter = make_harness(cfg.harness.name, model=cfg.harness.model_name, max_turns=cfg.harness.max_turns,
-                               **cfg.harness.options)  # unknown options raise here
+        adapter = make_harness(
+            cfg.harness.name, model=cfg.harness.model_name, max_turns=cfg.harness.max_turns, **cfg.harness.options
+        )  # unknown options raise here
         assert dataclasses.is_dataclass(adapter) and isinstance(adapter, harness_class(cfg.harness.name))
     if path in GPU:
         assert cfg.engine.kind in ("vllm", "sglang") and cfg.engine.url

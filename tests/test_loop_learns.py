@@ -35,11 +35,23 @@ LEGORL = [sys.executable, "-m", "legorl.cli"]
 
 def slice_config(tmp_path: Path, extra: dict[tuple[str, str], str] | None = None, **over: int) -> Path:
     """examples/quickstart.toml, smaller: the same sections and values, fewer of everything."""
-    values = {"steps": 12, "tasks_per_step": 16, "heldout_tasks": 128, "episodes": 192, "sft_steps": 150,
-              "control_steps": 0, **over}  # fmt: skip
-    where = {"steps": ("run", "steps"), "tasks_per_step": ("run", "tasks_per_step"), "heldout_tasks": ("heldout", "tasks"),
-             "episodes": ("warm_start", "episodes"), "sft_steps": ("warm_start", "steps"),
-             "control_steps": ("warm_start", "control_steps")}  # fmt: skip
+    values = {
+        "steps": 12,
+        "tasks_per_step": 16,
+        "heldout_tasks": 128,
+        "episodes": 192,
+        "sft_steps": 150,
+        "control_steps": 0,
+        **over,
+    }
+    where = {
+        "steps": ("run", "steps"),
+        "tasks_per_step": ("run", "tasks_per_step"),
+        "heldout_tasks": ("heldout", "tasks"),
+        "episodes": ("warm_start", "episodes"),
+        "sft_steps": ("warm_start", "steps"),
+        "control_steps": ("warm_start", "control_steps"),
+    }
     want: dict[tuple[str, str], object] = {where[k]: v for k, v in values.items()}
     added = dict(extra or {})
     lines, section, done = [], "", set()
@@ -69,8 +81,15 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     (README, "Scaling out"): its per-step resolved rate swings too far for these margins.
     Set `max_staleness` to 1 here once it holds."""
     max_staleness = 0
-    extra = {("run", "max_staleness"): max_staleness, ("trainer", "correction"): '"mis"',
-             ("trainer", "correction_level"): '"geometric"'} if max_staleness else {}  # fmt: skip
+    extra = (
+        {
+            ("run", "max_staleness"): max_staleness,
+            ("trainer", "correction"): '"mis"',
+            ("trainer", "correction_level"): '"geometric"',
+        }
+        if max_staleness
+        else {}
+    )
     config = slice_config(tmp_path, extra)
     proc = subprocess.run([*LEGORL, "train", str(config)], capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -91,7 +110,9 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
         # and the rise mostly happens in the first update, so thirds against thirds flaked.
         assert rise_is_significant(rate[0], 128, sum(rate[s] for s in (9, 10, 11)) / 3, 384), rate
         # every rollout of every phase is in the run store, graded
-        rows = dict(db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0"))
+        rows = dict(
+            db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0")
+        )
         spans = {s: (a, b) for s, a, b in db.execute("SELECT step, t_start, t_end FROM steps WHERE step >= 0")}
         stale = [v for (v,) in db.execute("SELECT value FROM metrics WHERE key = 'async/staleness_max'")]
     assert rows[1] == 192 + 3 * 128 and rows[0] == 12 * 16 * 8  # dropped ones would be stored too
@@ -122,8 +143,9 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
     text = config.read_text().replace('at = ["start", "warm_start", "end"]', "at = []")
     text = text.replace("[run]\n", f"[run]\nui = true\nui_port = {port}\n", 1)
     config.write_text(text)
-    proc = subprocess.Popen([*LEGORL, "train", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*LEGORL, "train", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     db_path = tmp_path / "run" / "run.sqlite"
     seen = 0
     try:
@@ -132,16 +154,18 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
             if db_path.exists():
                 try:
                     with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
-                        seen = db.execute("SELECT count(*) FROM trajectories WHERE step = 0 AND status IS NOT NULL"
-                                          ).fetchone()[0]  # fmt: skip
+                        seen = db.execute(
+                            "SELECT count(*) FROM trajectories WHERE step = 0 AND status IS NOT NULL"
+                        ).fetchone()[0]
                 except sqlite3.OperationalError:  # the store is being created
                     seen = 0
                 if seen >= 8:
                     break
             time.sleep(0.05)
         assert seen >= 8, (proc.poll(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "")
-        live = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/trajectories?step=0&limit=1000",
-                                                 timeout=10).read())  # fmt: skip
+        live = json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/trajectories?step=0&limit=1000", timeout=10).read()
+        )
         steps = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/steps", timeout=10).read())
         assert sum(1 for t in live["items"] if t["status"]) >= 8  # the running step's rollouts, as they land
         assert [s["t_end"] for s in steps if s["step"] == 0] == [None]  # ... while the step is still running
@@ -152,8 +176,10 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
     with sqlite3.connect(db_path) as db:
         graded = db.execute("SELECT count(*) FROM trajectories WHERE step = 0 AND status IS NOT NULL").fetchone()[0]
-        with_turns = db.execute("SELECT count(DISTINCT traj_id) FROM turns JOIN trajectories t ON t.id = traj_id "
-                                "WHERE t.step = 0 AND t.status IS NOT NULL").fetchone()[0]  # fmt: skip
+        with_turns = db.execute(
+            "SELECT count(DISTINCT traj_id) FROM turns JOIN trajectories t ON t.id = traj_id "
+            "WHERE t.step = 0 AND t.status IS NOT NULL"
+        ).fetchone()[0]
         ended = db.execute("SELECT t_end FROM steps WHERE step = 0").fetchone()
     assert graded >= seen and with_turns == graded  # nothing graded was lost, turns included
     assert ended is None or ended[0] is None  # the step that was killed is not closed

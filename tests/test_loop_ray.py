@@ -16,11 +16,16 @@ from legorl.monitor.store import RunStore
 
 @pytest.mark.slow
 def test_train_two_steps_on_ray(tmp_path: Path) -> None:
-    proc = train(write_run(tmp_path, extra="""[ray]
+    proc = train(
+        write_run(
+            tmp_path,
+            extra="""[ray]
 enabled = true
 workers = 2
 num_cpus_per_worker = 0.5
-"""))
+""",
+        )
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = tmp_path / "run"
     assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written"

@@ -32,19 +32,29 @@ def events(db_path: Path, kind: str) -> list[dict]:
 @pytest.mark.timeout(600)
 def test_a_lost_worker_node_reruns_its_rollouts_on_a_live_one(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        cluster = start_cluster(stack, {"engine_node": 1}, [{"worker_node": 1}, {"worker_node": 1}],
-                                head_cpus=1, worker_cpus=1)  # fmt: skip
-        config = write_run(tmp_path, extra=f"""[ray]
+        cluster = start_cluster(
+            stack, {"engine_node": 1}, [{"worker_node": 1}, {"worker_node": 1}], head_cpus=1, worker_cpus=1
+        )
+        config = write_run(
+            tmp_path,
+            extra=f"""[ray]
 enabled = true
 address = "{cluster.address}"
 workers = 2
 num_cpus_per_worker = 0.5
 worker_resources = {{ worker_node = 1 }}
-""")
+""",
+        )
         agent = tmp_path / "agent.sh"  # rollouts last long enough to be cut by the kill
         agent.write_text(agent.read_text().replace("\nif [", "\nsleep 8\nif [", 1))
-        proc = subprocess.Popen([*LEGORL, "train", str(config)], cwd=tmp_path, env=ray_env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [*LEGORL, "train", str(config)],
+            cwd=tmp_path,
+            env=ray_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         stack.callback(lambda: proc.poll() is None and proc.kill())
         db_path = tmp_path / "run" / "run.sqlite"
         deadline = time.monotonic() + 300

@@ -62,8 +62,9 @@ class Actor:
 
 
 def pool(actors: list[Actor], version: int = 3, retries: int = 1) -> RayRolloutPool:
-    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": "/bin/true"},
-                                    "ray": {"lost_rollout_retries": retries}})  # fmt: skip
+    cfg = RunConfig.model_validate(
+        {"harness": {"name": "command", "command_file": "/bin/true"}, "ray": {"lost_rollout_retries": retries}}
+    )
     p = RayRolloutPool(cfg, "http://127.0.0.1:9", policy_version=lambda: version)
     p.actors, p.inflight, p.info = actors, [0] * len(actors), [{}] * len(actors)  # what __aenter__ sets up
     return p
@@ -108,7 +109,10 @@ async def test_a_restarted_worker_is_dispatched_again() -> None:
 
 
 async def test_without_retries_or_live_workers_lost_rollouts_are_masked_infra_errors_that_pickle() -> None:
-    for p, masked in ((pool([Actor(dies=True), Actor()], retries=0), 2), (pool([Actor(dies=True), Actor(dies=True)]), 4)):
+    for p, masked in (
+        (pool([Actor(dies=True), Actor()], retries=0), 2),
+        (pool([Actor(dies=True), Actor(dies=True)]), 4),
+    ):
         records = await p.group(TASK, 4, step=0, limit=asyncio.Semaphore(4))
         lost = [r for r in records if r.trajectory.outcome.status == Status.INFRA_ERROR]
         assert len(lost) == masked and p.inflight == [0, 0]
@@ -120,4 +124,3 @@ async def test_without_retries_or_live_workers_lost_rollouts_are_masked_infra_er
             back = pickle.loads(pickle.dumps(r))
             assert back.trajectory.outcome.status == Status.INFRA_ERROR and back.result.outcome.masked
         assert len({r.trajectory.session_id for r in records}) == 4
-

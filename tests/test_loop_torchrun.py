@@ -15,8 +15,10 @@ from legorl.monitor.store import RunStore
 @pytest.mark.slow
 def test_train_under_torchrun_two_ranks(tmp_path: Path) -> None:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    proc = train(write_run(tmp_path, group_size=2, max_tokens=8),
-                 launcher=[torchrun, "--standalone", "--nproc_per_node", "2", "-m", "legorl.cli"])
+    proc = train(
+        write_run(tmp_path, group_size=2, max_tokens=8),
+        launcher=[torchrun, "--standalone", "--nproc_per_node", "2", "-m", "legorl.cli"],
+    )
     assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-4000:])
     with RunStore(tmp_path / "run", readonly=True) as store:
         history = store.metrics_history()

@@ -15,6 +15,7 @@ from loop_util import LEGORL, train, write_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -30,8 +31,12 @@ def test_train_two_steps_then_ui(tmp_path: Path) -> None:
     assert list((run_dir / "checkpoints").iterdir()), "no checkpoint written"
 
     port = _free_port()
-    ui = subprocess.Popen([*LEGORL, "ui", "--run", str(run_dir), "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ui = subprocess.Popen(
+        [*LEGORL, "ui", "--run", str(run_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):

@@ -36,8 +36,13 @@ max_turns = 2
 lr = 1e-4
 zero_variance_groups = "keep"
 """)
-    proc = subprocess.run([sys.executable, "-m", "legorl.cli", "train", str(tmp_path / "run.toml")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legorl.cli", "train", str(tmp_path / "run.toml")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with RunStore(tmp_path / "run", readonly=True) as store:
         listing = store.list_trajectories(limit=50)

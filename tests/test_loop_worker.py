@@ -42,8 +42,12 @@ class FailingFirst(ScriptedEngine):
 
 async def _run(tmp_path: Path, failures: int, retries: int):
     (tmp_path / "agent.sh").write_text(AGENT)
-    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
-                                    "sandbox": {"retries": retries, "agent_timeout_s": 120}})
+    cfg = RunConfig.model_validate(
+        {
+            "harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
+            "sandbox": {"retries": retries, "agent_timeout_s": 120},
+        }
+    )
     engine = FailingFirst(failures, ["hello"], load_tokenizer("tiny-qwen3"))
     async with RolloutWorker(cfg, engine) as w:
         return await w.rollout(load_shipped("train")[0], session_id="sess")

@@ -8,16 +8,34 @@ import pytest
 from pydantic import ValidationError
 
 from legorl.monitor.monitors import (
-    MONITOR_NAMES, MONITORS, MonitorConfig, config_docs, describe_metrics, evaluate, run_monitors,
+    MONITOR_NAMES,
+    MONITORS,
+    MonitorConfig,
+    config_docs,
+    describe_metrics,
+    evaluate,
+    run_monitors,
 )
 from legorl.monitor.store import RunStore
 
 HEALTHY = {
-    "reward/mean": 0.3, "resolved_rate": 0.3, "status/resolved": 0.3, "status/failed": 0.7, "status/infra_error": 0.0,
-    "mismatch/pearson": 0.999, "mismatch/mean_abs_dp": 0.003, "train/clip_frac": 0.02, "train/entropy": 0.8,
-    "rollout/tool_call_rate": 0.8, "rollout/prose_end_rate": 0.1, "rollout/format_error_rate": 0.01,
-    "rollout/response_tokens_mean": 900.0, "rollout/turns_mean": 12.0, "rollout/tamper_flags": 0.0,
-    "groups/zero_variance_share": 0.3, "policy/staleness_mean": 0.5,
+    "reward/mean": 0.3,
+    "resolved_rate": 0.3,
+    "status/resolved": 0.3,
+    "status/failed": 0.7,
+    "status/infra_error": 0.0,
+    "mismatch/pearson": 0.999,
+    "mismatch/mean_abs_dp": 0.003,
+    "train/clip_frac": 0.02,
+    "train/entropy": 0.8,
+    "rollout/tool_call_rate": 0.8,
+    "rollout/prose_end_rate": 0.1,
+    "rollout/format_error_rate": 0.01,
+    "rollout/response_tokens_mean": 900.0,
+    "rollout/turns_mean": 12.0,
+    "rollout/tamper_flags": 0.0,
+    "groups/zero_variance_share": 0.3,
+    "policy/staleness_mean": 0.5,
 }
 
 
@@ -46,36 +64,47 @@ def test_healthy_stream_raises_nothing() -> None:
     assert evaluate([]).alerts == []
 
 
-@pytest.mark.parametrize("override, monitor, severity", [
-    ({"mismatch/pearson": 0.985}, "mismatch", "warning"),
-    ({"mismatch/pearson": 0.8}, "mismatch", "critical"),
-    ({"mismatch/mean_abs_dp": 0.2}, "mismatch", "warning"),
-    ({"status/infra_error": 0.2}, "infra_errors", "warning"),
-    ({"status/infra_error": 0.3, "status/sandbox_start_failed": 0.3}, "infra_errors", "critical"),
-    ({"rollout/tamper_flags": 1.0}, "tamper", "warning"),
-    ({"rollout/tamper_flags": 7.0}, "tamper", "critical"),
-    ({"status/hack_detected": 0.05}, "tamper", "warning"),
-    ({"rollout/tool_call_rate": 0.5}, "tool_collapse", "warning"),
-    ({"rollout/tool_call_rate": 0.1}, "tool_collapse", "critical"),
-    ({"rollout/prose_end_rate": 0.7}, "tool_collapse", "warning"),
-    ({"rollout/format_error_rate": 0.1}, "format_errors", "warning"),
-    ({"rollout/format_error_rate": 0.4}, "format_errors", "critical"),
-    ({"rollout/response_tokens_mean": 2500.0}, "length_blowup", "warning"),
-    ({"rollout/turns_mean": 60.0}, "length_blowup", "critical"),
-    ({"groups/zero_variance_share": 0.9}, "zero_variance", "warning"),
-    ({"groups/zero_variance_share": 1.0}, "zero_variance", "critical"),
-    ({"policy/staleness_mean": 3.0}, "staleness", "warning"),
-    ({"policy/staleness_mean": 9.0}, "staleness", "critical"),
-])
+@pytest.mark.parametrize(
+    "override, monitor, severity",
+    [
+        ({"mismatch/pearson": 0.985}, "mismatch", "warning"),
+        ({"mismatch/pearson": 0.8}, "mismatch", "critical"),
+        ({"mismatch/mean_abs_dp": 0.2}, "mismatch", "warning"),
+        ({"status/infra_error": 0.2}, "infra_errors", "warning"),
+        ({"status/infra_error": 0.3, "status/sandbox_start_failed": 0.3}, "infra_errors", "critical"),
+        ({"rollout/tamper_flags": 1.0}, "tamper", "warning"),
+        ({"rollout/tamper_flags": 7.0}, "tamper", "critical"),
+        ({"status/hack_detected": 0.05}, "tamper", "warning"),
+        ({"rollout/tool_call_rate": 0.5}, "tool_collapse", "warning"),
+        ({"rollout/tool_call_rate": 0.1}, "tool_collapse", "critical"),
+        ({"rollout/prose_end_rate": 0.7}, "tool_collapse", "warning"),
+        ({"rollout/format_error_rate": 0.1}, "format_errors", "warning"),
+        ({"rollout/format_error_rate": 0.4}, "format_errors", "critical"),
+        ({"rollout/response_tokens_mean": 2500.0}, "length_blowup", "warning"),
+        ({"rollout/turns_mean": 60.0}, "length_blowup", "critical"),
+        ({"groups/zero_variance_share": 0.9}, "zero_variance", "warning"),
+        ({"groups/zero_variance_share": 1.0}, "zero_variance", "critical"),
+        ({"policy/staleness_mean": 3.0}, "staleness", "warning"),
+        ({"policy/staleness_mean": 9.0}, "staleness", "critical"),
+    ],
+)
 def test_each_monitor_fires_alone_at_its_severity(override: dict[str, float], monitor: str, severity: str) -> None:
     assert names(stream(15, override)) == {monitor: severity}
 
 
-@pytest.mark.parametrize("override", [
-    {"mismatch/pearson": 0.991}, {"status/infra_error": 0.1}, {"rollout/tool_call_rate": 0.65},
-    {"rollout/format_error_rate": 0.05}, {"rollout/response_tokens_mean": 1700.0}, {"groups/zero_variance_share": 0.8},
-    {"policy/staleness_mean": 2.0}, {"rollout/prose_end_rate": 0.5},
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"mismatch/pearson": 0.991},
+        {"status/infra_error": 0.1},
+        {"rollout/tool_call_rate": 0.65},
+        {"rollout/format_error_rate": 0.05},
+        {"rollout/response_tokens_mean": 1700.0},
+        {"groups/zero_variance_share": 0.8},
+        {"policy/staleness_mean": 2.0},
+        {"rollout/prose_end_rate": 0.5},
+    ],
+)
 def test_values_at_or_inside_thresholds_stay_quiet(override: dict[str, float]) -> None:
     assert names(stream(15, override)) == {}
 
@@ -87,7 +116,7 @@ def test_drift_monitors_wait_for_a_baseline_and_compare_to_recent_steps() -> Non
     # a slow decline that the recent baseline has followed is not a collapse
     hist = stream(40)
     for s, row in enumerate(hist):
-        row["rollout/tool_call_rate"] = 0.8 * (0.99 ** s)
+        row["rollout/tool_call_rate"] = 0.8 * (0.99**s)
     assert "tool_collapse" not in names(hist)
     # the current step missing a metric never fires on stale data
     hist = stream(15)

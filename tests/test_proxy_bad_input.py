@@ -53,6 +53,7 @@ def shaped_error(path: str, r: httpx.Response, status: int | None = None) -> dic
 
 # -- parse-time limits ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
 @pytest.mark.parametrize("stream", [False, True])
 async def test_deep_unread_field_is_refused_before_generation(tmp_path: Path, path: str, stream: bool) -> None:
@@ -74,8 +75,9 @@ async def test_deep_unread_field_is_refused_before_generation(tmp_path: Path, pa
 @pytest.mark.parametrize("where", ["tools", "count_tokens"])
 async def test_thousand_levels_in_tool_schema(tmp_path: Path, where: str) -> None:
     deep = '{"a":[' * 1000 + "1" + "]}" * 1000  # too deep for any encoder: written by hand
-    body = json.dumps({**GOOD[MSGS], "tools": [{"name": "t", "input_schema": {"type": "object",
-                                                                              "properties": {"x": "@"}}}]})
+    body = json.dumps(
+        {**GOOD[MSGS], "tools": [{"name": "t", "input_schema": {"type": "object", "properties": {"x": "@"}}}]}
+    )
     async with server(tmp_path) as srv, httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c:
         url = "/s/k/v1/messages" + ("/count_tokens" if where == "count_tokens" else "")
         r = await c.post(url, content=body.replace('"@"', deep))
@@ -88,10 +90,16 @@ async def test_policy_tool_args_300_deep_are_recorded_and_answered(tmp_path: Pat
     malformed call (returned as text, flagged), the turn is recorded, the stream ends."""
     args = json.dumps({"cmd": deep_list(300)})
     reply = '<tool_call>\n{"name": "bash", "arguments": ' + args + "}\n</tool_call>"
-    async with server(tmp_path, [reply], max_tokens=4096, max_context=8000) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=60) as c:
-        body = {**GOOD[MSGS], "max_tokens": 4000, "stream": stream,
-                "tools": [{"name": "bash", "input_schema": {"type": "object"}}]}
+    async with (
+        server(tmp_path, [reply], max_tokens=4096, max_context=8000) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=60) as c,
+    ):
+        body = {
+            **GOOD[MSGS],
+            "max_tokens": 4000,
+            "stream": stream,
+            "tools": [{"name": "bash", "input_schema": {"type": "object"}}],
+        }
         r = await c.post("/s/pol/v1/messages", json=body)
         assert r.status_code == 200, r.text
         if stream:
@@ -111,8 +119,10 @@ def test_safe_dumps_never_raises() -> None:
 
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
 async def test_long_strings_and_many_messages(tmp_path: Path, path: str) -> None:
-    async with server(tmp_path, max_string_chars=2048, max_messages=3) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c:
+    async with (
+        server(tmp_path, max_string_chars=2048, max_messages=3) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c,
+    ):
         long = {**GOOD[path], "metadata": {"note": "x" * 5000}}
         assert "max_string_chars" in shaped_error(path, await c.post(f"/s/a{path}", json=long), 400)["message"]
         key = "input" if path == RESP else "messages"
@@ -121,6 +131,7 @@ async def test_long_strings_and_many_messages(tmp_path: Path, path: str) -> None
 
 
 # -- client mistakes are 4xx -----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
 @pytest.mark.parametrize("role", [["user"], {"r": "user"}, 7])
@@ -135,8 +146,10 @@ async def test_role_of_wrong_type(tmp_path: Path, path: str, role: Any) -> None:
 async def test_responses_reasoning_item_not_a_list(tmp_path: Path, summary: Any) -> None:
     async with server(tmp_path) as srv, httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c:
         for key in ("summary", "content"):
-            body = {"model": "m", "input": [{"type": "reasoning", key: summary},
-                                            {"type": "message", "role": "user", "content": "hi"}]}
+            body = {
+                "model": "m",
+                "input": [{"type": "reasoning", key: summary}, {"type": "message", "role": "user", "content": "hi"}],
+            }
             r = await c.post(f"/s/x{RESP}", json=body)
             assert r.status_code == 400 and is_dialect_error(RESP, r.json()), r.text
 
@@ -161,9 +174,15 @@ async def _raw(port: int, data: bytes, wait_s: float = 5.0) -> bytes:
         writer.close()
 
 
-@pytest.mark.parametrize("request_line", [b"GARBAGE\r\n\r\n", b"POST /v1/messages HTTP/9.9\r\n\r\n",
-                                          b"POST /\x00 HTTP/1.1\r\nhost: x\r\n\r\n",
-                                          b"POST / HTTP/1.1\r\nbad header\r\n\r\n"])
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /v1/messages HTTP/9.9\r\n\r\n",
+        b"POST /\x00 HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"POST / HTTP/1.1\r\nbad header\r\n\r\n",
+    ],
+)
 async def test_malformed_http_gets_a_json_400(tmp_path: Path, request_line: bytes) -> None:
     async with server(tmp_path) as srv:
         resp = await _raw(srv.port, request_line)
@@ -173,6 +192,7 @@ async def test_malformed_http_gets_a_json_400(tmp_path: Path, request_line: byte
 
 
 # -- slow clients -----------------------------------------------------------------------------
+
 
 async def test_slowloris_connections_are_closed_within_the_header_timeout(tmp_path: Path) -> None:
     async with server(tmp_path) as srv:
@@ -205,6 +225,7 @@ async def test_slow_body_gets_408(tmp_path: Path) -> None:
 
 # -- fuzz: three dialects ---------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def fuzz_proxy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     out = tmp_path_factory.mktemp("fuzz")
@@ -219,12 +240,14 @@ def test_fuzz_never_5xx_and_every_accepted_turn_recorded(fuzz_proxy: Any, path: 
     counts = {"ok": 0, "4xx": 0}
     before = turns_recorded(out)
 
-    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(body=BODIES[path]())
     def one(body: Any) -> None:
-        r = client.post(f"/s/fuzz-{path.rsplit('/', 1)[-1]}{path}", content=json.dumps(body),
-                        headers={"content-type": "application/json"})
+        r = client.post(
+            f"/s/fuzz-{path.rsplit('/', 1)[-1]}{path}",
+            content=json.dumps(body),
+            headers={"content-type": "application/json"},
+        )
         assert r.status_code < 500, (body, r.status_code, r.text)
         if r.status_code == 200:
             counts["ok"] += 1
@@ -234,8 +257,11 @@ def test_fuzz_never_5xx_and_every_accepted_turn_recorded(fuzz_proxy: Any, path: 
             counts["4xx"] += 1
             assert is_dialect_error(path, r.json()), r.text
         if path == MSGS:  # count_tokens reads the same body
-            r = client.post("/s/fuzz-count/v1/messages/count_tokens", content=json.dumps(body),
-                            headers={"content-type": "application/json"})
+            r = client.post(
+                "/s/fuzz-count/v1/messages/count_tokens",
+                content=json.dumps(body),
+                headers={"content-type": "application/json"},
+            )
             assert r.status_code < 500 and (r.status_code == 200 or is_dialect_error(MSGS, r.json())), r.text
 
     one()
@@ -246,10 +272,13 @@ def test_fuzz_never_5xx_and_every_accepted_turn_recorded(fuzz_proxy: Any, path: 
 
 # -- bounded memory ---------------------------------------------------------------------------
 
+
 async def test_refused_huge_prompt_caches_nothing_and_opens_no_session(tmp_path: Path) -> None:
     words = " ".join(f"w{i % 997}x{i % 13}" for i in range(60_000))  # ~0.5 MB, far over 2,000 tokens
-    async with server(tmp_path, offload_bytes=64 * 1024) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c:
+    async with (
+        server(tmp_path, offload_bytes=64 * 1024) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c,
+    ):
         cache = srv.ctx.renderer._cache
         await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])
         n_before, bytes_before = len(cache), cache.nbytes
@@ -264,10 +293,16 @@ async def test_refused_huge_prompt_caches_nothing_and_opens_no_session(tmp_path:
 
 
 async def test_offloaded_render_equals_inline_and_is_cached_once_accepted(tmp_path: Path) -> None:
-    body = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "a " * 300}],
-            "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]}
-    async with server(tmp_path / "a", offload_bytes=0) as off, server(tmp_path / "b") as inline, \
-            httpx.AsyncClient(timeout=60) as c:
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "a " * 300}],
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+    }
+    async with (
+        server(tmp_path / "a", offload_bytes=0) as off,
+        server(tmp_path / "b") as inline,
+        httpx.AsyncClient(timeout=60) as c,
+    ):
         for srv in (off, inline):
             r = await c.post(f"{srv.base_url}/s/x{CHAT}", json=body)
             assert r.status_code == 200, r.text
@@ -292,13 +327,15 @@ async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_
     a ByteLRU, and a refused prompt — rendered on the loop or off it — leaves nothing."""
     from template_util import standin_tokenizer, template
 
-    from legorl.proxy.renderers import make_renderer
     from legorl.proxy.render_cache import ByteLRU
+    from legorl.proxy.renderers import make_renderer
 
     tok = standin_tokenizer("glm45_added.json", template("glm-4.5.jinja"), "<|endoftext|>")
     cfg = ProxyConfig(port=0, max_context=2000, render_cache_bytes=4 << 20, offload_bytes=16 * 1024)
-    async with ProxyServer(cfg, ScriptedEngine(["fine"], tok), make_renderer(tok), standalone=True, out_dir=tmp_path) as srv, \
-            httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c:
+    async with (
+        ProxyServer(cfg, ScriptedEngine(["fine"], tok), make_renderer(tok), standalone=True, out_dir=tmp_path) as srv,
+        httpx.AsyncClient(base_url=srv.base_url, timeout=120) as c,
+    ):
         cache = srv.ctx.renderer._cache
         assert isinstance(cache, ByteLRU) and cache.max_bytes == 4 << 20
         assert (await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])).status_code == 200
@@ -349,15 +386,22 @@ async def test_refused_prompt_rendered_on_the_loop_caches_nothing(tmp_path: Path
         await c.post(f"/s/warm{CHAT}", json=GOOD[CHAT])
         n_before, bytes_before = len(cache), cache.nbytes
         long = " ".join(f"q{i}" for i in range(3000))  # ~18 KB: rendered on the loop, > 2,000 tokens
-        body = {"model": "m", "messages": [{"role": "user", "content": "a new question"}, {"role": "assistant", "content": "ok"},
-                                           {"role": "user", "content": long}]}
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "a new question"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": long},
+            ],
+        }
         assert (await c.post(f"/s/warm{CHAT}", json=body)).status_code == 400
         assert (len(cache), cache.nbytes) == (n_before, bytes_before)
 
 
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
-async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(tmp_path: Path, path: str,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(
+    tmp_path: Path, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with server(tmp_path) as srv, httpx.AsyncClient(base_url=srv.base_url, timeout=30) as c:
         monkeypatch.setattr(srv.ctx, "sampling_dict", lambda params: 1 / 0)  # record() fails: a bug
         r = await c.post(f"/s/f{path}", json={**GOOD[path], "stream": True})
@@ -375,8 +419,17 @@ def test_store_dumps_never_raises() -> None:
 def test_limits_are_documented_settings() -> None:
     from pydantic import ValidationError
 
-    names = ["max_json_depth", "max_string_chars", "max_messages", "max_body_bytes", "header_timeout_s",
-             "body_timeout_s", "offload_bytes", "render_cache_bytes", "session_idle_s"]
+    names = [
+        "max_json_depth",
+        "max_string_chars",
+        "max_messages",
+        "max_body_bytes",
+        "header_timeout_s",
+        "body_timeout_s",
+        "offload_bytes",
+        "render_cache_bytes",
+        "session_idle_s",
+    ]
     for name in names:
         assert ProxyConfig.model_fields[name].description, f"ProxyConfig.{name} has no docstring"
     with pytest.raises(ValidationError, match="max_json_depth"):

@@ -25,22 +25,42 @@ from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
 SCRIPT = [
-    '<think>\nI should look around first.\n</think>\n\nLet me look.\n'
+    "<think>\nI should look around first.\n</think>\n\nLet me look.\n"
     '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n'
     '<tool_call>\n{"name": "bash", "arguments": {"command": "pwd"}}\n</tool_call>',
     '<tool_call>\n{"name": "bash", "arguments": {"command": "cat README.md", "timeout": 5}}\n</tool_call>',
     "Done: the repository has a README and nothing else.",
 ]
-OPENAI_TOOLS = [{"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
-                   "required": ["command"]}}}]
-ANTHROPIC_TOOLS = [{"name": "bash", "description": "Run a shell command.",
-                    "input_schema": OPENAI_TOOLS[0]["function"]["parameters"]}]
-RESPONSES_TOOLS = [{"type": "function", "name": "bash", "description": "Run a shell command.",
-                    "parameters": OPENAI_TOOLS[0]["function"]["parameters"]}]
-EXPECTED_CALLS = [[("bash", {"command": "ls"}), ("bash", {"command": "pwd"})],
-                  [("bash", {"command": "cat README.md", "timeout": 5})], []]
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+ANTHROPIC_TOOLS = [
+    {"name": "bash", "description": "Run a shell command.", "input_schema": OPENAI_TOOLS[0]["function"]["parameters"]}
+]
+RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": OPENAI_TOOLS[0]["function"]["parameters"],
+    }
+]
+EXPECTED_CALLS = [
+    [("bash", {"command": "ls"}), ("bash", {"command": "pwd"})],
+    [("bash", {"command": "cat README.md", "timeout": 5})],
+    [],
+]
 
 
 @pytest.fixture
@@ -73,8 +93,9 @@ async def _openai_turn(client: openai.AsyncOpenAI, msgs: list[dict], stream: boo
         content, usage = m.content, (r.usage.prompt_tokens, r.usage.completion_tokens)
         assert r.choices[0].finish_reason == ("tool_calls" if calls else "stop")
     else:
-        s = await client.chat.completions.create(model="policy", messages=msgs, tools=OPENAI_TOOLS, stream=True,
-                                                 stream_options={"include_usage": True})
+        s = await client.chat.completions.create(
+            model="policy", messages=msgs, tools=OPENAI_TOOLS, stream=True, stream_options={"include_usage": True}
+        )
         content, reasoning, by_index, usage, finish = "", "", {}, None, None
         async for ch in s:
             if ch.usage is not None:
@@ -93,9 +114,14 @@ async def _openai_turn(client: openai.AsyncOpenAI, msgs: list[dict], stream: boo
     # OpenCode replays reasoning_content and re-stringifies arguments compactly.
     msg = {"role": "assistant", "content": content or "", "reasoning_content": reasoning or None}
     if calls:
-        msg["tool_calls"] = [{"id": i, "type": "function",
-                              "function": {"name": n, "arguments": json.dumps(json.loads(a), separators=(",", ":"))}}
-                             for i, n, a in calls]
+        msg["tool_calls"] = [
+            {
+                "id": i,
+                "type": "function",
+                "function": {"name": n, "arguments": json.dumps(json.loads(a), separators=(",", ":"))},
+            }
+            for i, n, a in calls
+        ]
     view = canonical(content, reasoning, [(n, a) for _, n, a in calls])
     return msg, view, usage
 
@@ -105,8 +131,10 @@ async def test_openai_chat_round_trip(proxy: ProxyServer, stream: bool) -> None:
     sid = f"oa-{stream}"
     proxy.open_session(sid)
     client = openai.AsyncOpenAI(base_url=proxy.base_url + "/v1", api_key=sid, max_retries=0)
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                  {"role": "user", "content": "What is in this repository?"}]
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "What is in this repository?"},
+    ]
     views = []
     for _ in range(3):
         msg, view, usage = await _openai_turn(client, msgs, stream)
@@ -123,13 +151,24 @@ async def test_anthropic_round_trip(proxy: ProxyServer, stream: bool) -> None:
     sid = f"an-{stream}"
     proxy.open_session(sid)
     client = anthropic.AsyncAnthropic(base_url=proxy.base_url, api_key=sid, max_retries=0)
-    msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "What is in this repository?"}]}]
-    system = [{"type": "text", "text": "You are Claude Code."},
-              {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "What is in this repository?"}]}
+    ]
+    system = [
+        {"type": "text", "text": "You are Claude Code."},
+        {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}},
+    ]
     views = []
     for _ in range(3):
-        kw = dict(model="my-claude-policy", max_tokens=1000, system=system, messages=msgs, tools=ANTHROPIC_TOOLS,
-                  metadata={"user_id": "u"}, extra_query={"beta": "true"})
+        kw = dict(
+            model="my-claude-policy",
+            max_tokens=1000,
+            system=system,
+            messages=msgs,
+            tools=ANTHROPIC_TOOLS,
+            metadata={"user_id": "u"},
+            extra_query={"beta": "true"},
+        )
         if stream:
             text_deltas = 0
             async with client.messages.stream(**kw) as s:
@@ -148,14 +187,24 @@ async def test_anthropic_round_trip(proxy: ProxyServer, stream: bool) -> None:
         thinking = [b for b in m.content if b.type == "thinking"]
         assert all(b.signature for b in thinking)
         text = "".join(b.text for b in m.content if b.type == "text")
-        views.append((canonical(text, "".join(b.thinking for b in thinking) or None,
-                                [(b.name, b.input) for b in calls]),
-                      (m.usage.input_tokens, m.usage.output_tokens)))
+        views.append(
+            (
+                canonical(text, "".join(b.thinking for b in thinking) or None, [(b.name, b.input) for b in calls]),
+                (m.usage.input_tokens, m.usage.output_tokens),
+            )
+        )
         # Claude Code replays every block in order, thinking with its signature.
         msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]})
         if calls:
-            msgs.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": b.id, "content": f"ran {b.input['command']}"} for b in calls]})
+            msgs.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": b.id, "content": f"ran {b.input['command']}"}
+                        for b in calls
+                    ],
+                }
+            )
     _finish(proxy, sid, views)
 
 
@@ -168,21 +217,28 @@ async def test_responses_round_trip(proxy: ProxyServer, stream: bool) -> None:
     items: list[dict[str, Any]] = [{"role": "user", "content": "What is in this repository?"}]
     views = []
     for _ in range(3):
-        kw = dict(model="policy", instructions="You are a coding agent.", input=items, tools=RESPONSES_TOOLS,
-                  store=False)
+        kw = dict(
+            model="policy", instructions="You are a coding agent.", input=items, tools=RESPONSES_TOOLS, store=False
+        )
         if stream:
             deltas: dict[str, str] = {}
             final = None
             async for ev in await client.responses.create(stream=True, **kw):
-                if ev.type in ("response.output_text.delta", "response.function_call_arguments.delta",
-                               "response.reasoning_text.delta"):
+                if ev.type in (
+                    "response.output_text.delta",
+                    "response.function_call_arguments.delta",
+                    "response.reasoning_text.delta",
+                ):
                     deltas[ev.item_id] = deltas.get(ev.item_id, "") + ev.delta
                 if ev.type == "response.completed":
                     final = ev.response
             assert final is not None
             for item in final.output:  # the deltas add up to the final items
-                whole = {"message": lambda i: i.content[0].text, "function_call": lambda i: i.arguments,
-                         "reasoning": lambda i: i.content[0].text}[item.type](item)
+                whole = {
+                    "message": lambda i: i.content[0].text,
+                    "function_call": lambda i: i.arguments,
+                    "reasoning": lambda i: i.content[0].text,
+                }[item.type](item)
                 assert deltas.get(item.id, "") == whole
             r = final
         else:
@@ -190,11 +246,14 @@ async def test_responses_round_trip(proxy: ProxyServer, stream: bool) -> None:
         assert r.status == "completed"
         calls = [o for o in r.output if o.type == "function_call"]
         reasoning = "".join(c.text for o in r.output if o.type == "reasoning" for c in o.content or [])
-        views.append((canonical(r.output_text, reasoning or None, [(c.name, c.arguments) for c in calls]),
-                      (r.usage.input_tokens, r.usage.output_tokens)))
+        views.append(
+            (
+                canonical(r.output_text, reasoning or None, [(c.name, c.arguments) for c in calls]),
+                (r.usage.input_tokens, r.usage.output_tokens),
+            )
+        )
         items += [o.model_dump(exclude_none=True) for o in r.output]
-        items += [{"type": "function_call_output", "call_id": c.call_id, "output": f"ran {c.arguments}"}
-                  for c in calls]
+        items += [{"type": "function_call_output", "call_id": c.call_id, "output": f"ran {c.arguments}"} for c in calls]
     _finish(proxy, sid, views)
 
 
@@ -214,8 +273,11 @@ async def test_trailing_assistant_message_is_continued(proxy: ProxyServer) -> No
     proxy.open_session("prefill")
     client = openai.AsyncOpenAI(base_url=proxy.base_url + "/v1", api_key="prefill", max_retries=0)
     prefill = "CRITICAL - MAXIMUM STEPS REACHED. Respond with text only."
-    r = await client.chat.completions.create(model="p", tools=OPENAI_TOOLS, messages=[
-        {"role": "user", "content": "go"}, {"role": "assistant", "content": prefill}])
+    r = await client.chat.completions.create(
+        model="p",
+        tools=OPENAI_TOOLS,
+        messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": prefill}],
+    )
     assert r.choices[0].message.tool_calls  # the script's first entry, generated after the prefill
     (turn,) = proxy.close_session("prefill")
     text = tokenizer().decode(turn.prompt_ids)

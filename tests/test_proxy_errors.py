@@ -88,18 +88,57 @@ BAD = [
     (CHAT, b"", "body is empty"),
     (CHAT, {"model": "m", "messages": "hi"}, "messages: expected an array"),
     (CHAT, {"model": "m", "messages": []}, "at least one message"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "10"}, "max_tokens: expected an integer"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens: must be at least 1"),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": "10"},
+        "max_tokens: expected an integer",
+    ),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+        "max_tokens: must be at least 1",
+    ),
     (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}, "n=2"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]}, "audio output"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "audio input"),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]},
+        "audio output",
+    ),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+        "audio input",
+    ),
     (CHAT, {"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream: expected a boolean"),
-    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+        "stream: expected a boolean",
+    ),
+    (
+        CHAT,
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search"}]},
+        "tools[0].type",
+    ),
     (MSGS, {"model": "m", "max_tokens": 5, "messages": {"role": "user"}}, "messages: expected an array"),
-    (MSGS, {"model": "m", "max_tokens": "lots", "messages": [{"role": "user", "content": "x"}]}, "max_tokens: expected an integer"),
-    (MSGS, {"model": "m", "messages": [{"role": "user", "content": [{"type": "video"}]}]}, "unsupported block type 'video'"),
-    (MSGS, {"model": "m", "messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "x", "input": "ls"}]}]}, "input: expected an object"),
+    (
+        MSGS,
+        {"model": "m", "max_tokens": "lots", "messages": [{"role": "user", "content": "x"}]},
+        "max_tokens: expected an integer",
+    ),
+    (
+        MSGS,
+        {"model": "m", "messages": [{"role": "user", "content": [{"type": "video"}]}]},
+        "unsupported block type 'video'",
+    ),
+    (
+        MSGS,
+        {
+            "model": "m",
+            "messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "x", "input": "ls"}]}],
+        },
+        "input: expected an object",
+    ),
     (MSGS, b"\xff\xfe", "not valid JSON"),
     (RESP, {"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     (RESP, {"model": "m", "input": [{"type": "computer_call"}]}, "input item type 'computer_call'"),
@@ -117,8 +156,9 @@ async def test_bad_requests_between_good_ones(proxy: ProxyServer) -> None:
             assert r.status_code == 400, (path, body, r.text)
             assert words in err_of(path, r)["message"], (words, r.text)
         # a burst, concurrently, then the server still answers
-        rs = await asyncio.gather(*[c.post(p, content=b if isinstance(b, bytes) else json.dumps(b).encode())
-                                    for p, b, _ in BAD * 3])
+        rs = await asyncio.gather(
+            *[c.post(p, content=b if isinstance(b, bytes) else json.dumps(b).encode()) for p, b, _ in BAD * 3]
+        )
         assert {r.status_code for r in rs} == {400}
         assert (await c.post(CHAT, json=GOOD[CHAT])).status_code == 200
     assert len(proxy.sessions.open_sessions["s1"].turns) == len(BAD) + 1
@@ -126,30 +166,68 @@ async def test_bad_requests_between_good_ones(proxy: ProxyServer) -> None:
 
 async def test_unknown_fields_are_ignored(proxy: ProxyServer) -> None:
     body = {
-        "model": "m", "max_tokens": 30, "metadata": {"user_id": "{\"session_id\": \"x\"}"},
-        "thinking": {"type": "adaptive", "display": "updates"}, "output_config": {"effort": "high"},
+        "model": "m",
+        "max_tokens": 30,
+        "metadata": {"user_id": '{"session_id": "x"}'},
+        "thinking": {"type": "adaptive", "display": "updates"},
+        "output_config": {"effort": "high"},
         "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
-        "tools": [{"name": "Bash", "input_schema": {"type": "object"}, "defer_loading": True,
-                   "cache_control": {"type": "ephemeral"}}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
-                     {"role": "system", "content": "mid-conversation system turn"},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-                         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
-                         {"type": "text", "text": "<system-reminder>x</system-reminder>"}]}]}],
+        "tools": [
+            {
+                "name": "Bash",
+                "input_schema": {"type": "object"},
+                "defer_loading": True,
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "mid-conversation system turn"},
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "t",
+                        "content": [
+                            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+                            {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                        ],
+                    }
+                ],
+            },
+        ],
         "some_future_field": {"a": 1},
     }
     async with httpx.AsyncClient(base_url=proxy.base_url) as c:
         r = await c.post(MSGS + "?beta=true", json=body, headers={"x-api-key": "s2", "anthropic-beta": "a,b"})
         assert r.status_code == 200, r.text
-        r = await c.post(CHAT, headers={"authorization": "Bearer s2"}, json={
-            **GOOD[CHAT], "reasoning_effort": "high", "prompt_cache_key": "conv-1", "stream_options": None,
-            "messages": [{"role": "system", "content": [{"type": "text", "text": "sys"}]},
-                         {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url",
-                                                                                     "image_url": {"url": "x"}}]},
-                         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
-                          "function": {"name": "bash", "arguments": "{}"}}]},
-                         {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": [{"type": "text", "text": "ok"}]}]})
+        r = await c.post(
+            CHAT,
+            headers={"authorization": "Bearer s2"},
+            json={
+                **GOOD[CHAT],
+                "reasoning_effort": "high",
+                "prompt_cache_key": "conv-1",
+                "stream_options": None,
+                "messages": [
+                    {"role": "system", "content": [{"type": "text", "text": "sys"}]},
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": "x"}}],
+                    },
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c1", "name": "bash", "content": [{"type": "text", "text": "ok"}]},
+                ],
+            },
+        )
         assert r.status_code == 200, r.text
     turns = proxy.sessions.open_sessions["s2"].turns
     text = tokenizer().decode(turns[0].prompt_ids)
@@ -262,17 +340,20 @@ async def test_stop_strings_are_honoured_and_trimmed() -> None:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
         r = await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["</function"])
         assert r.choices[0].message.content == "call <function=bash>ls"
-        s = await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
-                                            stop=["</function"], stream=True)
+        s = await o.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stop=["</function"], stream=True
+        )
         assert "".join([ch.choices[0].delta.content or "" async for ch in s if ch.choices]) == "call <function=bash>ls"
         a = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="k", max_retries=0)
-        m = await a.messages.create(model="m", max_tokens=50, messages=[{"role": "user", "content": "x"}],
-                                    stop_sequences=["</function"])
+        m = await a.messages.create(
+            model="m", max_tokens=50, messages=[{"role": "user", "content": "x"}], stop_sequences=["</function"]
+        )
         assert m.stop_reason == "stop_sequence" and m.stop_sequence == "</function"
         assert m.content[0].text == "call <function=bash>ls"
         turns = srv.sessions.open_sessions["k"].turns
-        assert all(t.sampling_used["stop"] == ["</function"] or t.sampling_used["stop"] == ("</function",)
-                   for t in turns)
+        assert all(
+            t.sampling_used["stop"] == ["</function"] or t.sampling_used["stop"] == ("</function",) for t in turns
+        )
         assert all(t.response_text == "call <function=bash>ls" for t in turns)
         r = await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=3)
         assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 3

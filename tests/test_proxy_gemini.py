@@ -44,23 +44,34 @@ from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
 SYSTEM = "You are a coding agent."
-BASH = types.FunctionDeclaration(name="bash", description="Run a shell command.",
-                                 parameters_json_schema=OPENAI_TOOLS[0]["function"]["parameters"])
+BASH = types.FunctionDeclaration(
+    name="bash", description="Run a shell command.", parameters_json_schema=OPENAI_TOOLS[0]["function"]["parameters"]
+)
 # Gemini CLI declares its tools with Google's OpenAPI subset (upper-case type names).
-BASH_OPENAPI = types.FunctionDeclaration(name="bash", description="Run a shell command.", parameters=types.Schema(
-    type="OBJECT", properties={"command": types.Schema(type="STRING"), "timeout": types.Schema(type="NUMBER")},
-    required=["command"]))
+BASH_OPENAPI = types.FunctionDeclaration(
+    name="bash",
+    description="Run a shell command.",
+    parameters=types.Schema(
+        type="OBJECT",
+        properties={"command": types.Schema(type="STRING"), "timeout": types.Schema(type="NUMBER")},
+        required=["command"],
+    ),
+)
 
 
 def client(srv: ProxyServer, key: str, base: str | None = None) -> genai.Client:
-    return genai.Client(api_key=key, http_options=types.HttpOptions(base_url=base or srv.base_url,
-                                                                    api_version="v1beta"))
+    return genai.Client(
+        api_key=key, http_options=types.HttpOptions(base_url=base or srv.base_url, api_version="v1beta")
+    )
 
 
 def config(decl: types.FunctionDeclaration = BASH, **kw: Any) -> types.GenerateContentConfig:
     return types.GenerateContentConfig(
-        system_instruction=SYSTEM, tools=[types.Tool(function_declarations=[decl])],
-        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True), **kw)
+        system_instruction=SYSTEM,
+        tools=[types.Tool(function_declarations=[decl])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -71,8 +82,13 @@ async def proxy():
         yield srv
 
 
-async def _turn(c: genai.Client, contents: list[types.Content], stream: bool, cfg: types.GenerateContentConfig,
-                model: str = "legorl-policy") -> tuple[types.Content, tuple, tuple[int, int], str]:
+async def _turn(
+    c: genai.Client,
+    contents: list[types.Content],
+    stream: bool,
+    cfg: types.GenerateContentConfig,
+    model: str = "legorl-policy",
+) -> tuple[types.Content, tuple, tuple[int, int], str]:
     """One call; the `model` content as a client keeps it, the view, usage, finishReason."""
     if stream:
         parts: list[types.Part] = []
@@ -95,8 +111,12 @@ async def _turn(c: genai.Client, contents: list[types.Content], stream: bool, cf
     assert all(fc.id for fc in calls)
     view = canonical(text, thought or None, [(fc.name, fc.args) for fc in calls])
     assert usage.total_token_count == usage.prompt_token_count + usage.candidates_token_count
-    return (types.Content(role="model", parts=parts), view, (usage.prompt_token_count, usage.candidates_token_count),
-            finish.value if finish else "")
+    return (
+        types.Content(role="model", parts=parts),
+        view,
+        (usage.prompt_token_count, usage.candidates_token_count),
+        finish.value if finish else "",
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -113,9 +133,19 @@ async def test_gemini_round_trip(proxy: ProxyServer, stream: bool) -> None:
         contents.append(model_content)  # replayed as received, thought parts included
         calls = [p.function_call for p in model_content.parts if p.function_call]
         if calls:
-            contents.append(types.Content(role="user", parts=[
-                types.Part(function_response=types.FunctionResponse(
-                    id=fc.id, name=fc.name, response={"output": f"ran {fc.args['command']}"})) for fc in calls]))
+            contents.append(
+                types.Content(
+                    role="user",
+                    parts=[
+                        types.Part(
+                            function_response=types.FunctionResponse(
+                                id=fc.id, name=fc.name, response={"output": f"ran {fc.args['command']}"}
+                            )
+                        )
+                        for fc in calls
+                    ],
+                )
+            )
     turns = proxy.close_session(sid)
     assert len(turns) == 3
     for turn, (view, usage) in zip(turns, views, strict=True):
@@ -134,8 +164,11 @@ async def test_count_tokens_key_routes_and_generation_config(proxy: ProxyServer)
     c = client(proxy, "gct")
     contents = [types.Content(role="user", parts=[types.Part(text="count me")])]
     counted = await c.aio.models.count_tokens(model="m", contents=contents)
-    r = await c.aio.models.generate_content(model="m", contents=contents, config=types.GenerateContentConfig(
-        temperature=0.3, top_p=0.9, max_output_tokens=7, stop_sequences=["STOP"]))
+    r = await c.aio.models.generate_content(
+        model="m",
+        contents=contents,
+        config=types.GenerateContentConfig(temperature=0.3, top_p=0.9, max_output_tokens=7, stop_sequences=["STOP"]),
+    )
     assert counted.total_tokens == r.usage_metadata.prompt_token_count > 3
     assert r.candidates[0].finish_reason.value == "MAX_TOKENS"  # 7 tokens of the script's long first answer
     # the session also travels as `?key=` and in the URL
@@ -153,25 +186,46 @@ async def test_errors_are_google_shaped_4xx(proxy: ProxyServer) -> None:
     proxy.open_session("gerr")
     c = client(proxy, "gerr")
     with pytest.raises(genai_errors.ClientError) as e:
-        await c.aio.models.generate_content(model="m", contents="hi", config=types.GenerateContentConfig(
-            tools=[types.Tool(google_search=types.GoogleSearch())]))
+        await c.aio.models.generate_content(
+            model="m",
+            contents="hi",
+            config=types.GenerateContentConfig(tools=[types.Tool(google_search=types.GoogleSearch())]),
+        )
     assert e.value.code == 400 and e.value.status == "INVALID_ARGUMENT" and "googleSearch" in e.value.message
     async with httpx.AsyncClient(base_url=proxy.base_url, headers={"x-goog-api-key": "gerr"}, timeout=30) as h:
         cases = [
             ("/v1beta/models/m:generateContent", {"contents": []}, 400, "contents"),
-            ("/v1beta/models/m:generateContent", {"contents": [{"role": "robot", "parts": [{"text": "x"}]}]}, 400,
-             "role"),
-            ("/v1beta/models/m:generateContent",
-             {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}}, 400, "candidateCount"),
-            ("/v1beta/models/m:streamGenerateContent?alt=sse",
-             {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": "9"}}, 400,
-             "maxOutputTokens"),
+            (
+                "/v1beta/models/m:generateContent",
+                {"contents": [{"role": "robot", "parts": [{"text": "x"}]}]},
+                400,
+                "role",
+            ),
+            (
+                "/v1beta/models/m:generateContent",
+                {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}},
+                400,
+                "candidateCount",
+            ),
+            (
+                "/v1beta/models/m:streamGenerateContent?alt=sse",
+                {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": "9"}},
+                400,
+                "maxOutputTokens",
+            ),
             ("/v1beta/models/m:embedContent", {"contents": []}, 404, "embedContent"),
-            ("/v1beta/models/m:streamGenerateContent?alt=sse",
-             {"contents": [{"parts": [{"text": "x"}]}], "labels": json.loads("[" * 300 + "]" * 300)}, 400,
-             "max_json_depth"),
-            ("/v1beta/models/m:generateContent", {"contents": [{"parts": [{"text": "y" * 40_000}]}]}, 400,
-             "maximum number of tokens"),
+            (
+                "/v1beta/models/m:streamGenerateContent?alt=sse",
+                {"contents": [{"parts": [{"text": "x"}]}], "labels": json.loads("[" * 300 + "]" * 300)},
+                400,
+                "max_json_depth",
+            ),
+            (
+                "/v1beta/models/m:generateContent",
+                {"contents": [{"parts": [{"text": "y" * 40_000}]}]},
+                400,
+                "maximum number of tokens",
+            ),
         ]
         for path, body, status, needle in cases:
             r = await h.post(path, json=body)
@@ -204,19 +258,35 @@ async def hf_proxy(hf: Any):
 async def test_gemini_with_hf(hf_proxy: ProxyServer, stream: bool) -> None:
     sid = f"hf-gm-{stream}"
     c = client(hf_proxy, sid)
-    contents = [types.Content(role="user", parts=[types.Part(text="list files")]),
-                types.Content(role="model", parts=[types.Part(function_call=types.FunctionCall(
-                    id="c0", name="bash", args={"command": "ls"}))]),
-                types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
-                    id="c0", name="bash", response={"output": "a.py b.py"}))])]
+    contents = [
+        types.Content(role="user", parts=[types.Part(text="list files")]),
+        types.Content(
+            role="model",
+            parts=[types.Part(function_call=types.FunctionCall(id="c0", name="bash", args={"command": "ls"}))],
+        ),
+        types.Content(
+            role="user",
+            parts=[
+                types.Part(
+                    function_response=types.FunctionResponse(id="c0", name="bash", response={"output": "a.py b.py"})
+                )
+            ],
+        ),
+    ]
     views = []
     for k in range(2):
         model_content, view, usage, _ = await _turn(c, contents, stream and k == 0, config(), model="m")
         views.append((view, usage))
         contents.append(model_content)
-        replies = [types.Part(function_response=types.FunctionResponse(id=p.function_call.id, name=p.function_call.name,
-                                                                       response={"output": "ok"}))
-                   for p in model_content.parts if p.function_call]
+        replies = [
+            types.Part(
+                function_response=types.FunctionResponse(
+                    id=p.function_call.id, name=p.function_call.name, response={"output": "ok"}
+                )
+            )
+            for p in model_content.parts
+            if p.function_call
+        ]
         contents.append(types.Content(role="user", parts=[*replies, types.Part(text=f"continue {k}")]))
     turns = hf_proxy.close_session(sid)
     assert len(turns) == len(views)
@@ -229,13 +299,16 @@ async def test_gemini_with_hf(hf_proxy: ProxyServer, stream: bool) -> None:
 def test_gemini_fuzz_never_5xx_and_every_accepted_turn_recorded(tmp_path: Path) -> None:
     def make() -> ProxyServer:
         cfg = ProxyConfig(port=0, max_context=4000, header_timeout_s=1.0, body_timeout_s=1.0)
-        return ProxyServer(cfg, ScriptedEngine(["fine, thanks"], tokenizer()), Renderer(tokenizer()), standalone=True,
-                           out_dir=tmp_path)
+        return ProxyServer(
+            cfg, ScriptedEngine(["fine, thanks"], tokenizer()), Renderer(tokenizer()), standalone=True, out_dir=tmp_path
+        )
 
     counts = {"ok": 0, "4xx": 0}
     with ThreadedProxy(make) as tp, httpx.Client(base_url=tp.srv.base_url, timeout=30) as h:
-        @settings(max_examples=150, deadline=None, database=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+
+        @settings(
+            max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        )
         @given(body=BODIES[GEM](), path=st.sampled_from([GEM, GEM_STREAM]))
         def one(body: Any, path: str) -> None:
             r = h.post(f"/s/fuzz-gem{path}", content=json.dumps(body), headers={"content-type": "application/json"})
@@ -248,7 +321,9 @@ def test_gemini_fuzz_never_5xx_and_every_accepted_turn_recorded(tmp_path: Path) 
             else:
                 counts["4xx"] += 1
                 assert is_dialect_error(path, r.json()), r.text
-            r = h.post(f"/s/fuzz-count{GEM_COUNT}", content=json.dumps(body), headers={"content-type": "application/json"})
+            r = h.post(
+                f"/s/fuzz-count{GEM_COUNT}", content=json.dumps(body), headers={"content-type": "application/json"}
+            )
             assert r.status_code < 500 and (r.status_code == 200 or is_dialect_error(GEM_COUNT, r.json())), r.text
 
         before = turns_recorded(tmp_path)

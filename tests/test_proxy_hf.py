@@ -25,9 +25,16 @@ from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 HISTORY_CALL = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
 
 
@@ -60,14 +67,18 @@ def _check_session(srv: ProxyServer, sid: str, views: list[tuple]) -> None:
 async def test_openai_chat_with_hf(proxy: ProxyServer, stream: bool) -> None:
     sid = f"hf-oa-{stream}"
     o = openai.AsyncOpenAI(base_url=proxy.base_url + "/v1", api_key=sid, max_retries=0)
-    msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "list files"},
-            {"role": "assistant", "content": "", "tool_calls": [HISTORY_CALL]},
-            {"role": "tool", "tool_call_id": "call_0", "content": "a.py b.py"}]
+    msgs = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": "", "tool_calls": [HISTORY_CALL]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "a.py b.py"},
+    ]
     views = []
     for k in range(2):
         if stream:
-            s = await o.chat.completions.create(model="p", messages=msgs, tools=TOOLS, stream=True,
-                                                stream_options={"include_usage": True})
+            s = await o.chat.completions.create(
+                model="p", messages=msgs, tools=TOOLS, stream=True, stream_options={"include_usage": True}
+            )
             content, reasoning, calls, usage = "", "", {}, None
             async for ch in s:
                 if ch.usage:
@@ -88,9 +99,23 @@ async def test_openai_chat_with_hf(proxy: ProxyServer, stream: bool) -> None:
             tool_calls = [(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
             usage = (r.usage.prompt_tokens, r.usage.completion_tokens)
         views.append((canonical(content, reasoning or None, [(n, a) for _, n, a in tool_calls]), usage))
-        msgs.append({"role": "assistant", "content": content, "reasoning_content": reasoning or None,
-                     **({"tool_calls": [{"id": i, "type": "function", "function": {"name": n, "arguments": a}}
-                                        for i, n, a in tool_calls]} if tool_calls else {})})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": content,
+                "reasoning_content": reasoning or None,
+                **(
+                    {
+                        "tool_calls": [
+                            {"id": i, "type": "function", "function": {"name": n, "arguments": a}}
+                            for i, n, a in tool_calls
+                        ]
+                    }
+                    if tool_calls
+                    else {}
+                ),
+            }
+        )
         msgs += [{"role": "tool", "tool_call_id": i, "content": "ok"} for i, _, _ in tool_calls]
         msgs.append({"role": "user", "content": f"continue {k}"})
     _check_session(proxy, sid, views)
@@ -100,9 +125,14 @@ async def test_openai_chat_with_hf(proxy: ProxyServer, stream: bool) -> None:
 async def test_anthropic_with_hf(proxy: ProxyServer, stream: bool) -> None:
     sid = f"hf-an-{stream}"
     a = anthropic.AsyncAnthropic(base_url=proxy.base_url, api_key=sid, max_retries=0)
-    msgs = [{"role": "user", "content": "list files"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": "t0", "name": "bash", "input": {"command": "ls"}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "a.py b.py"}]}]
+    msgs = [
+        {"role": "user", "content": "list files"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t0", "name": "bash", "input": {"command": "ls"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t0", "content": "a.py b.py"}]},
+    ]
     tools = [{"name": "bash", "description": "Run a command.", "input_schema": TOOLS[0]["function"]["parameters"]}]
     views = []
     for k in range(2):
@@ -117,7 +147,9 @@ async def test_anthropic_with_hf(proxy: ProxyServer, stream: bool) -> None:
         calls = [(b.name, b.input) for b in m.content if b.type == "tool_use"]
         views.append((canonical(text, thinking or None, calls), (m.usage.input_tokens, m.usage.output_tokens)))
         msgs.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]})
-        results = [{"type": "tool_result", "tool_use_id": b.id, "content": "ok"} for b in m.content if b.type == "tool_use"]
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "ok"} for b in m.content if b.type == "tool_use"
+        ]
         msgs.append({"role": "user", "content": [*results, {"type": "text", "text": f"continue {k}"}]})
     _check_session(proxy, sid, views)
 
@@ -126,9 +158,11 @@ async def test_anthropic_with_hf(proxy: ProxyServer, stream: bool) -> None:
 async def test_responses_with_hf(proxy: ProxyServer, stream: bool) -> None:
     sid = f"hf-rs-{stream}"
     o = openai.AsyncOpenAI(base_url=f"{proxy.base_url}/s/{sid}/v1", api_key="x", max_retries=0)
-    items = [{"role": "user", "content": "list files"},
-             {"type": "function_call", "call_id": "c0", "name": "bash", "arguments": '{"command": "ls"}'},
-             {"type": "function_call_output", "call_id": "c0", "output": "a.py b.py"}]
+    items = [
+        {"role": "user", "content": "list files"},
+        {"type": "function_call", "call_id": "c0", "name": "bash", "arguments": '{"command": "ls"}'},
+        {"type": "function_call_output", "call_id": "c0", "output": "a.py b.py"},
+    ]
     tools = [{"type": "function", "name": "bash", "parameters": TOOLS[0]["function"]["parameters"]}]
     views = []
     for k in range(2):
@@ -142,8 +176,12 @@ async def test_responses_with_hf(proxy: ProxyServer, stream: bool) -> None:
             r = await o.responses.create(**kw)
         calls = [x for x in r.output if x.type == "function_call"]
         reasoning = "".join(c.text for x in r.output if x.type == "reasoning" for c in x.content or [])
-        views.append((canonical(r.output_text, reasoning or None, [(c.name, c.arguments) for c in calls]),
-                      (r.usage.input_tokens, r.usage.output_tokens)))
+        views.append(
+            (
+                canonical(r.output_text, reasoning or None, [(c.name, c.arguments) for c in calls]),
+                (r.usage.input_tokens, r.usage.output_tokens),
+            )
+        )
         items += [x.model_dump(exclude_none=True) for x in r.output]
         items += [{"type": "function_call_output", "call_id": c.call_id, "output": "ok"} for c in calls]
         items.append({"role": "user", "content": f"continue {k}"})

@@ -34,8 +34,10 @@ async def test_proxy_serves_the_family_and_records_routing(family: str, tmp_path
                 msgs = [{"role": "user", "content": f"fix the bug in {sid}.py"}]
                 for _ in range(2):
                     r = await o.chat.completions.create(model="p", messages=msgs)
-                    msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                             {"role": "user", "content": "and the tests?"}]  # fmt: skip
+                    msgs += [
+                        {"role": "assistant", "content": r.choices[0].message.content or ""},
+                        {"role": "user", "content": "and the tests?"},
+                    ]
 
             sids = [f"{family}-{i}" for i in range(3)]
             await asyncio.gather(*(session(s) for s in sids))

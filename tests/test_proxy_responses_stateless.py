@@ -22,12 +22,21 @@ from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
 SCRIPT = [
-    ('<think>\nThe tests live in tests/.\n</think>\n\nI will run them.\n'
-     '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "pytest -q"}}\n</tool_call>'),
+    (
+        "<think>\nThe tests live in tests/.\n</think>\n\nI will run them.\n"
+        '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "pytest -q"}}\n</tool_call>'
+    ),
     "<think>\nThey pass.\n</think>\n\nAll tests pass.",
 ]
-TOOLS = [{"type": "function", "name": "exec_command", "description": "Run a command in a PTY.", "strict": False,
-          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}]
+TOOLS = [
+    {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a command in a PTY.",
+        "strict": False,
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+    }
+]
 
 
 @pytest.fixture
@@ -51,9 +60,17 @@ async def test_reasoning_comes_back_from_the_blob_alone(proxy: ProxyServer, stre
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are Codex."}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Run the tests."}]},
     ]
-    kw: dict[str, Any] = {"model": "legorl-policy", "input": items, "tools": TOOLS, "store": False,
-                          "include": ["reasoning.encrypted_content"], "reasoning": {"summary": "auto"},
-                          "parallel_tool_calls": True, "tool_choice": "auto", "prompt_cache_key": "t1"}
+    kw: dict[str, Any] = {
+        "model": "legorl-policy",
+        "input": items,
+        "tools": TOOLS,
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "reasoning": {"summary": "auto"},
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "prompt_cache_key": "t1",
+    }
     for _ in range(2):
         if stream:
             final = None
@@ -71,8 +88,11 @@ async def test_reasoning_comes_back_from_the_blob_alone(proxy: ProxyServer, stre
             if o.type == "reasoning":
                 d = {"type": "reasoning", "id": o.id, "summary": [], "encrypted_content": o.encrypted_content}
             items.append(d)
-        items += [{"type": "function_call_output", "call_id": o.call_id, "output": "3 passed"}
-                  for o in r.output if o.type == "function_call"]
+        items += [
+            {"type": "function_call_output", "call_id": o.call_id, "output": "3 passed"}
+            for o in r.output
+            if o.type == "function_call"
+        ]
     assert r.output_text == "All tests pass."
     turns = proxy.close_session(sid)
     traj = assemble(turns)

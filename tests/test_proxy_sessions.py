@@ -39,15 +39,34 @@ async def test_side_calls_are_answered_recorded_and_left_out(tmp_path: Path) -> 
         main = [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": "fix it"}]
         r = await o.chat.completions.create(model="policy", messages=main)
         assert r.choices[0].message.tool_calls
-        title = await o.chat.completions.create(model="policy", messages=[
-            {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
-            {"role": "user", "content": "fix it"}])
+        title = await o.chat.completions.create(
+            model="policy",
+            messages=[
+                {"role": "system", "content": "You are a title generator. You output ONLY a thread title."},
+                {"role": "user", "content": "fix it"},
+            ],
+        )
         assert title.choices[0].message.content == "A short title"
         a = anthropic.AsyncAnthropic(base_url=srv.session_url("ep1"), api_key="x", max_retries=0)
-        compact = await a.messages.create(model="policy", max_tokens=100, messages=[
-            {"role": "user", "content": [{"type": "text", "text": "fix it"}, {"type": "text", "text": (
-                "Your task is to create a detailed summary...\nREMINDER: Do NOT call any tools. Respond with plain "
-                "text only — an <analysis> block followed by a <summary> block.")}]}])
+        compact = await a.messages.create(
+            model="policy",
+            max_tokens=100,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "fix it"},
+                        {
+                            "type": "text",
+                            "text": (
+                                "Your task is to create a detailed summary...\nREMINDER: Do NOT call any tools. Respond with plain "
+                                "text only — an <analysis> block followed by a <summary> block."
+                            ),
+                        },
+                    ],
+                }
+            ],
+        )
         assert compact.content[0].text.startswith("Summary")
         by_name = await o.chat.completions.create(model="small-fast-model", messages=main)
         assert by_name.choices[0].message.tool_calls
@@ -67,8 +86,13 @@ async def test_recorded_turn_fields_and_admin_routes(tmp_path: Path) -> None:
     cfg = ProxyConfig(port=0, temperature=0.7, top_p=0.9, max_tokens=500)
     async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
         engine.inner.policy_version = 7
-        body = {"model": "harness-name", "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
-                "max_tokens": 300, "prompt_cache_key": "c"}
+        body = {
+            "model": "harness-name",
+            "messages": [{"role": "user", "content": "hi"}],
+            "temperature": 0,
+            "max_tokens": 300,
+            "prompt_cache_key": "c",
+        }
         async with httpx.AsyncClient(base_url=srv.base_url) as c:
             t0 = time.time()
             r = await c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer run-a"})
@@ -85,7 +109,9 @@ async def test_recorded_turn_fields_and_admin_routes(tmp_path: Path) -> None:
     assert line["sampling_used"]["temperature"] == 0.7 and line["sampling_used"]["max_tokens"] == 300
     assert line["sampling_requested"] == {"temperature": 0, "max_tokens": 300}
     assert line["request"] == body and line["model"] == "harness-name" and line["policy_version"] == 7
-    assert line["tool_calls"][0]["name"] == "bash" and json.loads(line["tool_calls"][0]["arguments"]) == {"command": "ls"}
+    assert line["tool_calls"][0]["name"] == "bash" and json.loads(line["tool_calls"][0]["arguments"]) == {
+        "command": "ls"
+    }
     assert line["response_text"].startswith("<think>") and line["finish_reason"] == "stop"
     assert t0 <= line["t_start"] <= line["t_first_token"] <= line["t_end"] <= time.time()
     call = engine.calls[0]
@@ -103,12 +129,25 @@ async def test_many_concurrent_streaming_sessions() -> None:
         async def session(i: int) -> bool:
             async with httpx.AsyncClient(base_url=srv.base_url, limits=limits, timeout=60, verify=tls) as c:
                 ok = True
-                for path, body in (("/v1/messages", {"model": "m", "max_tokens": 64, "stream": True,
-                                                     "messages": [{"role": "user", "content": f"hi {i}"}]}),
-                                   ("/v1/chat/completions", {"model": "m", "stream": True,
-                                                             "messages": [{"role": "user", "content": f"hi {i}"}]})):
+                for path, body in (
+                    (
+                        "/v1/messages",
+                        {
+                            "model": "m",
+                            "max_tokens": 64,
+                            "stream": True,
+                            "messages": [{"role": "user", "content": f"hi {i}"}],
+                        },
+                    ),
+                    (
+                        "/v1/chat/completions",
+                        {"model": "m", "stream": True, "messages": [{"role": "user", "content": f"hi {i}"}]},
+                    ),
+                ):
                     r = await c.post(path, json=body, headers={"x-api-key": f"s{i}"})
-                    ok &= r.status_code == 200 and (r.text.endswith("data: [DONE]\n\n") or "message_stop" in r.text[-60:])
+                    ok &= r.status_code == 200 and (
+                        r.text.endswith("data: [DONE]\n\n") or "message_stop" in r.text[-60:]
+                    )
                 return ok
 
         results = await asyncio.gather(*[session(i) for i in range(128)])
@@ -125,13 +164,23 @@ def _free_port() -> int:
 
 def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> None:
     cfg = tmp_path / "legorl.toml"
-    cfg.write_text('[proxy]\nmax_tokens = 64\n\n[engine]\nscripted_mode = "per_session"\n'
-                   f"scripted_completions = [{json.dumps(TOOL_CALL)}, \"all done\"]\n")
+    cfg.write_text(
+        '[proxy]\nmax_tokens = 64\n\n[engine]\nscripted_mode = "per_session"\n'
+        f'scripted_completions = [{json.dumps(TOOL_CALL)}, "all done"]\n'
+    )
     out, port = tmp_path / "out", _free_port()
-    code = ("import sys; from pathlib import Path; from legorl.proxy.server import run_standalone; "
-            f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(out)!r}), Path({str(cfg)!r}))")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    code = (
+        "import sys; from pathlib import Path; from legorl.proxy.server import run_standalone; "
+        f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(out)!r}), Path({str(cfg)!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(600):
@@ -145,11 +194,16 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
         msgs = [{"role": "user", "content": "go"}]
         r = o.chat.completions.create(model="p", messages=msgs)
         call = r.choices[0].message.tool_calls[0]
-        msgs += [{"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
-                 {"role": "tool", "tool_call_id": call.id, "content": "a.txt"}]
+        msgs += [
+            {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "a.txt"},
+        ]
         assert o.chat.completions.create(model="p", messages=msgs).choices[0].message.content == "all done"
         a = anthropic.Anthropic(base_url=base, api_key="beta", max_retries=0)
-        assert a.messages.create(model="p", max_tokens=100, messages=[{"role": "user", "content": "go"}]).content[0].type == "tool_use"
+        assert (
+            a.messages.create(model="p", max_tokens=100, messages=[{"role": "user", "content": "go"}]).content[0].type
+            == "tool_use"
+        )
         assert httpx.delete(base + "/legorl/sessions/alpha").json()["turns"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
@@ -158,8 +212,11 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     turns = [orjson.loads(x) for x in (out / "turns.jsonl").read_bytes().splitlines()]
-    assert [(t["session"], t["dialect"]) for t in turns] == [("alpha", "openai_chat"), ("alpha", "openai_chat"),
-                                                            ("beta", "anthropic")]
+    assert [(t["session"], t["dialect"]) for t in turns] == [
+        ("alpha", "openai_chat"),
+        ("alpha", "openai_chat"),
+        ("beta", "anthropic"),
+    ]
     for t in turns:
         assert len(t["logprobs"]) == len(t["completion_ids"]) > 0 and t["prompt_ids"] and not t["format_error"]
     trajs = [orjson.loads(x) for x in (out / "trajectories.jsonl").read_bytes().splitlines()]
@@ -218,4 +275,6 @@ async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly(tmp
     assert [x["routing_base"] for x in lines] == bases
     assert [x["routed_experts"] for x in lines] == [t.routed_experts.tolist() for t in turns]
     (rec,) = [orjson.loads(x) for x in (tmp_path / "trajectories.jsonl").read_bytes().splitlines()]
-    assert [s["routed_experts"] for s in rec["trajectory"]["segments"]] == [s.routed_experts.tolist() for s in traj.segments]
+    assert [s["routed_experts"] for s in rec["trajectory"]["segments"]] == [
+        s.routed_experts.tolist() for s in traj.segments
+    ]

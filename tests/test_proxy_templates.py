@@ -21,16 +21,29 @@ from legorl.proxy.server import ProxyServer
 from legorl.proxy.template import _args_as_object
 from legorl.trajectory import assemble
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                          "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
 CASES = {
-    "qwen3.5-35b-a3b.jinja": ("look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n"
-                              "</parameter>\n</function>\n</tool_call><|im_end|>"),
-    "glm-4.5.jinja": ("\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls -la"
-                      "</arg_value>\n</tool_call><|observation|>"),
-    "gpt-oss-20b.jinja": ("<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary "
-                          'to=functions.bash <|constrain|>json<|message|>{"command": "ls -la"}<|call|>'),
+    "qwen3.5-35b-a3b.jinja": (
+        "look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n"
+        "</parameter>\n</function>\n</tool_call><|im_end|>"
+    ),
+    "glm-4.5.jinja": (
+        "\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls -la"
+        "</arg_value>\n</tool_call><|observation|>"
+    ),
+    "gpt-oss-20b.jinja": (
+        "<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary "
+        'to=functions.bash <|constrain|>json<|message|>{"command": "ls -la"}<|call|>'
+    ),
 }
 
 
@@ -72,10 +85,18 @@ async def test_family_served_end_to_end(name: str, stream: bool) -> None:
             assert [(n, json.loads(a)) for _, n, a in got] == [("bash", {"command": "ls -la"})]
             assert reasoning.strip() == "look first"
             cid = got[0][0]
-            msgs = [*msgs, {"role": "assistant", "content": "", "reasoning_content": reasoning,
-                            "tool_calls": [{"id": cid, "type": "function",
-                                            "function": {"name": "bash", "arguments": got[0][2]}}]},
-                    {"role": "tool", "tool_call_id": cid, "content": "a.py"}]
+            msgs = [
+                *msgs,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "reasoning_content": reasoning,
+                    "tool_calls": [
+                        {"id": cid, "type": "function", "function": {"name": "bash", "arguments": got[0][2]}}
+                    ],
+                },
+                {"role": "tool", "tool_call_id": cid, "content": "a.py"},
+            ]
         turns = srv.close_session(sid)
     assert len(turns) == 2
     first = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."}]
@@ -96,13 +117,19 @@ async def test_rewritten_history_is_the_templates_own_and_a_new_segment() -> Non
         msgs = [{"role": "user", "content": "Hi"}]
         r = await o.chat.completions.create(model="m", messages=msgs)
         m = r.choices[0].message
-        msgs += [{"role": "assistant", "content": m.content,
-                  "reasoning_content": (m.model_extra or {}).get("reasoning_content")},
-                 {"role": "user", "content": "Bye"}]
+        msgs += [
+            {
+                "role": "assistant",
+                "content": m.content,
+                "reasoning_content": (m.model_extra or {}).get("reasoning_content"),
+            },
+            {"role": "user", "content": "Bye"},
+        ]
         await o.chat.completions.create(model="m", messages=msgs)
         turns = srv.close_session("rw")
-    prep = [{**x, "tool_calls": [_args_as_object(c) for c in x["tool_calls"]]} if x.get("tool_calls") else x
-            for x in msgs]
+    prep = [
+        {**x, "tool_calls": [_args_as_object(c) for c in x["tool_calls"]]} if x.get("tool_calls") else x for x in msgs
+    ]
     ref = tok.apply_chat_template(prep, add_generation_prompt=True, tokenize=True)
     assert turns[1].prompt_ids == list(ref["input_ids"] if hasattr(ref, "keys") else ref)
     assert "thinking hard" not in tok.decode(turns[1].prompt_ids)
@@ -119,21 +146,33 @@ async def test_family_in_the_anthropic_and_responses_dialects(name: str) -> None
     async with ProxyServer(ProxyConfig(port=0), engine, make_renderer(tok), standalone=True) as srv:
         a = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="an", max_retries=0)
         tools = [{"name": "bash", "description": "Run a command.", "input_schema": TOOLS[0]["function"]["parameters"]}]
-        async with a.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "List."}],
-                                     tools=tools) as s:
+        async with a.messages.stream(
+            model="m", max_tokens=64, messages=[{"role": "user", "content": "List."}], tools=tools
+        ) as s:
             m = await s.get_final_message()
         assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("bash", {"command": "ls -la"})]
         assert "".join(b.thinking for b in m.content if b.type == "thinking").strip() == "look first"
         o = openai.AsyncOpenAI(base_url=f"{srv.base_url}/s/rs/v1", api_key="x", max_retries=0)
         r = None
-        async for ev in await o.responses.create(model="m", input="List.", stream=True, tools=[
-                {"type": "function", "name": "bash", "description": "Run a command.",
-                 "parameters": TOOLS[0]["function"]["parameters"]}]):
+        async for ev in await o.responses.create(
+            model="m",
+            input="List.",
+            stream=True,
+            tools=[
+                {
+                    "type": "function",
+                    "name": "bash",
+                    "description": "Run a command.",
+                    "parameters": TOOLS[0]["function"]["parameters"],
+                }
+            ],
+        ):
             if ev.type == "response.completed":
                 r = ev.response
         assert r is not None
         assert [(i.name, json.loads(i.arguments)) for i in r.output if i.type == "function_call"] == [
-            ("bash", {"command": "ls -la"})]
+            ("bash", {"command": "ls -la"})
+        ]
 
 
 async def test_a_request_the_template_refuses_is_a_400_with_its_reason() -> None:

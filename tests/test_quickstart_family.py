@@ -38,8 +38,12 @@ def test_test_file_runs_as_script_and_under_pytest(tmp_path: Path) -> None:
     assert failing_function(script.stdout) == task.buggy and first_function(script.stdout) == task.names[0]
     assert family.run_tests_in_process(task, task.source()) == (script.stdout, 1)
     junit = tmp_path / "r.xml"
-    subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", family.TEST_FILE],
-                   cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    subprocess.run(
+        ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", family.TEST_FILE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     report = junit.read_text()
     assert report.count("<testcase") == len(task.names) and report.count("<failure") == 1
     assert f'name="test_{task.buggy}"' in report
@@ -54,11 +58,19 @@ def test_task_source_is_swe_bench_format_with_a_repository(tmp_path: Path) -> No
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for row, task in zip(rows, tasks, strict=True):
         repo = Path(task.repo_path)
-        files = subprocess.run(["git", "-C", str(repo), "ls-tree", "--name-only", row["base_commit"]],
-                               capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        files = subprocess.run(
+            ["git", "-C", str(repo), "ls-tree", "--name-only", row["base_commit"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert files == [family.SOURCE_FILE, family.TEST_FILE]
-        parents = subprocess.run(["git", "-C", str(repo), "rev-list", "--count", row["base_commit"]],
-                                 capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        parents = subprocess.run(
+            ["git", "-C", str(repo), "rev-list", "--count", row["base_commit"]],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert parents == "1"  # a root commit: no other task's repository in its history
         assert task.FAIL_TO_PASS[0].startswith("test_calc.py::test_") and task.test_cmd == family.GRADE_CMD
     # the same parameters give the same commit ids on any machine
@@ -82,8 +94,11 @@ async def test_tasks_validate_through_the_real_grader(tmp_path: Path, backend: A
     quick = next(q for q in family.tasks("train", 4, k=3) if q.instance_id == task.instance_id)
     lines = [f"PASS {n}" for n in quick.names]
     forged_src = f"import sys\nprint({chr(10).join(lines)!r})\nsys.exit(0)\n" + quick.source()
-    forged = "diff --git a/calc.py b/calc.py\n" + "".join(difflib.unified_diff(
-        quick.source().splitlines(keepends=True), forged_src.splitlines(keepends=True), "a/calc.py", "b/calc.py"))
+    forged = "diff --git a/calc.py b/calc.py\n" + "".join(
+        difflib.unified_diff(
+            quick.source().splitlines(keepends=True), forged_src.splitlines(keepends=True), "a/calc.py", "b/calc.py"
+        )
+    )
     outcome = await grade(task, forged, backend, await images.for_task(task))
     assert outcome.status is Status.FAILED and outcome.tests[task.FAIL_TO_PASS[0]] != "passed", outcome
     assert outcome.reward == 0.0, outcome
@@ -109,8 +124,10 @@ async def test_expert_engine_answers_from_the_rendered_prompt() -> None:
     msgs = [{"role": "system", "content": "Reply with one block."}, {"role": "user", "content": family.PROBLEM}]
     first = await engine.generate(renderer.render(ChatRequest(msgs)), SamplingParams(max_tokens=64))
     assert family.TEST_CMD in tok.decode(first.completion_ids[:-1])
-    msgs += [{"role": "assistant", "content": tok.decode(first.completion_ids[:-1])},
-             {"role": "user", "content": f"<returncode>1</returncode>\n<output>\n{out}</output>"}]  # fmt: skip
+    msgs += [
+        {"role": "assistant", "content": tok.decode(first.completion_ids[:-1])},
+        {"role": "user", "content": f"<returncode>1</returncode>\n<output>\n{out}</output>"},
+    ]
     prompt = renderer.render(ChatRequest(msgs))
     reply = engine.reply_for(prompt)
     assert reply == engine.reply_for(prompt)  # deterministic: concurrency cannot change the data
@@ -133,6 +150,9 @@ def test_expert_success_rate_matches_its_definition() -> None:
 def test_expert_engine_from_config_rejects_unknown_options() -> None:
     from legorl.engine.registry import EngineConfig, make_engine
 
-    assert make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_read": 1.0})).p_read == 1.0
+    assert (
+        make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_read": 1.0})).p_read
+        == 1.0
+    )
     with pytest.raises(ValueError, match="unknown option"):
         make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_raed": 1.0}))

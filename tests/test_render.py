@@ -11,10 +11,22 @@ from legorl.proxy.render import ChatRequest, Renderer, RenderState
 from legorl.proxy.toolcalls import parse_completion
 
 TOOLS = [
-    {"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}},
-    {"type": "function", "function": {"name": "edit", "description": "Édit a file ✓",
-                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "description": "Édit a file ✓",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    },
 ]
 
 
@@ -35,8 +47,11 @@ def _random_conversation(rng: random.Random) -> list[dict]:
     msgs.append({"role": "user", "content": text()})
     for _ in range(rng.randint(0, 4)):
         calls = [
-            {"id": f"c{k}", "type": "function",
-             "function": {"name": "bash", "arguments": '{"command": "%s"}' % rng.choice(["ls", "pwd", "cat a"])}}
+            {
+                "id": f"c{k}",
+                "type": "function",
+                "function": {"name": "bash", "arguments": '{"command": "%s"}' % rng.choice(["ls", "pwd", "cat a"])},
+            }
             for k in range(rng.randint(0, 2))
         ]
         m = {"role": "assistant", "content": text()}
@@ -82,8 +97,13 @@ def test_splice_keeps_sampled_ids_under_reserialisation(tok) -> None:
     state.remember(sampled, parsed)
     # the harness replays it re-serialised compactly (OpenCode) and adds the tool result
     msgs2 = msgs + [
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "x", "content": "a.py"},
     ]
     prompt2 = r.render(ChatRequest(msgs2, TOOLS), state)

@@ -52,8 +52,9 @@ def _pid1(sb: Any) -> int:
 
 
 def _docker(*args: str, sb: Any) -> None:
-    cid = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=legorl.sandbox={sb.id}"],
-                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    cid = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label=legorl.sandbox={sb.id}"], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert len(cid) == 1, cid
     subprocess.run(["docker", *args, cid[0]], capture_output=True, check=True)
 
@@ -109,7 +110,9 @@ async def test_dead_zygote_is_infrastructure_and_the_backend_recovers() -> None:
     async with backend_and_images("local") as (backend, images):
         image = await images.for_task(task)
         rec = Recording(backend)
-        killer = asyncio.create_task(_kill_when_running(rec, lambda _sb: os.kill(backend._zygote.proc.pid, signal.SIGKILL)))
+        killer = asyncio.create_task(
+            _kill_when_running(rec, lambda _sb: os.kill(backend._zygote.proc.pid, signal.SIGKILL))
+        )
         res = await run_rollout(task, CommandHarness("sleep 30"), rec, image, RolloutConfig(agent_timeout_s=60))
         await killer
         o = res.outcome
@@ -176,8 +179,14 @@ OOMS = [("local", 192, None), ("local", 1024, 192), ("docker", 192, None), ("doc
 
 @pytest.mark.parametrize(
     ("backend_name", "own_mb", "enclosing_mb"),
-    [pytest.param(*k, marks=[pytest.mark.docker] if k[0] == "docker" else [],
-                  id=f"{k[0]}-{'outside_its_limit' if k[2] else 'own_limit'}") for k in OOMS],
+    [
+        pytest.param(
+            *k,
+            marks=[pytest.mark.docker] if k[0] == "docker" else [],
+            id=f"{k[0]}-{'outside_its_limit' if k[2] else 'own_limit'}",
+        )
+        for k in OOMS
+    ],
 )
 async def test_oom_of_the_sandbox_is_the_agents_an_oom_outside_it_is_infrastructure(
     backend_name: str, own_mb: int, enclosing_mb: int | None

@@ -113,8 +113,10 @@ async def test_repository_is_time_safe(backend, task: ImageRef, repo: DemoRepo) 
 
 async def test_diff_against_upstream_base_commit(backend, task: ImageRef, repo: DemoRepo) -> None:
     async with await backend.start(SandboxSpec(image=task.key)) as sb:
-        await sb.exec("sed -i 's/a - b  # bug/a + b/' calc.py && echo new > new_file.txt && rm README.md "
-                      "&& echo x > debug.log && git add new_file.txt")
+        await sb.exec(
+            "sed -i 's/a - b  # bug/a + b/' calc.py && echo new > new_file.txt && rm README.md "
+            "&& echo x > debug.log && git add new_file.txt"
+        )
         patch = await sb.diff(repo.base)
         assert "+    return a + b" in patch and "+new" in patch and "deleted file mode" in patch
         assert "debug.log" not in patch  # ignored files are not the agent's change
@@ -178,7 +180,9 @@ async def test_sandbox_dies_with_a_crashed_host_process(name: str, task: ImageRe
     import signal
     import sys
 
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", CRASHER, name, task.key, stdout=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CRASHER, name, task.key, stdout=asyncio.subprocess.PIPE
+    )
     assert proc.stdout is not None
     netns = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip()
     assert netns.startswith("/proc/") and os.path.exists(netns)

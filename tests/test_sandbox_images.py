@@ -69,7 +69,9 @@ def env(store: ImageStore, wheels: Path) -> ImageRef:
     return asyncio.run(build())
 
 
-async def test_env_layer_from_offline_wheels_on_both_backends(backend, store: ImageStore, env: ImageRef, repo: DemoRepo) -> None:
+async def test_env_layer_from_offline_wheels_on_both_backends(
+    backend, store: ImageStore, env: ImageRef, repo: DemoRepo
+) -> None:
     task = await ensure_task(store, env, repo.path, repo.base)
     assert [r.kind for r in store.chain(task.key)] == ["task", "env", "base"]
     async with await backend.start(SandboxSpec(image=task.key)) as sb:
@@ -95,8 +97,10 @@ async def test_cache_hits_are_recorded(store: ImageStore, env: ImageRef, wheels:
 
 
 async def test_task_setup_is_part_of_the_base(backend, store: ImageStore, repo: DemoRepo) -> None:
-    setup = ["mkdir -p build && echo artefact > build/out.txt && echo gen > generated.txt "
-             "&& sed -i 's/# bug/# set up/' calc.py"]
+    setup = [
+        "mkdir -p build && echo artefact > build/out.txt && echo gen > generated.txt "
+        "&& sed -i 's/# bug/# set up/' calc.py"
+    ]
     task = await ensure_task(store, await ensure_base(store), repo.path, repo.base, setup=setup)
     assert task.meta["source_commit"] == repo.base and task.meta["commit"] != repo.base
     async with await backend.start(SandboxSpec(image=task.key)) as sb:

@@ -18,7 +18,9 @@ import uvicorn
 from legorl.sandbox import ImageRef, Limits, SandboxSpec
 from legorl.sandbox.testing import HIDDEN_MARKER, DemoRepo
 
-PY_CONNECT = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('CONNECTED')"
+PY_CONNECT = (
+    "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); print('CONNECTED')"
+)
 
 
 async def test_no_network_at_all(backend, task: ImageRef) -> None:
@@ -28,9 +30,11 @@ async def test_no_network_at_all(backend, task: ImageRef) -> None:
     port = listener.getsockname()[1]
     try:
         async with await backend.start(SandboxSpec(image=task.key)) as sb:
-            res = await sb.exec(f"python3 -c \"{PY_CONNECT}\" 127.0.0.1 {port}")
+            res = await sb.exec(f'python3 -c "{PY_CONNECT}" 127.0.0.1 {port}')
             assert res.exit_code != 0 and "CONNECTED" not in res.stdout  # the host's loopback is not ours
-            res = await sb.exec("python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)\"")
+            res = await sb.exec(
+                "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)\""
+            )
             assert res.exit_code != 0
             res = await sb.exec("python3 -m pip download --no-cache-dir -d /tmp/x --timeout 3 --retries 0 six")
             assert res.exit_code != 0
@@ -53,7 +57,9 @@ async def test_no_host_files_socket_or_task_material(backend, task: ImageRef, re
             for sock in ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock"):
                 assert (await sb.exec(f"test -e {sock}")).exit_code == 1
             assert (await sb.exec(f"test -e {repo.path}")).exit_code == 1
-            found = await sb.exec(f"grep -rl {HIDDEN_MARKER} / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -3")
+            found = await sb.exec(
+                f"grep -rl {HIDDEN_MARKER} / --exclude-dir=proc --exclude-dir=sys 2>/dev/null | head -3"
+            )
             assert found.stdout == ""
             # no host process is visible, and pid 1 is ours
             procs = await sb.exec("ps -eo pid=,comm= | wc -l")
@@ -64,7 +70,10 @@ async def test_no_host_files_socket_or_task_material(backend, task: ImageRef, re
 
 
 async def test_no_view_of_other_sandboxes(backend, task: ImageRef) -> None:
-    async with await backend.start(SandboxSpec(image=task.key)) as a, await backend.start(SandboxSpec(image=task.key)) as b:
+    async with (
+        await backend.start(SandboxSpec(image=task.key)) as a,
+        await backend.start(SandboxSpec(image=task.key)) as b,
+    ):
         await a.exec("echo mine > /tmp/a-only; sleep 300 >/dev/null 2>&1 &")
         assert (await b.exec("test -e /tmp/a-only")).exit_code == 1
         assert (await b.exec("pgrep -c sleep || true")).stdout.strip() == "0"
@@ -132,12 +141,12 @@ async def test_proxy_socket_is_the_only_way_out(backend, task: ImageRef, tmp_pat
                 "r = urllib.request.urlopen(urllib.request.Request(sys.argv[1] + '/v1/echo', data=b'x' * 300000)); "
                 "body = r.read(); print(body[:24].decode(), len(body))"
             )
-            res = await sb.exec(f"python3 -c \"{script}\" {sb.proxy_url}")
+            res = await sb.exec(f'python3 -c "{script}" {sb.proxy_url}')
             assert res.stdout == "hello from host /v1/echo 300025\n", res
             assert (await sb.exec(f"test -e {sock_path}")).exit_code == 1  # no path to the socket inside
         async with await backend.start(SandboxSpec(image=task.key, proxy_port=8123)) as sb:
             assert sb.proxy_url is None
-            res = await sb.exec(f"python3 -c \"{PY_CONNECT}\" 127.0.0.1 8123")
+            res = await sb.exec(f'python3 -c "{PY_CONNECT}" 127.0.0.1 8123')
             assert "CONNECTED" not in res.stdout
     finally:
         server.should_exit = True
@@ -172,10 +181,14 @@ async def test_no_host_sysfs_or_host_paths_in_mount_tables(backend, task: ImageR
     async with await backend.start(SandboxSpec(image=task.key, readonly_mounts=mounts)) as sb:
         assert (await sb.exec("cat /opt/shared/tool.txt /opt/one/single.txt")).stdout == "tool\nsingle\n"
         assert (await sb.exec("touch /opt/shared/x || touch /opt/one/single.txt")).exit_code != 0
-        fs = await sb.exec("stat -f -c %T /sys; ls /sys; ls /sys/block /sys/class /sys/fs/cgroup /sys/devices/pci0000:00 2>&1")
+        fs = await sb.exec(
+            "stat -f -c %T /sys; ls /sys; ls /sys/block /sys/class /sys/fs/cgroup /sys/devices/pci0000:00 2>&1"
+        )
         assert fs.stdout.split()[0] == "tmpfs" and "No such file" in fs.stdout, fs.stdout
         assert (await sb.exec("touch /sys/x")).exit_code != 0
         for table in ("/proc/self/mountinfo", "/proc/self/mounts", "/proc/1/mountinfo"):
             text = (await sb.exec(f"cat {table}")).stdout
-            leaks = [ln for ln in text.splitlines() if any(p in ln for p in host_paths) or "sysfs" in ln or "devtmpfs" in ln]
+            leaks = [
+                ln for ln in text.splitlines() if any(p in ln for p in host_paths) or "sysfs" in ln or "devtmpfs" in ln
+            ]
             assert not leaks and text.strip(), (table, leaks)

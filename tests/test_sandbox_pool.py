@@ -34,8 +34,10 @@ async def test_warm_hand_out_applies_the_rollouts_spec(backend, base: ImageRef, 
         spec = SandboxSpec(image=base.key, workdir="/root", env={"ROLL": "r1"}, proxy_socket=sock)
         async with await pool.start(spec) as sb:
             assert pool.hits == 1 and pool.misses == 0
-            res = await sb.exec("echo $ROLL; pwd; python3 -c \"import urllib.request as u; "
-                                f"print(u.urlopen('{sb.proxy_url}/ping').read().decode())\"")
+            res = await sb.exec(
+                'echo $ROLL; pwd; python3 -c "import urllib.request as u; '
+                f"print(u.urlopen('{sb.proxy_url}/ping').read().decode())\""
+            )
             assert res.stdout == "r1\n/root\npong\n", res
         for _ in range(1200):  # the pool starts a replacement in the background
             if pool.idle(template) == 2:

@@ -31,17 +31,23 @@ from legorl.sandbox import _seccomp as S
 from legorl.sandbox.base import SandboxError
 
 # syscall(nr, args...) from inside; prints "<ret> <errno name>"
-PY_SYSCALL = ("import ctypes,errno,sys; l=ctypes.CDLL(None,use_errno=True); "
-              "r=l.syscall(*[ctypes.c_long(int(x,0)) for x in sys.argv[1:]]); "
-              "print(r, errno.errorcode.get(ctypes.get_errno(), 0) if r<0 else 0)")
+PY_SYSCALL = (
+    "import ctypes,errno,sys; l=ctypes.CDLL(None,use_errno=True); "
+    "r=l.syscall(*[ctypes.c_long(int(x,0)) for x in sys.argv[1:]]); "
+    "print(r, errno.errorcode.get(ctypes.get_errno(), 0) if r<0 else 0)"
+)
 # i386 getpid through int 0x80, from a 64-bit process
-PY_INT80 = ("import ctypes,mmap; m=mmap.mmap(-1,4096,prot=7); m.write(b'\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3'); "
-            "print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())")
+PY_INT80 = (
+    "import ctypes,mmap; m=mmap.mmap(-1,4096,prot=7); m.write(b'\\xb8\\x14\\x00\\x00\\x00\\xcd\\x80\\xc3'); "
+    "print(ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))())"
+)
 # threads that start subprocesses, and a fork-based multiprocessing pool
-PY_WORK = ("import subprocess,concurrent.futures as cf; "
-           "run=lambda i: subprocess.run(['sh','-c','echo %d' % i],capture_output=True,text=True,check=True).stdout; "
-           "out=list(cf.ThreadPoolExecutor(8).map(run, range(16))); "
-           "import multiprocessing as mp; print(len(out), mp.get_context('fork').Pool(2).map(abs,[-1,-2]))")
+PY_WORK = (
+    "import subprocess,concurrent.futures as cf; "
+    "run=lambda i: subprocess.run(['sh','-c','echo %d' % i],capture_output=True,text=True,check=True).stdout; "
+    "out=list(cf.ThreadPoolExecutor(8).map(run, range(16))); "
+    "import multiprocessing as mp; print(len(out), mp.get_context('fork').Pool(2).map(abs,[-1,-2]))"
+)
 
 
 async def _syscall(sb, *args: int) -> str:  # type: ignore[no-untyped-def]
@@ -110,8 +116,9 @@ async def _start_is_refused(name: str, store: ImageStore, task: ImageRef) -> Non
         await backend.aclose()
 
 
-async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, task: ImageRef, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_start_fails_if_the_filter_cannot_be_installed(
+    store: ImageStore, task: ImageRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sandbox_dir = Path(local.ZYGOTE_PATH).parent
     for name in ("_zygote.py", "_init.py", "_linux.py"):
         shutil.copy(sandbox_dir / name, tmp_path / name)
@@ -121,8 +128,9 @@ async def test_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, 
 
 
 @pytest.mark.docker
-async def test_docker_start_fails_if_the_filter_cannot_be_installed(store: ImageStore, task: ImageRef,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_docker_start_fails_if_the_filter_cannot_be_installed(
+    store: ImageStore, task: ImageRef, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The host sends the filter's source with the init's at each start (docker.SECCOMP_SRC).
     monkeypatch.setattr(docker, "SECCOMP_SRC", b"def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
     await _start_is_refused("docker", store, task)
@@ -148,7 +156,7 @@ async def test_normal_work_still_runs(backend, task: ImageRef) -> None:
 def _run_bpf(prog: bytes, nr: int, arch: int, args: tuple[int, ...] = ()) -> int:
     """Evaluate the subset of classic BPF the filter uses on one struct seccomp_data."""
     data = struct.pack("=iIQ6Q", nr, arch, 0, *(list(args) + [0] * 6)[:6])
-    insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+    insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
     pc, acc = 0, 0
     while True:
         code, jt, jf, k = insns[pc]
@@ -195,12 +203,17 @@ def test_runs_on_python_37() -> None:
     # The docker backend runs the init and the filter's source under the image's python3,
     # which may be as old as 3.7: both must compile there, and build the same program.
     found = [shutil.which("python3.7"), *sorted(map(str, Path.home().glob(".pyenv/versions/3.7*/bin/python3.7")))]
-    py37 = next((p for p in found if p and subprocess.run([p, "-c", ""], capture_output=True, check=False).returncode == 0), None)
+    py37 = next(
+        (p for p in found if p and subprocess.run([p, "-c", ""], capture_output=True, check=False).returncode == 0),
+        None,
+    )
     if py37 is None:
         pytest.skip("no python3.7 at hand")
     sandbox_dir = Path(S.__file__).parent
-    code = ("import hashlib,sys; sys.path.insert(0, sys.argv[1]); import _seccomp; "
-            "compile(open(sys.argv[1] + '/_init.py').read(), '_init.py', 'exec'); "
-            "print(hashlib.sha256(_seccomp.FILTER or b'').hexdigest())")
+    code = (
+        "import hashlib,sys; sys.path.insert(0, sys.argv[1]); import _seccomp; "
+        "compile(open(sys.argv[1] + '/_init.py').read(), '_init.py', 'exec'); "
+        "print(hashlib.sha256(_seccomp.FILTER or b'').hexdigest())"
+    )
     out = subprocess.run([py37, "-I", "-S", "-c", code, str(sandbox_dir)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == hashlib.sha256(S.FILTER or b"").hexdigest()

@@ -24,8 +24,9 @@ async def test_socket_is_pinned_to_its_session(tmp_path) -> None:
             async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
                 body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
                 r1 = await c.post("/v1/chat/completions", json=body)
-                r2 = await c.post("/s/theirs/v1/chat/completions", json=body,
-                                  headers={"authorization": "Bearer theirs"})
+                r2 = await c.post(
+                    "/s/theirs/v1/chat/completions", json=body, headers={"authorization": "Bearer theirs"}
+                )
                 assert r1.status_code == r2.status_code == 200, (r1.text, r2.text)
                 r3 = await c.delete("/legorl/sessions/theirs")
                 r4 = await c.get("/s/x/legorl/sessions")

@@ -24,10 +24,9 @@ import pytest
 from legorl.gguf_models import GgufUnavailable, gguf_file
 from legorl.models import load_tokenizer, resolve_model
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.renderers import make_renderer
+from legorl.proxy.renderers import make_renderer, round_trip
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.template import TemplateRenderer
-from legorl.proxy.renderers import round_trip
 from legorl.trajectory import assemble
 
 NAME = "smollm2-135m-instruct"
@@ -36,12 +35,21 @@ try:
     _MISSING = None
 except GgufUnavailable as e:  # only where the PyPI package cannot be installed
     _MISSING = str(e)
-pytestmark = [pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
-              pytest.mark.usefixtures("one_thread_per_module")]
+pytestmark = [
+    pytest.mark.skipif(_MISSING is not None, reason=_MISSING or ""),
+    pytest.mark.usefixtures("one_thread_per_module"),
+]
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                          "required": ["command"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    }
+]
 SMOL_CALL = '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call>'
 
 
@@ -67,34 +75,50 @@ async def test_three_dialects_with_tool_calls_in_its_format(tok) -> None:
     engine = ScriptedEngine([SMOL_CALL], tok)
     async with ProxyServer(ProxyConfig(port=0), engine, make_renderer(tok), standalone=True) as srv:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="oa", max_retries=0)
-        r = await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "list files"}], tools=TOOLS)
+        r = await o.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "list files"}], tools=TOOLS
+        )
         c = r.choices[0].message.tool_calls[0]
         assert (c.function.name, json.loads(c.function.arguments)) == ("bash", {"command": "ls"})
 
         a = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="an", max_retries=0)
-        tools_an = [{"name": "bash", "description": "Run a command.", "input_schema": TOOLS[0]["function"]["parameters"]}]
-        m = await a.messages.create(model="m", max_tokens=64, messages=[{"role": "user", "content": "list files"}],
-                                    tools=tools_an)
+        tools_an = [
+            {"name": "bash", "description": "Run a command.", "input_schema": TOOLS[0]["function"]["parameters"]}
+        ]
+        m = await a.messages.create(
+            model="m", max_tokens=64, messages=[{"role": "user", "content": "list files"}], tools=tools_an
+        )
         assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == [("bash", {"command": "ls"})]
 
         o2 = openai.AsyncOpenAI(base_url=f"{srv.base_url}/s/rs/v1", api_key="x", max_retries=0)
-        resp = await o2.responses.create(model="m", input="list files",
-                                         tools=[{"type": "function", "name": "bash",
-                                                 "parameters": TOOLS[0]["function"]["parameters"]}])
+        resp = await o2.responses.create(
+            model="m",
+            input="list files",
+            tools=[{"type": "function", "name": "bash", "parameters": TOOLS[0]["function"]["parameters"]}],
+        )
         calls = [(i.name, json.loads(i.arguments)) for i in resp.output if i.type == "function_call"]
         assert calls == [("bash", {"command": "ls"})]
 
         # the call replayed with its result: one segment, the sampled ids spliced back
-        msgs = [{"role": "user", "content": "list files"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": c.id, "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}]},
-                {"role": "tool", "tool_call_id": c.id, "content": "a.py"}]
+        msgs = [
+            {"role": "user", "content": "list files"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": c.id, "type": "function", "function": {"name": "bash", "arguments": '{"command":"ls"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": c.id, "content": "a.py"},
+        ]
         await o.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
         turns = srv.close_session("oa")
     assert len(turns) == 2 and len(assemble(turns).segments) == 1
     first = tok.decode(turns[0].prompt_ids)  # the shim put the tools in the system prompt, SmolLM2's way
     assert "You are an expert in composing functions" in first and '<tools>[{"name": "bash"' in first
-    assert '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call>' in tok.decode(turns[1].prompt_ids)
+    assert '<tool_call>[{"name": "bash", "arguments": {"command": "ls"}}]</tool_call>' in tok.decode(
+        turns[1].prompt_ids
+    )
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +145,10 @@ async def test_hf_serves_three_dialects_and_recompute_matches(tok, hf) -> None:
         msgs = [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "What is 2+3?"}]
         for _ in range(2):
             r = await o.chat.completions.create(model="m", messages=msgs, tools=TOOLS)
-            msgs += [{"role": "assistant", "content": r.choices[0].message.content or ""},
-                     {"role": "user", "content": "And 3+4?"}]
+            msgs += [
+                {"role": "assistant", "content": r.choices[0].message.content or ""},
+                {"role": "user", "content": "And 3+4?"},
+            ]
         a = anthropic.AsyncAnthropic(base_url=srv.base_url, api_key="s-an", max_retries=0)
         async with a.messages.stream(model="m", max_tokens=12, messages=[{"role": "user", "content": "Say hi."}]) as s:
             m = await s.get_final_message()
@@ -153,8 +179,15 @@ def test_real_harness_against_smollm2_fails_as_the_agent() -> None:
     why = harness_missing("mini-swe-agent")
     if why:
         pytest.fail(why)
-    setup = Setup("mini-swe-agent", engine="hf", model=NAME, max_turns=2, max_tokens=48, timeout_s=300,
-                  options={"max_output_tokens": 48})
+    setup = Setup(
+        "mini-swe-agent",
+        engine="hf",
+        model=NAME,
+        max_turns=2,
+        max_tokens=48,
+        timeout_s=300,
+        options={"max_output_tokens": 48},
+    )
     rec = asyncio.run(rollouts(setup, shipped(1)))[0]
     o = rec.trajectory.outcome
     assert o is not None and not o.status.is_infra and not o.masked, summary(rec)
@@ -169,8 +202,12 @@ def test_doctor_template_check_on_smollm2() -> None:
     from legorl.loop.preflight import template_check
     from legorl.monitor.doctor import run_one
 
-    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": "/bin/true"},
-                                    "engine": {"kind": "hf", "model": NAME, "seed": 0}})
+    cfg = RunConfig.model_validate(
+        {
+            "harness": {"name": "command", "command_file": "/bin/true"},
+            "engine": {"kind": "hf", "model": NAME, "seed": 0},
+        }
+    )
     res = run_one(template_check(cfg))
     assert res.ok, (res.detail, res.fix)
     assert "ids equal" in res.detail and "tools shimmed" in res.detail

@@ -19,14 +19,24 @@ from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment
 
 
 def make_turn(sid: str, i: int, prompt: list[int], completion: list[int], request: dict, **kw) -> Turn:
-    return Turn(session_id=sid, index=i, dialect=kw.pop("dialect", Dialect.OPENAI_CHAT), prompt_ids=prompt,
-                completion_ids=completion, logprobs=[-0.25 * (k + 1) for k in range(len(completion))],
-                finish_reason=FinishReason.STOP, sampling_used={"temperature": 1.0}, request=request, **kw)
+    return Turn(
+        session_id=sid,
+        index=i,
+        dialect=kw.pop("dialect", Dialect.OPENAI_CHAT),
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=[-0.25 * (k + 1) for k in range(len(completion))],
+        finish_reason=FinishReason.STOP,
+        sampling_used={"temperature": 1.0},
+        request=request,
+        **kw,
+    )
 
 
 def chat(*contents: str) -> dict:
     msgs = [{"role": "system", "content": "sys"}] + [
-        {"role": "user" if k % 2 == 0 else "assistant", "content": c} for k, c in enumerate(contents)]
+        {"role": "user" if k % 2 == 0 else "assistant", "content": c} for k, c in enumerate(contents)
+    ]
     return {"model": "m", "messages": msgs, "tools": [{"type": "function", "function": {"name": "bash"}}]}
 
 
@@ -41,8 +51,15 @@ def test_turns_round_trip_token_exact_with_deltas_compaction_and_routing(store: 
     routing = np.random.default_rng(0).integers(0, 128, size=(7, 3, 2)).tolist()
     turns = [
         make_turn("s", 0, [1, 2, 3], [4, 5], chat("fix it"), routed_experts=routing[:5]),
-        make_turn("s", 1, [1, 2, 3, 4, 5, 6], [7], chat("fix it", "ok", "tool out"),
-                  routed_experts=routing[:7], tool_calls=[{"id": "c", "function": {"name": "bash", "arguments": "{}"}}]),
+        make_turn(
+            "s",
+            1,
+            [1, 2, 3, 4, 5, 6],
+            [7],
+            chat("fix it", "ok", "tool out"),
+            routed_experts=routing[:7],
+            tool_calls=[{"id": "c", "function": {"name": "bash", "arguments": "{}"}}],
+        ),
         # compaction: the prompt no longer extends, the messages were rewritten, the system prompt changed
         make_turn("s", 2, [9, 9], [8, 8, 8], {**chat("summary"), "tools": []}, routed_experts=None),
         make_turn("s", 3, [9, 9, 8, 8, 8, 1], [2], {**chat("summary", "x", "y"), "tools": []}),
@@ -63,7 +80,8 @@ def test_turns_round_trip_token_exact_with_deltas_compaction_and_routing(store: 
         assert have.prompt_ids == want.prompt_ids and have.completion_ids == want.completion_ids
         assert have.request == want.request and have.tool_calls == want.tool_calls
         assert (None if have.routed_experts is None else have.routed_experts.tolist()) == (
-            None if want.routed_experts is None else as_routing(want.routed_experts).tolist())
+            None if want.routed_experts is None else as_routing(want.routed_experts).tolist()
+        )
         assert np.allclose(have.logprobs, want.logprobs)
     assert len(got) == 5
 
@@ -85,8 +103,17 @@ def test_a_v1_store_is_migrated_and_keeps_trimmed_routing(tmp_path: Path) -> Non
     routing = [[[p % 8, (p + 1) % 8]] for p in range(6)]
     with RunStore(tmp_path / "run") as s:
         s.add_turn(make_turn("new", 0, [1, 2, 3], [4], chat("b"), routed_experts=as_routing(routing[:4])))
-        s.add_turn(make_turn("new", 1, [1, 2, 3, 4, 5], [6], chat("b", "c", "d"),
-                             routed_experts=as_routing(routing[4:]), routing_base=4))
+        s.add_turn(
+            make_turn(
+                "new",
+                1,
+                [1, 2, 3, 4, 5],
+                [6],
+                chat("b", "c", "d"),
+                routed_experts=as_routing(routing[4:]),
+                routing_base=4,
+            )
+        )
     again = RunStore(tmp_path / "run", readonly=True)
     assert [t.prompt_ids for t in again.load_turns("old")] == [[1, 2]]
     t0, t1 = again.load_turns("new")
@@ -108,13 +135,24 @@ def test_routing_codec_picks_smallest_dtype_and_rejects_bad_shapes() -> None:
 def test_trajectory_outcome_advantage_and_trainer_logprobs(store: RunStore) -> None:
     store.add_turn(make_turn("s", 0, [1, 2], [3, 4], chat("a")), pieces=["x", "y"])
     store.add_turn(make_turn("s", 1, [1, 2, 3, 4, 5], [6], chat("a", "b", "c")))
-    seg = Segment(turn_indices=[0, 1], token_ids=[1, 2, 3, 4, 5, 6], loss_mask=[0, 0, 1, 1, 0, 1],
-                  logprobs=[0, 0, -0.25, -0.5, 0, -0.25], policy_versions=[3] * 6)
-    store.add_trajectory(Trajectory("s", [seg], AlignmentStats(tokens=6, segments=1), instance_id="t1",
-                                    harness="opencode", step=2))
+    seg = Segment(
+        turn_indices=[0, 1],
+        token_ids=[1, 2, 3, 4, 5, 6],
+        loss_mask=[0, 0, 1, 1, 0, 1],
+        logprobs=[0, 0, -0.25, -0.5, 0, -0.25],
+        policy_versions=[3] * 6,
+    )
+    store.add_trajectory(
+        Trajectory("s", [seg], AlignmentStats(tokens=6, segments=1), instance_id="t1", harness="opencode", step=2)
+    )
     assert store.list_trajectories(status="running")["total"] == 1
-    out = Outcome(1.0, Status.RESOLVED, flags=["tamper_attempt"], tests={"a": "passed", "b": "failed"},
-                  evidence={"diff": "+fixed line\n", "exit_code": 0})
+    out = Outcome(
+        1.0,
+        Status.RESOLVED,
+        flags=["tamper_attempt"],
+        tests={"a": "passed", "b": "failed"},
+        evidence={"diff": "+fixed line\n", "exit_code": 0},
+    )
     store.set_outcome("s", out)
     store.set_advantage("s", 0.75)
     store.set_segment_trainer_logprobs("s", 0, [0, 0, -0.3, -0.5, 0, -0.2])
@@ -225,8 +263,9 @@ def test_groups_metrics_alerts_and_compare(store: RunStore) -> None:
 
 def test_exports_jsonl_and_parquet(store: RunStore, tmp_path: Path) -> None:
     rng = random.Random(3)
-    t = write_session(store, rng, session_id="e1", step=0, task="t", harness="claude_code",
-                      dialect=Dialect.ANTHROPIC, p_resolve=1.0)
+    t = write_session(
+        store, rng, session_id="e1", step=0, task="t", harness="claude_code", dialect=Dialect.ANTHROPIC, p_resolve=1.0
+    )
     store.log_metrics(0, {"reward/mean": 1.0})
     store.add_alert(0, "mismatch", "warning", "m")
     assert export_jsonl(store, tmp_path / "out.jsonl") == 1
@@ -240,7 +279,9 @@ def test_exports_jsonl_and_parquet(store: RunStore, tmp_path: Path) -> None:
     table = pq.read_table(tmp_path / "pq" / "turns.parquet")
     assert table.column("completion_ids").to_pylist() == [x.completion_ids for x in turns]
     assert json.loads(table.column("request").to_pylist()[1]) == turns[1].request
-    assert pq.read_table(tmp_path / "pq" / "trajectories.parquet").column("status").to_pylist() == [t.outcome.status.value]
+    assert pq.read_table(tmp_path / "pq" / "trajectories.parquet").column("status").to_pylist() == [
+        t.outcome.status.value
+    ]
 
 
 def test_abandoned_attempt_is_kept_apart_from_its_rerun(store: RunStore) -> None:
@@ -257,8 +298,12 @@ def test_abandoned_attempt_is_kept_apart_from_its_rerun(store: RunStore) -> None
     assert store.abandon_steps(1) == 2
     with store._read() as c:  # noqa: SLF001
         steps = dict(c.execute("SELECT session_id, step FROM trajectories"))
-        flagged = {r[0] for r in c.execute("SELECT t.session_id FROM flags f JOIN trajectories t ON t.id = f.traj_id "
-                                           "WHERE f.flag = 'abandoned'")}  # fmt: skip
+        flagged = {
+            r[0]
+            for r in c.execute(
+                "SELECT t.session_id FROM flags f JOIN trajectories t ON t.id = f.traj_id WHERE f.flag = 'abandoned'"
+            )
+        }
         metric_steps = {r[0] for r in c.execute("SELECT DISTINCT step FROM metrics")}
     assert steps == {"s0-0": 0, "s0-1": 0, "s1-0": None, "s1-1": None}
     assert flagged == {"s1-0", "s1-1"} and metric_steps == {0}

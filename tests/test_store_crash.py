@@ -46,8 +46,9 @@ WRITER = inspect.getsource(ids) + textwrap.dedent("""
 
 
 def test_sigkill_mid_run_loses_no_committed_record(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     committed: list[list[str]] = []
     reader: RunStore | None = None
     deadline = time.monotonic() + 120

@@ -56,7 +56,16 @@ class Box:
 def test_every_kind_is_found_and_yields_valid_python() -> None:
     muts = mutations_of("m.py", SOURCE.encode())
     kinds = {m.kind for m in muts}
-    assert kinds == {"op_change", "cmp_change", "bool_change", "off_by_one", "const_flip", "drop_not", "swap_args", "remove_cond"}
+    assert kinds == {
+        "op_change",
+        "cmp_change",
+        "bool_change",
+        "off_by_one",
+        "const_flip",
+        "drop_not",
+        "swap_args",
+        "remove_cond",
+    }
     for m in muts:
         new = m.apply(SOURCE.encode())
         ast.parse(new)  # every mutant still parses
@@ -75,7 +84,7 @@ def test_every_kind_is_found_and_yields_valid_python() -> None:
     assert len({m.key for m in muts}) == len(muts)
 
 
-TESTS = '''\
+TESTS = """\
 import pytest
 
 
@@ -99,7 +108,7 @@ class TestC:
 class TestD:
     def test_d(self):
         pass
-'''
+"""
 
 
 def test_hide_tests_cuts_definitions_with_decorators() -> None:
@@ -115,15 +124,19 @@ def test_hide_tests_cuts_definitions_with_decorators() -> None:
 
 def test_problem_statement_names_tests_not_the_fix() -> None:
     text = problem_statement(
-        "proj", ["tests/test_m.py::test_window[2]", "tests/test_m.py::test_clamp"],
-        {"tests/test_m.py::test_clamp": "tests/test_m.py:3: in test_clamp\n    assert clamp(5) == 5\nE   assert 4 == 5"}, "seed",
+        "proj",
+        ["tests/test_m.py::test_window[2]", "tests/test_m.py::test_clamp"],
+        {
+            "tests/test_m.py::test_clamp": "tests/test_m.py:3: in test_clamp\n    assert clamp(5) == 5\nE   assert 4 == 5"
+        },
+        "seed",
     )
     assert "`tests/test_m.py::test_clamp`" in text and "E   assert 4 == 5" in text
     assert "`window`" in text and "`clamp`" in text
     assert "m.py" not in text.replace("test_m.py", "")
 
 
-PROJECT_TESTS = '''\
+PROJECT_TESTS = """\
 from mini import clamp, window, both
 
 
@@ -146,7 +159,7 @@ def test_window():
 def test_both():
     assert both(1, 0) is True
     assert both(1, 1) is False
-'''
+"""
 
 
 def git(repo: Path, *args: str) -> str:

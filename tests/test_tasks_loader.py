@@ -17,11 +17,18 @@ def make_repo(path: Path) -> str:
     path.mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(path)], check=True)
     (path / "a.py").write_text("x = 1\n")
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "PATH": "/usr/bin:/bin"}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin",
+    }
     subprocess.run(["git", "-C", str(path), "add", "-A"], check=True, env=env)
     subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "x"], check=True, env=env)
-    return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def row(commit: str, **over: object) -> dict:
@@ -47,8 +54,20 @@ def write(path: Path, rows: list) -> Path:
 
 def test_valid_file_with_relative_repo_and_json_encoded_lists(tmp_path: Path) -> None:
     commit = make_repo(tmp_path / "repo")
-    f = write(tmp_path / "t.jsonl", [row(commit), row(commit, instance_id="o__r-2", FAIL_TO_PASS=json.dumps(["t.py::a"]),
-                                                          PASS_TO_PASS="[]", hints_text="ignored", split="heldout")])
+    f = write(
+        tmp_path / "t.jsonl",
+        [
+            row(commit),
+            row(
+                commit,
+                instance_id="o__r-2",
+                FAIL_TO_PASS=json.dumps(["t.py::a"]),
+                PASS_TO_PASS="[]",
+                hints_text="ignored",
+                split="heldout",
+            ),
+        ],
+    )
     tasks = load_tasks(f)
     assert [t.instance_id for t in tasks] == ["o__r-1", "o__r-2"]
     assert tasks[0].repo_path == str((tmp_path / "repo").resolve())

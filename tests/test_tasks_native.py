@@ -46,12 +46,19 @@ def official_row(**over: object) -> dict:
     """An instance as the published datasets have it (lists JSON-encoded, no repo_path)."""
     c = "a" * 40
     row = {
-        "instance_id": "django__django-1", "repo": "django/django", "base_commit": c, "version": "5.2",
-        "problem_statement": "p", "hints_text": "", "created_at": "2024-01-01T00:00:00Z",
-        "patch": "diff --git a/django/x.py b/django/x.py\n", "test_patch": "diff --git a/tests/x.py b/tests/x.py\n",
+        "instance_id": "django__django-1",
+        "repo": "django/django",
+        "base_commit": c,
+        "version": "5.2",
+        "problem_statement": "p",
+        "hints_text": "",
+        "created_at": "2024-01-01T00:00:00Z",
+        "patch": "diff --git a/django/x.py b/django/x.py\n",
+        "test_patch": "diff --git a/tests/x.py b/tests/x.py\n",
         "FAIL_TO_PASS": json.dumps(["test_a (utils_tests.test_text.TestUtilsText.test_a)"]),
         "PASS_TO_PASS": json.dumps(["test_b (utils_tests.test_text.TestUtilsText)"]),
-        "environment_setup_commit": c, "eval_script": EVAL_SCRIPT.format(c=c),
+        "environment_setup_commit": c,
+        "eval_script": EVAL_SCRIPT.format(c=c),
     }
     row.update(over)
     return row
@@ -65,7 +72,9 @@ def test_the_official_package_is_the_pinned_one_and_names_the_parsers() -> None:
     assert official.parser_name("django/django", "parse_log_nope") is None
     log = "test_a (m.C.test_a) ... ok\ntest_b (m.C.test_b) ... FAIL\n"
     assert official.parse_log("parse_log_django", log, "i", "django/django", [], []) == {
-        "test_a (m.C.test_a)": "PASSED", "test_b (m.C.test_b)": "FAILED"}
+        "test_a (m.C.test_a)": "PASSED",
+        "test_b (m.C.test_b)": "FAILED",
+    }
 
 
 def test_official_rows_load_with_a_repos_dir_and_bad_rows_are_skipped_one_by_one(tmp_path: Path) -> None:
@@ -75,7 +84,9 @@ def test_official_rows_load_with_a_repos_dir_and_bad_rows_are_skipped_one_by_one
         official_row(),
         official_row(instance_id="psf__requests-1", repo="psf/requests", eval_script="", version="2.0"),
         official_row(instance_id="x__y-1", repo="x/y"),
-        official_row(instance_id="django__django-2", eval_script=EVAL_SCRIPT.replace("./tests/runtests.py", "tox -e py311")),
+        official_row(
+            instance_id="django__django-2", eval_script=EVAL_SCRIPT.replace("./tests/runtests.py", "tox -e py311")
+        ),
         official_row(instance_id="django__django-3", FAIL_TO_PASS=json.dumps(["test_z (other_app.tests.T.test_z)"])),
     ]
     f = tmp_path / "verified.jsonl"
@@ -94,7 +105,9 @@ def test_official_rows_load_with_a_repos_dir_and_bad_rows_are_skipped_one_by_one
     assert "verified.jsonl:2: no test command for psf/requests version 2.0" in text
     assert "verified.jsonl:3: no official log parser for repository 'x/y'" in text
     assert "verified.jsonl:4: field 'test_cmd': test runner 'tox' cannot be hardened" in text
-    assert "verified.jsonl:5: field 'test_cmd': 1 FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels" in text
+    assert (
+        "verified.jsonl:5: field 'test_cmd': 1 FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels" in text
+    )
 
 
 def test_native_commands_are_hardened_or_refused_by_name() -> None:
@@ -103,8 +116,13 @@ def test_native_commands_are_hardened_or_refused_by_name() -> None:
     sy = native_command("PYTHONWARNINGS='ignore::UserWarning' bin/test -C --verbose sympy/core/tests/test_basic.py")
     assert sy is not None and "--no-subprocess" in sy.args and sy.warnings == ["ignore::UserWarning"]
     assert native_command("python -m pytest -q") is None
-    for cmd, word in [("tox -e py", "'tox'"), ("make test", "'make'"), ("./tests/runtests.py --failfast a", "--failfast"),
-                      ("FOO=1 bin/test x.py", "FOO"), ("bin/test --pdb x.py", "--pdb")]:
+    for cmd, word in [
+        ("tox -e py", "'tox'"),
+        ("make test", "'make'"),
+        ("./tests/runtests.py --failfast a", "--failfast"),
+        ("FOO=1 bin/test x.py", "FOO"),
+        ("bin/test --pdb x.py", "--pdb"),
+    ]:
         with pytest.raises(ValueError, match=word):
             native_command(cmd)
 
@@ -158,13 +176,22 @@ def test_native_tasks_validate_on_local_agree_with_the_official_parser_and_forge
     task = _task(name)
     source = NATIVE_PROJECTS[name].source
     if name == "django":  # leave the bug, and make every failing subtest report as a success
-        forge = ["import unittest.runner as _r", "_sub = _r.TextTestResult.addSubTest",
-                 "_r.TextTestResult.addSubTest = lambda self, test, sub, err: _sub(self, test, sub, None)",
-                 "_ae = _r.TextTestResult.addFailure", "_r.TextTestResult.addFailure = lambda self, t, err: self.addSuccess(t)"]
+        forge = [
+            "import unittest.runner as _r",
+            "_sub = _r.TextTestResult.addSubTest",
+            "_r.TextTestResult.addSubTest = lambda self, test, sub, err: _sub(self, test, sub, None)",
+            "_ae = _r.TextTestResult.addFailure",
+            "_r.TextTestResult.addFailure = lambda self, t, err: self.addSuccess(t)",
+        ]
     else:  # print the runner's pass line for each task test, then stop the run cleanly
         ids = ", ".join(repr(t) for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
-        forge = ["import sys as _s, os as _o", f"for _t in [{ids}]:", "    _s.stdout.write(_t + ' ok\\n')",
-                 "_s.stdout.flush()", "_o._exit(1) if 'bin/test' in ' '.join(_s.argv) else None"]
+        forge = [
+            "import sys as _s, os as _o",
+            f"for _t in [{ids}]:",
+            "    _s.stdout.write(_t + ' ok\\n')",
+            "_s.stdout.flush()",
+            "_o._exit(1) if 'bin/test' in ' '.join(_s.argv) else None",
+        ]
     forged_diff = append_lines_diff(source, base_file(task, source), forge)  # the bug stays in
     # the runner's own entry script made to report success: restored from the task before the run
     runner = "tests/runtests.py" if name == "django" else "bin/test"
@@ -180,7 +207,9 @@ def test_native_tasks_validate_on_local_agree_with_the_official_parser_and_forge
     assert gold.status is Status.RESOLVED and empty.status is Status.FAILED
     assert forged.status is Status.HACK_DETECTED, (forged.status, forged.flags, forged.evidence.get("contradicted"))
     assert "tamper_attempt" in forged.flags
-    assert {"report_contradicted", "runner_modified", "report_unconfirmed", "session_incomplete"} & set(forged.flags), forged.flags
+    assert {"report_contradicted", "runner_modified", "report_unconfirmed", "session_incomplete"} & set(forged.flags), (
+        forged.flags
+    )
 
 
 def test_eval_writes_the_official_results_shape() -> None:
@@ -208,8 +237,13 @@ def test_eval_writes_the_official_results_shape() -> None:
 
 def _summary(records: dict[str, str], end: bool = True, **over: object) -> dict:
     recs = [{"k": "test", "id": t, "phases": {"setup": "passed", "call": v}} for t, v in records.items()]
-    s = {"records": recs + ([{"k": "end", "changed": []}] if end else []), "bad_records": 0, "log_sha256": "h",
-         "canaries": {"pass": "cp", "fail": "cf"}, "tests_changed": []}
+    s = {
+        "records": recs + ([{"k": "end", "changed": []}] if end else []),
+        "bad_records": 0,
+        "log_sha256": "h",
+        "canaries": {"pass": "cp", "fail": "cf"},
+        "tests_changed": [],
+    }
     s.update(over)
     return s
 
@@ -217,16 +251,42 @@ def _summary(records: dict[str, str], end: bool = True, **over: object) -> dict:
 @pytest.mark.parametrize(
     "official_log,records,extra,exit_code,flag",
     [
-        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed"}, {}, 1, "report_unconfirmed"),  # a printed pass line, no test ran
+        (
+            {"t1": "PASSED", "t2": "PASSED"},
+            {"t1": "passed"},
+            {},
+            1,
+            "report_unconfirmed",
+        ),  # a printed pass line, no test ran
         ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "failed"}, {}, 1, "report_contradicted"),
-        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"end_changed": ["unittest.runner.TextTestResult.addFailure"]}, 1, "runner_modified"),
-        ({"t1": "PASSED", "t2": "PASSED", "cf": "PASSED"}, {"t1": "passed", "t2": "passed"}, {}, 1, "report_inconsistent"),
-        ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {}, 0, "report_inconsistent"),  # exit 0 with a failing canary
+        (
+            {"t1": "PASSED", "t2": "PASSED"},
+            {"t1": "passed", "t2": "passed"},
+            {"end_changed": ["unittest.runner.TextTestResult.addFailure"]},
+            1,
+            "runner_modified",
+        ),
+        (
+            {"t1": "PASSED", "t2": "PASSED", "cf": "PASSED"},
+            {"t1": "passed", "t2": "passed"},
+            {},
+            1,
+            "report_inconsistent",
+        ),
+        (
+            {"t1": "PASSED", "t2": "PASSED"},
+            {"t1": "passed", "t2": "passed"},
+            {},
+            0,
+            "report_inconsistent",
+        ),  # exit 0 with a failing canary
         ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"bad_records": 2}, 1, "records_forged"),
         ({"t1": "PASSED", "t2": "PASSED"}, {"t1": "passed", "t2": "passed"}, {"log": "other"}, 1, "report_replaced"),
     ],
 )
-def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(official_log, records, extra, exit_code, flag) -> None:
+def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(
+    official_log, records, extra, exit_code, flag
+) -> None:
     from legorl.verify.native import judge_native
 
     base = {"cp": "PASSED", "cf": "FAILED"}
@@ -234,7 +294,15 @@ def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(offici
     summary = _summary(recs, bad_records=extra.get("bad_records", 0))
     if "end_changed" in extra:
         summary["records"][-1]["changed"] = extra["end_changed"]
-    good = judge_native(["t1", "t2"], {**base, "t1": "PASSED", "t2": "PASSED"}, _summary(dict(t1="passed", t2="passed", cp="passed", cf="failed")), 1, "h", 1, False)
+    good = judge_native(
+        ["t1", "t2"],
+        {**base, "t1": "PASSED", "t2": "PASSED"},
+        _summary(dict(t1="passed", t2="passed", cp="passed", cf="failed")),
+        1,
+        "h",
+        1,
+        False,
+    )
     assert good.resolved and not good.flags and good.evidence["parser_agreement"]["agree"] == 2
     v = judge_native(["t1", "t2"], {**base, **official_log}, summary, 1, extra.get("log", "h"), exit_code, False)
     assert not v.resolved and "tamper_attempt" in v.flags and flag in v.flags, v.flags
@@ -243,5 +311,8 @@ def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(offici
 def test_django_ids_of_either_python_read_a_log_of_the_other() -> None:
     from legorl.verify.grade import _django_aliases
 
-    got = _django_aliases({"test_x (m.C.test_x)": "PASSED", "test_y (m.C)": "FAILED"}, ["test_x (m.C)", "test_y (m.C.test_y)", "test_z (m.C)"])
+    got = _django_aliases(
+        {"test_x (m.C.test_x)": "PASSED", "test_y (m.C)": "FAILED"},
+        ["test_x (m.C)", "test_y (m.C.test_y)", "test_z (m.C)"],
+    )
     assert got["test_x (m.C)"] == "PASSED" and got["test_y (m.C.test_y)"] == "FAILED" and "test_z (m.C)" not in got

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from tasks_util import pick_task, require_backend
 
+from legorl.sandbox import open_backend
 from legorl.sandbox.base import SandboxSpec
 from legorl.sandbox.docker_images import ensure_docker_image
 from legorl.sandbox.images import ImageStore
-from legorl.sandbox import open_backend
 from legorl.sandbox.layers import ensure_base
 from legorl.tasks.image import TaskImages, materialize_repo
 from legorl.tasks.prebuilt import PrebuiltImageError, resolve
@@ -26,12 +26,21 @@ from legorl.tasks.validate import check_task
 from legorl.types import Task
 
 pytestmark = pytest.mark.docker
-GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin", "GIT_AUTHOR_NAME": "u",
-           "GIT_AUTHOR_EMAIL": "u@x", "GIT_COMMITTER_NAME": "u", "GIT_COMMITTER_EMAIL": "u@x"}
+GIT_ENV = {
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "PATH": "/usr/bin:/bin",
+    "GIT_AUTHOR_NAME": "u",
+    "GIT_AUTHOR_EMAIL": "u@x",
+    "GIT_COMMITTER_NAME": "u",
+    "GIT_COMMITTER_EMAIL": "u@x",
+}
 
 
 def git(repo: Path, *args: str, stdin: bytes | None = None) -> str:
-    return subprocess.run(["git", *args], cwd=repo, env=GIT_ENV, input=stdin, capture_output=True, check=True).stdout.decode()
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=GIT_ENV, input=stdin, capture_output=True, check=True
+    ).stdout.decode()
 
 
 def docker(*args: str) -> str:
@@ -59,7 +68,9 @@ def build_image(tmp: Path, layout: str) -> tuple[Task, str, str]:
     base_tag = asyncio.run(ensure_docker_image(store, asyncio.run(ensure_base(store)).key))
     name = f"legorl-test-prebuilt:{secrets.token_hex(4)}"
     if layout == "official":
-        cid = docker("create", "--network", "none", base_tag, "python3", "-m", "venv", "--system-site-packages", "/opt/env")
+        cid = docker(
+            "create", "--network", "none", base_tag, "python3", "-m", "venv", "--system-site-packages", "/opt/env"
+        )
         docker("start", "-a", cid)
         change = ["--change", "ENV PATH=/opt/env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     else:
@@ -94,7 +105,9 @@ def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout:
         try:
             key = await images.for_task(task)
             async with await backend.start(SandboxSpec(image=key, workdir="/repo")) as sb:
-                log = await sb.exec(f"git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e {future} 2>/dev/null && echo LEAK || echo clean")
+                log = await sb.exec(
+                    f"git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e {future} 2>/dev/null && echo LEAK || echo clean"
+                )
                 assert log.exit_code == 0 and log.stdout.split()[:2] == ["1", "0"] and "LEAK" not in log.stdout, log
                 net = await sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"")
                 assert net.exit_code != 0

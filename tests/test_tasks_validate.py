@@ -11,10 +11,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from tasks_util import pick_task, require_backend
 
 from legorl.tasks.cli import rollout_command
 from legorl.tasks.loader import load_shipped, shipped_tasks_dir
-from tasks_util import pick_task, require_backend
 
 CLI = [sys.executable, "-m", "legorl.tasks.cli"]
 
@@ -77,7 +77,10 @@ def test_cli_mistakes_are_one_line_errors(tmp_path: Path) -> None:
     for args, needle in [
         (("validate", tmp_path / "missing.jsonl"), "no such file"),
         (("validate", bad), "bad.jsonl:1: field 'instance_id': expected a string"),
-        (("validate", shipped_tasks_dir() / "train.jsonl", "--sandbox", "podman"), "--sandbox must be 'local' or 'docker'"),
+        (
+            ("validate", shipped_tasks_dir() / "train.jsonl", "--sandbox", "podman"),
+            "--sandbox must be 'local' or 'docker'",
+        ),
         (("validate", shipped_tasks_dir() / "train.jsonl", "--instance", "nope"), "no task 'nope'"),
     ]:
         proc = cli(*args, timeout=120)
@@ -99,20 +102,24 @@ def test_rollout_command_prints_one_json_line(tmp_path: Path, capsys: pytest.Cap
     assert line["masked"] is False and line["flags"] == []
 
 
-@pytest.mark.parametrize("backend_name", [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize(
+    "backend_name", [pytest.param("local", id="local"), pytest.param("docker", id="docker", marks=pytest.mark.docker)]
+)
 async def test_shipped_subset_is_valid_with_a_test_cmd_that_names_no_paths(backend_name: str) -> None:
     """SWE-bench's common shape: only the runner and its flags (`python -m pytest -o addopts=`).
     The task's test files are selected all the same: gold resolves, empty does not."""
     import shlex
 
+    from tasks_util import backend_and_images
+
     from legorl.tasks.validate import check_tasks
     from legorl.verify.selection import select_tests
-    from tasks_util import backend_and_images
 
     ids = set(one_per_project())
     tasks = [
         dataclasses.replace(t, test_cmd=shlex.join(["python", "-m", "pytest", *select_tests(t).flags]))
-        for t in load_shipped() if t.instance_id in ids
+        for t in load_shipped()
+        if t.instance_id in ids
     ]
     async with backend_and_images(backend_name) as (backend, images):
         res = await check_tasks(tasks, backend, images, concurrency=2)

@@ -22,14 +22,30 @@ from legorl.proxy.template import TemplateError, TemplateRenderer, _args_as_obje
 from legorl.trajectory import extends
 
 TOOLS = [
-    {"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                     "required": ["command"]}}},
-    {"type": "function", "function": {"name": "edit", "description": "Édit a file ✓",
-                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-                                                                                     "new": {"type": "string"}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "description": "Édit a file ✓",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "new": {"type": "string"}}},
+        },
+    },
 ]
-QWEN = ["qwen2.5-7b-instruct.jinja", "qwen3-30b-a3b.jinja", "qwen3-4b-thinking-2507.jinja", "qwen3.5-35b-a3b.jinja", "qwen3-coder.jinja"]
+QWEN = [
+    "qwen2.5-7b-instruct.jinja",
+    "qwen3-30b-a3b.jinja",
+    "qwen3-4b-thinking-2507.jinja",
+    "qwen3.5-35b-a3b.jinja",
+    "qwen3-coder.jinja",
+]
 FAMILIES = [*QWEN, "gpt-oss-20b.jinja", "glm-4.5.jinja"]
 
 
@@ -50,10 +66,12 @@ def toks(qwen_tok) -> dict[str, Any]:
 
 def _reference(tok: Any, name: str, msgs: list[dict], tools: list[dict], gen: bool = True) -> list[int]:
     # What the proxy hands the template: tool-call arguments as objects (as vLLM does).
-    prep = [{**m, "tool_calls": [_args_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
-            for m in msgs]
-    out = tok.apply_chat_template(prep, tools=tools or None, add_generation_prompt=gen, tokenize=True,
-                                  chat_template=template(name))
+    prep = [
+        {**m, "tool_calls": [_args_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in msgs
+    ]
+    out = tok.apply_chat_template(
+        prep, tools=tools or None, add_generation_prompt=gen, tokenize=True, chat_template=template(name)
+    )
     return list(out["input_ids"] if hasattr(out, "keys") else out)
 
 
@@ -63,7 +81,9 @@ def _conversation(rng: random.Random, name: str) -> list[dict]:
     words = ["def", "foo", "(x):", "\n", "  ", "return", "x+1", "héllo", "😀", "{}", '"q"', "\t", "ls -la", "12345"]
 
     def text() -> str:
-        return "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+        return (
+            "".join(rng.choice(words) + rng.choice([" ", "", "\n"]) for _ in range(rng.randint(1, 12))).strip() or "ok"
+        )
 
     harmony = name.startswith("gpt-oss")
     msgs: list[dict] = []
@@ -72,9 +92,14 @@ def _conversation(rng: random.Random, name: str) -> list[dict]:
     msgs.append({"role": "user", "content": text()})
     for _ in range(rng.randint(0, 4)):
         n = 1 if harmony else rng.randint(0, 2)
-        calls = [{"id": f"c{len(msgs)}_{k}", "type": "function",
-                  "function": {"name": "bash", "arguments": json.dumps({"command": rng.choice(["ls", "pwd", "cat a"])})}}
-                 for k in range(n if rng.random() < 0.7 else 0)]
+        calls = [
+            {
+                "id": f"c{len(msgs)}_{k}",
+                "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps({"command": rng.choice(["ls", "pwd", "cat a"])})},
+            }
+            for k in range(n if rng.random() < 0.7 else 0)
+        ]
         m: dict[str, Any] = {"role": "assistant", "content": text()}
         if rng.random() < 0.5:
             m["reasoning_content"] = text()
@@ -103,10 +128,18 @@ def test_template_renderer_equals_apply_chat_template(toks, name: str, seed: int
     assert r.render(ChatRequest(msgs, tools)) == ids  # the piece cache gives the same ids
 
 
-@pytest.mark.parametrize("name,family,opens_think", [
-    ("qwen2.5-7b-instruct.jinja", "hermes", False), ("qwen3-30b-a3b.jinja", "hermes", False), ("qwen3-4b-thinking-2507.jinja", "hermes", True),
-    ("qwen3.5-35b-a3b.jinja", "qwen3_coder", True), ("qwen3-coder.jinja", "qwen3_coder", False),
-    ("gpt-oss-20b.jinja", "harmony", False), ("glm-4.5.jinja", "glm45", False)])
+@pytest.mark.parametrize(
+    "name,family,opens_think",
+    [
+        ("qwen2.5-7b-instruct.jinja", "hermes", False),
+        ("qwen3-30b-a3b.jinja", "hermes", False),
+        ("qwen3-4b-thinking-2507.jinja", "hermes", True),
+        ("qwen3.5-35b-a3b.jinja", "qwen3_coder", True),
+        ("qwen3-coder.jinja", "qwen3_coder", False),
+        ("gpt-oss-20b.jinja", "harmony", False),
+        ("glm-4.5.jinja", "glm45", False),
+    ],
+)
 def test_family_is_read_from_the_template(toks, name: str, family: str, opens_think: bool) -> None:
     r = TemplateRenderer(toks[name], chat_template=template(name))
     assert (r.tool_format, r.starts_in_reasoning) == (family, opens_think)
@@ -121,9 +154,12 @@ def test_bundled_template_same_ids_as_the_fast_renderer(seed: int) -> None:
     tools = TOOLS if rng.random() < 0.6 else []
     assert isinstance(make_renderer(tok), Renderer)  # the bundled models keep today's renderer
     # the template renderer passes arguments as objects (the fast one writes strings verbatim)
-    obj_msgs = [{**m, "tool_calls": [_args_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
-                for m in msgs]
-    assert TemplateRenderer(tok).render(ChatRequest(obj_msgs, tools)) == Renderer(tok).render(ChatRequest(obj_msgs, tools))
+    obj_msgs = [
+        {**m, "tool_calls": [_args_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in msgs
+    ]
+    assert TemplateRenderer(tok).render(ChatRequest(obj_msgs, tools)) == Renderer(tok).render(
+        ChatRequest(obj_msgs, tools)
+    )
 
 
 def _turn(r: TemplateRenderer, state: RenderState, msgs: list[dict], tools: list[dict], completion: str):
@@ -138,18 +174,40 @@ def _turn(r: TemplateRenderer, state: RenderState, msgs: list[dict], tools: list
     return prompt, sampled, parsed
 
 
-@pytest.mark.parametrize("name,completion,call_args", [
-    ("qwen3-30b-a3b.jinja",
-     '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>',
-     {"command": "ls"}),
-    ("qwen3.5-35b-a3b.jinja",
-     ('look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n'
-      '</tool_call><|im_end|>'), {"command": "ls"}),
-    ("glm-4.5.jinja", ("\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n"
-                       "<arg_value>ls</arg_value>\n</tool_call><|observation|>"), {"command": "ls"}),
-    ("gpt-oss-20b.jinja", ('<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary '
-                           'to=functions.bash <|constrain|>json<|message|>{"command":"ls"}<|call|>'), {"command": "ls"}),
-])
+@pytest.mark.parametrize(
+    "name,completion,call_args",
+    [
+        (
+            "qwen3-30b-a3b.jinja",
+            '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>',
+            {"command": "ls"},
+        ),
+        (
+            "qwen3.5-35b-a3b.jinja",
+            (
+                "look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n"
+                "</tool_call><|im_end|>"
+            ),
+            {"command": "ls"},
+        ),
+        (
+            "glm-4.5.jinja",
+            (
+                "\n<think>look first</think>\n<tool_call>bash\n<arg_key>command</arg_key>\n"
+                "<arg_value>ls</arg_value>\n</tool_call><|observation|>"
+            ),
+            {"command": "ls"},
+        ),
+        (
+            "gpt-oss-20b.jinja",
+            (
+                "<|channel|>analysis<|message|>look first<|end|><|start|>assistant<|channel|>commentary "
+                'to=functions.bash <|constrain|>json<|message|>{"command":"ls"}<|call|>'
+            ),
+            {"command": "ls"},
+        ),
+    ],
+)
 def test_agent_loop_splices_sampled_ids(toks, name: str, completion: str, call_args: dict) -> None:
     """A tool round trip whose template keeps the reply: the next prompt extends
     prompt + sampled ids exactly (one segment), though the harness re-serialised the call."""
@@ -160,9 +218,18 @@ def test_agent_loop_splices_sampled_ids(toks, name: str, completion: str, call_a
     prompt, sampled, parsed = _turn(r, state, msgs, TOOLS, completion)
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("bash", call_args)]
     assert parsed.reasoning == "look first"
-    echo = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning,
-            "tool_calls": [{"id": "x1", "type": "function",
-                            "function": {"name": "bash", "arguments": json.dumps(call_args, separators=(",", ":"))}}]}
+    echo = {
+        "role": "assistant",
+        "content": parsed.content,
+        "reasoning_content": parsed.reasoning,
+        "tool_calls": [
+            {
+                "id": "x1",
+                "type": "function",
+                "function": {"name": "bash", "arguments": json.dumps(call_args, separators=(",", ":"))},
+            }
+        ],
+    }
     msgs2 = [*msgs, echo, {"role": "tool", "tool_call_id": "x1", "content": "a.py"}]
     nxt = r.render(ChatRequest(msgs2, TOOLS), state)
     assert extends(nxt, prompt, sampled)
@@ -182,8 +249,11 @@ def test_dropped_reasoning_starts_a_new_segment(toks) -> None:
     msgs = [{"role": "user", "content": "Hi"}]
     prompt, sampled, parsed = _turn(r, state, msgs, [], "I should greet\n</think>\n\nHello!<|im_end|>")
     assert parsed.reasoning == "I should greet" and parsed.content == "Hello!"
-    msgs2 = [*msgs, {"role": "assistant", "content": "Hello!", "reasoning_content": "I should greet"},
-             {"role": "user", "content": "Bye"}]
+    msgs2 = [
+        *msgs,
+        {"role": "assistant", "content": "Hello!", "reasoning_content": "I should greet"},
+        {"role": "user", "content": "Bye"},
+    ]
     nxt = r.render(ChatRequest(msgs2, []), state)
     assert not extends(nxt, prompt, sampled)
     assert nxt == _reference(tok, name, msgs2, [])
@@ -198,11 +268,25 @@ def test_harness_drops_reasoning_then_no_splice(toks) -> None:
     r = TemplateRenderer(tok, chat_template=template(name))
     state = RenderState()
     msgs = [{"role": "user", "content": "List."}]
-    prompt, sampled, _ = _turn(r, state, msgs, TOOLS, '<think>\nhm\n</think>\n\n<tool_call>\n'
-                               '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>')
-    msgs2 = [*msgs, {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
-        {"role": "tool", "tool_call_id": "x", "content": "a.py"}]
+    prompt, sampled, _ = _turn(
+        r,
+        state,
+        msgs,
+        TOOLS,
+        "<think>\nhm\n</think>\n\n<tool_call>\n"
+        '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>',
+    )
+    msgs2 = [
+        *msgs,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "x", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "x", "content": "a.py"},
+    ]
     nxt = r.render(ChatRequest(msgs2, TOOLS), state)
     assert not extends(nxt, prompt, sampled) and nxt == _reference(tok, name, msgs2, TOOLS)
 
@@ -218,11 +302,19 @@ def test_continue_final_message(toks) -> None:
     assert ids == list(ref["input_ids"] if hasattr(ref, "keys") else ref)
 
 
-@pytest.mark.parametrize("source,words", [
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", "does not append a generation prompt"),
-    (("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
-      "{% if add_generation_prompt %}assistant:{% endif %}"), "none of the tool-call formats"),
-])
+@pytest.mark.parametrize(
+    "source,words",
+    [
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", "does not append a generation prompt"),
+        (
+            (
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}"
+            ),
+            "none of the tool-call formats",
+        ),
+    ],
+)
 def test_unknown_template_shape_is_refused(source: str, words: str) -> None:
     tok = load_tokenizer("tiny-qwen3")
     with pytest.raises(TemplateError, match=words):
@@ -240,8 +332,11 @@ def test_growing_conversation_reuses_prefix_ids_exactly(toks, name: str, seed: i
     r = TemplateRenderer(tok, chat_template=template(name))
     msgs = _conversation(rng, name)
     state = RenderState()
-    cuts = [k for k in range(2, len(msgs) + 1) if msgs[k - 1]["role"] in ("user", "tool")
-            and (k == len(msgs) or msgs[k]["role"] != "tool")]
+    cuts = [
+        k
+        for k in range(2, len(msgs) + 1)
+        if msgs[k - 1]["role"] in ("user", "tool") and (k == len(msgs) or msgs[k]["role"] != "tool")
+    ]
     for k in [*cuts, *cuts[:1]]:
         req = ChatRequest(msgs[:k], TOOLS)
         ids = r.render(req, state)
@@ -280,7 +375,11 @@ def test_doctor_refuses_an_unknown_template(tmp_path) -> None:
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
     tok.save_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    cfg = RunConfig.model_validate({"harness": {"name": "command", "command_file": "/bin/true"},
-                                    "engine": {"kind": "scripted", "model": str(tmp_path), "scripted_completions": ["x"]}})
+    cfg = RunConfig.model_validate(
+        {
+            "harness": {"name": "command", "command_file": "/bin/true"},
+            "engine": {"kind": "scripted", "model": str(tmp_path), "scripted_completions": ["x"]},
+        }
+    )
     res = run_one(template_check(cfg))
     assert not res.ok and "unknown chat template shape" in res.detail and "supported families" in res.fix

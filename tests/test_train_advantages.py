@@ -15,8 +15,13 @@ def traj(
     task: str, reward: float, status: Status = Status.RESOLVED, masked: bool = False, name: str = ""
 ) -> Trajectory:
     seg = Segment([0], [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], [0])
-    return Trajectory(name or f"{task}-{reward}-{status}", [seg], AlignmentStats(), instance_id=task,
-                      outcome=Outcome(reward, status, masked=masked))  # fmt: skip
+    return Trajectory(
+        name or f"{task}-{reward}-{status}",
+        [seg],
+        AlignmentStats(),
+        instance_id=task,
+        outcome=Outcome(reward, status, masked=masked),
+    )
 
 
 def test_group_normalised_with_unbiased_std():
@@ -28,8 +33,11 @@ def test_group_normalised_with_unbiased_std():
 
 def test_infra_errors_are_left_out_of_mean_and_std_and_get_no_advantage():
     good = [traj("a", 1.0, name="g1"), traj("a", 0.0, name="g2"), traj("a", 0.0, name="g3")]
-    infra = [traj("a", 0.0, Status.SANDBOX_START_FAILED, name="i1"), traj("a", 0.0, Status.INFRA_ERROR, name="i2"),
-             traj("a", 0.0, Status.FAILED, masked=True, name="m1")]  # fmt: skip
+    infra = [
+        traj("a", 0.0, Status.SANDBOX_START_FAILED, name="i1"),
+        traj("a", 0.0, Status.INFRA_ERROR, name="i2"),
+        traj("a", 0.0, Status.FAILED, masked=True, name="m1"),
+    ]
     with_infra = compute_advantages(good + infra, eps=0.0)
     alone = compute_advantages(good, eps=0.0)
     assert with_infra.values[:3] == pytest.approx(alone.values)
@@ -39,9 +47,14 @@ def test_infra_errors_are_left_out_of_mean_and_std_and_get_no_advantage():
 
 
 def test_zero_variance_groups_are_counted_and_skipped_or_kept():
-    batch = [traj("a", 1.0, name="a1"), traj("a", 1.0, name="a2"),  # zero variance
-             traj("b", 1.0, name="b1"), traj("b", 0.0, name="b2"),
-             traj("c", 0.0, name="c1"), traj("c", 0.0, Status.ENGINE_ERROR, name="c2")]  # fmt: skip
+    batch = [
+        traj("a", 1.0, name="a1"),
+        traj("a", 1.0, name="a2"),  # zero variance
+        traj("b", 1.0, name="b1"),
+        traj("b", 0.0, name="b2"),
+        traj("c", 0.0, name="c1"),
+        traj("c", 0.0, Status.ENGINE_ERROR, name="c2"),
+    ]
     # group c has one valid member: no signal
     skip = compute_advantages(batch, zero_variance="skip")
     assert skip.values[0] is None and skip.values[1] is None and skip.values[4] is None

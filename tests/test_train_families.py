@@ -116,8 +116,10 @@ def test_adapter_replays_selection_with_live_gate_weights(family: str) -> None:
     replay[4] = -1  # not recorded: the router decides
     seen, handles = experts_inputs(lm)
     router_in: list[torch.Tensor] = []
-    hooks = [r.register_forward_pre_hook(lambda _m, a: router_in.append(a[0].detach().reshape(-1, a[0].shape[-1])))
-             for r in routers]  # fmt: skip
+    hooks = [
+        r.register_forward_pre_hook(lambda _m, a: router_in.append(a[0].detach().reshape(-1, a[0].shape[-1])))
+        for r in routers
+    ]
     try:
         with torch.no_grad(), moe_routing(lm, replay):
             lm(input_ids=ids)
@@ -230,8 +232,10 @@ def test_fused_path_is_checked_once_and_falls_back_when_wrong(monkeypatch, caplo
 
     lm.set_attn_implementation(varlen.register())
     g = torch.Generator().manual_seed(5)
-    segs = [Segment([0], torch.randint(3, 4096, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4), [0.0] * n, [0])
-            for n in (9, 14, 6)]  # fmt: skip
+    segs = [
+        Segment([0], torch.randint(3, 4096, (n,), generator=g).tolist(), [0] * 4 + [1] * (n - 4), [0.0] * n, [0])
+        for n in (9, 14, 6)
+    ]
     (mb,) = pack([(0, Trajectory("x", segs, AlignmentStats(), instance_id="t"), 1.0)], "segment", 100)
     policy = PolicyModel(lm)
     with torch.no_grad():

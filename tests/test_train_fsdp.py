@@ -38,8 +38,11 @@ def batch(model: str):
                 )
             segs.append(Segment([s], ids, mask, lps, [0], routing))
         reward = float(torch.rand(1, generator=g))
-        trajs.append(Trajectory(f"t{i}", segs, AlignmentStats(), instance_id=f"task{i % 3}",
-                                outcome=Outcome(reward, Status.FAILED)))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                f"t{i}", segs, AlignmentStats(), instance_id=f"task{i % 3}", outcome=Outcome(reward, Status.FAILED)
+            )
+        )
     return trajs
 
 
@@ -52,8 +55,9 @@ def worker(out_dir: str) -> None:
     torch.set_num_threads(1)
     results = {}
     for model in MODELS:
-        cfg = TrainerConfig(model=model, lr=1e-2, max_grad_norm=1.0, max_tokens_per_microbatch=90, seed=0,
-                            loss="gspo", correction="tis")  # fmt: skip
+        cfg = TrainerConfig(
+            model=model, lr=1e-2, max_grad_norm=1.0, max_tokens_per_microbatch=90, seed=0, loss="gspo", correction="tis"
+        )
         trainer = Trainer(cfg)
         metrics = trainer.step(batch(model))
         grads = {}
@@ -87,8 +91,11 @@ def test_two_gloo_ranks_match_one_process(tmp_path):
     subprocess.run([sys.executable, here, str(tmp_path)], check=True, env=env, timeout=600, capture_output=True)
     proc = subprocess.run(
         [torchrun, "--standalone", "--nproc-per-node", "2", here, str(tmp_path)],
-        env=env, timeout=600, capture_output=True, text=True,
-    )  # fmt: skip
+        env=env,
+        timeout=600,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = torch.load(tmp_path / "world1.pt", weights_only=False)
     two = torch.load(tmp_path / "world2.pt", weights_only=False)

@@ -125,9 +125,20 @@ async def engine_session(engine, g, session, temperature):
     turns = []
     for index in range(2):
         gen = await engine.generate(prompt, params)
-        turns.append(Turn(session, index, Dialect.OPENAI_CHAT, list(prompt), gen.completion_ids, gen.logprobs,
-                          gen.finish_reason, params.to_dict(), routed_experts=gen.routed_experts,
-                          policy_version=engine.policy_version))  # fmt: skip
+        turns.append(
+            Turn(
+                session,
+                index,
+                Dialect.OPENAI_CHAT,
+                list(prompt),
+                gen.completion_ids,
+                gen.logprobs,
+                gen.finish_reason,
+                params.to_dict(),
+                routed_experts=gen.routed_experts,
+                policy_version=engine.policy_version,
+            )
+        )
         prompt = prompt + gen.completion_ids + torch.randint(3, 4096, (5,), generator=g).tolist()
     return assemble(turns)
 
@@ -171,8 +182,12 @@ def test_sampler_uses_the_cache_keyword_the_decoder_takes(lms, monkeypatch):
             self.inner = real
 
         def forward(self, input_ids, position_ids, past_key_values=None, use_cache=False):
-            return self.inner(input_ids=input_ids, position_ids=position_ids, use_cache=use_cache,
-                              **{cache_kwarg(self.inner): past_key_values})
+            return self.inner(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                use_cache=use_cache,
+                **{cache_kwarg(self.inner): past_key_values},
+            )
 
     prompt = list(range(5, 17))
     want = sample(lm, [prompt], max_new_tokens=6, temperature=0.8, generator=torch.Generator().manual_seed(3))[0]

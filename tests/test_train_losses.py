@@ -101,8 +101,9 @@ def test_loss_matches_float64_hand_computation(name, agg, use_weights):
     norm = normalizer(mask, unit_ids)
 
     new_a = new.clone().requires_grad_(True)
-    loss, metrics = LOSSES[name](new_a, old, adv, mask, unit_ids, 6, clip_low=lo, clip_high=hi,
-                                 weights_N=w, aggregation=agg, norm=norm)  # fmt: skip
+    loss, metrics = LOSSES[name](
+        new_a, old, adv, mask, unit_ids, 6, clip_low=lo, clip_high=hi, weights_N=w, aggregation=agg, norm=norm
+    )
     loss.backward()
 
     new_b = new.clone().requires_grad_(True)
@@ -125,8 +126,9 @@ def test_clipping_is_exercised_on_both_sides():
     new, old, adv, mask, unit_ids, _ = make_batch(7, 3e-4)
     norm = normalizer(mask, unit_ids)
     new_a = new.clone().requires_grad_(True)
-    loss, m = LOSSES["gspo"](new_a, old, adv, mask, unit_ids, 6, clip_low=3e-4, clip_high=4e-4,
-                             aggregation="seq_mean_token_mean", norm=norm)  # fmt: skip
+    loss, m = LOSSES["gspo"](
+        new_a, old, adv, mask, unit_ids, 6, clip_low=3e-4, clip_high=4e-4, aggregation="seq_mean_token_mean", norm=norm
+    )
     loss.backward()
     grad_units = {u: float(new_a.grad[(unit_ids == u) & (mask > 0)].abs().sum()) for u in range(5)}
     # unit 0: A<0 and s ≈ 1-9e-4 below the band → clipped low, no gradient;
@@ -145,8 +147,9 @@ def test_gspo_equals_gspo_token_when_advantage_and_weight_are_constant_per_unit(
     grads, losses = [], []
     for name in ("gspo", "gspo_token"):
         x = new.clone().requires_grad_(True)
-        loss, _ = LOSSES[name](x, old, adv, mask, unit_ids, 6, clip_low=3e-4, clip_high=4e-4,
-                               aggregation="seq_mean_token_mean", norm=norm)  # fmt: skip
+        loss, _ = LOSSES[name](
+            x, old, adv, mask, unit_ids, 6, clip_low=3e-4, clip_high=4e-4, aggregation="seq_mean_token_mean", norm=norm
+        )
         loss.backward()
         grads.append(x.grad)
         losses.append(float(loss.detach()))
@@ -161,10 +164,12 @@ def test_microbatch_losses_add_up_to_the_full_batch(agg):
     norm = normalizer(mask, unit_ids)
     full, _ = LOSSES["grpo"](new, old, adv, mask, unit_ids, 6, aggregation=agg, norm=norm)
     split = int((unit_ids < 3).sum())  # units 0-2 | units 3-5
-    a, _ = LOSSES["grpo"](new[:split], old[:split], adv[:split], mask[:split], unit_ids[:split], 3,
-                          aggregation=agg, norm=norm)  # fmt: skip
-    b, _ = LOSSES["grpo"](new[split:], old[split:], adv[split:], mask[split:], unit_ids[split:] - 3, 3,
-                          aggregation=agg, norm=norm)  # fmt: skip
+    a, _ = LOSSES["grpo"](
+        new[:split], old[:split], adv[:split], mask[:split], unit_ids[:split], 3, aggregation=agg, norm=norm
+    )
+    b, _ = LOSSES["grpo"](
+        new[split:], old[split:], adv[split:], mask[split:], unit_ids[split:] - 3, 3, aggregation=agg, norm=norm
+    )
     assert float(a + b) == pytest.approx(float(full), rel=1e-12)
 
 

@@ -19,8 +19,21 @@ from legorl.train.trainer import Trainer
 
 
 def minimal_cmd(steps: int, out: Path, ckpt: Path | None) -> list[str]:
-    cmd = [sys.executable, "-m", "legorl.train.minimal", "--steps", str(steps), "--threads", "1",
-           "--lr", "1e-2", "--new-tokens", "6", "--json", str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "legorl.train.minimal",
+        "--steps",
+        str(steps),
+        "--threads",
+        "1",
+        "--lr",
+        "1e-2",
+        "--new-tokens",
+        "6",
+        "--json",
+        str(out),
+    ]
     if ckpt is not None:
         cmd += ["--checkpoint-dir", str(ckpt)]
     return cmd
@@ -39,8 +52,14 @@ def test_sigkill_mid_step_then_resume_is_bitwise_identical(tmp_path):
     assert [r["step"] for r in reference] == [1, 2, 3, 4]
 
     out, ckpt = tmp_path / "killed.jsonl", tmp_path / "ckpt"
-    proc = subprocess.Popen(minimal_cmd(4, out, ckpt), env=env, stderr=subprocess.PIPE, text=True,
-                            stdout=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        minimal_cmd(4, out, ckpt),
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         for line in proc.stderr:  # the loop announces each step before sampling it

@@ -45,8 +45,10 @@ def test_replayed_experts_reach_the_experts_with_live_gate_weights(lm):
     replay = random_replay(17, len(routers), 2, 8, seed=1)
     replay[5] = -1  # token 5 not recorded: the router decides
     router_inputs = []
-    hooks = [r.register_forward_pre_hook(lambda _m, a: router_inputs.append(a[0].detach().reshape(-1, a[0].shape[-1])))
-             for r in routers]  # fmt: skip
+    hooks = [
+        r.register_forward_pre_hook(lambda _m, a: router_inputs.append(a[0].detach().reshape(-1, a[0].shape[-1])))
+        for r in routers
+    ]
     seen, spy = experts_spy(lm)
     try:
         with moe_routing(lm, replay) as rec:

@@ -17,11 +17,22 @@ from legorl.train.trainer import Trainer, load_lm
 from legorl.types import Outcome, Status
 
 REQUIRED = [
-    "train/loss", "train/clip_frac", "train/seq_ratio_min", "train/seq_ratio_mean", "train/seq_ratio_max",
-    "train/entropy", "train/grad_norm", "train/lr", "mismatch/pearson", "mismatch/mean_abs_dp",
-    "mismatch/max_abs_dp", "mismatch/k3_kl", "train/tokens_per_s", "policy/staleness_mean",
+    "train/loss",
+    "train/clip_frac",
+    "train/seq_ratio_min",
+    "train/seq_ratio_mean",
+    "train/seq_ratio_max",
+    "train/entropy",
+    "train/grad_norm",
+    "train/lr",
+    "mismatch/pearson",
+    "mismatch/mean_abs_dp",
+    "mismatch/max_abs_dp",
+    "mismatch/k3_kl",
+    "train/tokens_per_s",
+    "policy/staleness_mean",
     "groups/zero_variance_share",
-]  # fmt: skip
+]
 
 
 @pytest.fixture
@@ -81,8 +92,9 @@ def test_infra_errors_do_not_change_the_update(one_thread):
 
 
 def test_staleness_minibatches_and_correction_metrics(one_thread):
-    trainer = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-2, minibatches=2, correction="tis",
-                                    loss="gspo", sequence_unit="turn"))  # fmt: skip
+    trainer = Trainer(
+        TrainerConfig(model="tiny-qwen3", lr=1e-2, minibatches=2, correction="tis", loss="gspo", sequence_unit="turn")
+    )
     trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=2, group_size=4))
     trainer.version = 3
     for t in trajs:

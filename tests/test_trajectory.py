@@ -31,12 +31,24 @@ class Harness:
         parsed = parse_completion(text)
         self.state.remember(completion, parsed)
         n = len(self.turns)
-        self.turns.append(Turn("s", n, Dialect.OPENAI_CHAT, prompt, completion,
-                               [-0.1 * (k + 1) for k in range(len(completion))], FinishReason.STOP, {}))
+        self.turns.append(
+            Turn(
+                "s",
+                n,
+                Dialect.OPENAI_CHAT,
+                prompt,
+                completion,
+                [-0.1 * (k + 1) for k in range(len(completion))],
+                FinishReason.STOP,
+                {},
+            )
+        )
         msg = {"role": "assistant", "content": parsed.content}
         if parsed.tool_calls:
-            msg["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls]
+            msg["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in parsed.tool_calls
+            ]
         return msg
 
 
@@ -113,8 +125,12 @@ def test_interleaved_sub_agent_keeps_its_own_segment(renderer: Renderer) -> None
     traj = assemble(h.turns)
     assert [s.turn_indices for s in traj.segments] == [[0, 4], [1, 2, 3]]
     assert sorted(_masked_ids(traj)) == sorted(_sampled(h.turns))
-    assert delivered(h.turns, traj) == {"policy_tokens": len(_sampled(h.turns)),
-                                        "delivered_tokens": len(_sampled(h.turns)), "side_tokens": 0, "fraction": 1.0}
+    assert delivered(h.turns, traj) == {
+        "policy_tokens": len(_sampled(h.turns)),
+        "delivered_tokens": len(_sampled(h.turns)),
+        "side_tokens": 0,
+        "fraction": 1.0,
+    }
 
 
 def test_delivered_counts_a_lost_turn(renderer: Renderer) -> None:

@@ -98,11 +98,26 @@ def test_stream_pushes_new_trajectories_metrics_and_alerts(run: tuple[RunStore, 
     # each stage writes once the stream has shown the previous one
     stages = [
         (lambda: "hello" in seen, lambda: store.start_session("live-1", step=3, instance_id="astropy__astropy-12907")),
-        (lambda: any(t["status"] is None for t in live_rows()),  # a running, ungraded session shows up
-         lambda: write_session(store, random.Random(9), session_id="live-2", step=3, task="astropy__astropy-12907",
-                               harness="claude_code", dialect=Dialect.ANTHROPIC, p_resolve=1.0)),
-        (lambda: any(t["session_id"] == "live-2" and t["status"] for t in seen.get("trajectory", [])),
-         lambda: (store.log_metrics(3, {"reward/mean": 0.9}), store.add_alert(3, "reward_flat", "info", "just a test"))),
+        (
+            lambda: any(t["status"] is None for t in live_rows()),  # a running, ungraded session shows up
+            lambda: write_session(
+                store,
+                random.Random(9),
+                session_id="live-2",
+                step=3,
+                task="astropy__astropy-12907",
+                harness="claude_code",
+                dialect=Dialect.ANTHROPIC,
+                p_resolve=1.0,
+            ),
+        ),
+        (
+            lambda: any(t["session_id"] == "live-2" and t["status"] for t in seen.get("trajectory", [])),
+            lambda: (
+                store.log_metrics(3, {"reward/mean": 0.9}),
+                store.add_alert(3, "reward_flat", "info", "just a test"),
+            ),
+        ),
         (lambda: "alert" in seen and "metrics" in seen, None),
     ]
     with CLIENT.stream("GET", url + "api/stream", timeout=20) as r:

@@ -71,8 +71,15 @@ def open_page(pg: object, url: str) -> None:
 def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object) -> None:
     _, url = ui
     open_page(page, url)
-    for title in ("Reward & resolved rate", "Rollout/trainer prob correlation", "Clip fraction", "Entropy",
-                  "Turns (mean)", "Tool use", "Failure classes (share of rollouts)"):
+    for title in (
+        "Reward & resolved rate",
+        "Rollout/trainer prob correlation",
+        "Clip fraction",
+        "Entropy",
+        "Turns (mean)",
+        "Tool use",
+        "Failure classes (share of rollouts)",
+    ):
         chart = page.locator(f".chart[data-title='{title}']")
         assert chart.locator("path.line").count() >= 1, f"chart {title!r} has no line"
         d = chart.locator("path.line").first.get_attribute("d")
@@ -117,13 +124,17 @@ def test_filter_narrows_the_list(ui: tuple[RunStore, str], page: object) -> None
     page.select_option("select[name=status]", "resolved")
     n_resolved = store.list_trajectories(status="resolved")["total"]
     page.wait_for_function(f"document.querySelector('.list-info').textContent.startsWith('{n_resolved} matching')")
-    statuses = page.eval_on_selector_all("table.trajs tr.row .badge[class*='st-']", "els => els.map(e => e.textContent)")
+    statuses = page.eval_on_selector_all(
+        "table.trajs tr.row .badge[class*='st-']", "els => els.map(e => e.textContent)"
+    )
     assert statuses and set(statuses) == {"resolved"} and n_resolved < total
     page.fill("input[name=q]", "cright")
     page.press("input[name=q]", "Enter")
     n_q = store.list_trajectories(status="resolved", q="cright")["total"]
-    page.wait_for_function(f"location.hash.includes('q=cright') && "
-                           f"document.querySelector('.list-info').textContent.startsWith('{n_q} matching')")
+    page.wait_for_function(
+        f"location.hash.includes('q=cright') && "
+        f"document.querySelector('.list-info').textContent.startsWith('{n_q} matching')"
+    )
 
 
 def test_a_new_trajectory_appears_without_reload(ui: tuple[RunStore, str], page: object) -> None:
@@ -131,8 +142,16 @@ def test_a_new_trajectory_appears_without_reload(ui: tuple[RunStore, str], page:
     open_page(page, f"{url}#/trajectories")
     page.wait_for_selector("table.trajs tr.row")
     page.evaluate("window.__same_document = true")
-    write_session(store, random.Random(42), session_id="live-session", step=8, task="astropy__astropy-12907",
-                  harness="claude_code", dialect=Dialect.ANTHROPIC, p_resolve=1.0)
+    write_session(
+        store,
+        random.Random(42),
+        session_id="live-session",
+        step=8,
+        task="astropy__astropy-12907",
+        harness="claude_code",
+        dialect=Dialect.ANTHROPIC,
+        p_resolve=1.0,
+    )
     page.wait_for_selector("tr.row[data-sid='live-session']")
     assert page.evaluate("window.__same_document") is True
     # and its page follows the session live too: a new turn shows up in the open trajectory view
@@ -143,8 +162,19 @@ def test_a_new_trajectory_appears_without_reload(ui: tuple[RunStore, str], page:
     from legorl.types import FinishReason, Turn
 
     ids, pieces = encode("One more look at the tests.")
-    store.add_turn(Turn(session_id="live-session", index=n, dialect=Dialect.ANTHROPIC, prompt_ids=[1, 2],
-                        completion_ids=ids, logprobs=[-0.1] * len(ids), finish_reason=FinishReason.STOP,
-                        sampling_used={}, request={"messages": [{"role": "user", "content": "go on"}]}), pieces=pieces)
+    store.add_turn(
+        Turn(
+            session_id="live-session",
+            index=n,
+            dialect=Dialect.ANTHROPIC,
+            prompt_ids=[1, 2],
+            completion_ids=ids,
+            logprobs=[-0.1] * len(ids),
+            finish_reason=FinishReason.STOP,
+            sampling_used={},
+            request={"messages": [{"role": "user", "content": "go on"}]},
+        ),
+        pieces=pieces,
+    )
     page.wait_for_selector(f".turn[data-turn='{n}']")
     assert page.evaluate("window.__same_document") is True

@@ -107,7 +107,9 @@ async def test_infrastructure_faults_are_masked() -> None:
         image = await images.for_task(task)
         lost = await grade(task, task.patch, FlakyBackend(backend, 1), image)  # type: ignore[arg-type]
         fine = await grade(task, task.patch, backend, image)
-        broken_task = dataclasses.replace(task, test_patch=task.test_patch.replace("\n+", "\n+#", 3).replace("@@ -", "@@ -9999", 1))
+        broken_task = dataclasses.replace(
+            task, test_patch=task.test_patch.replace("\n+", "\n+#", 3).replace("@@ -", "@@ -9999", 1)
+        )
         bad = await grade(broken_task, task.patch, backend, image)
     assert fine.status is Status.RESOLVED
     assert lost.status is Status.INFRA_ERROR and lost.masked and lost.reward == 0.0
@@ -129,7 +131,9 @@ async def test_a_test_cmd_without_paths_selects_the_task_tests(backend_name: str
     files = sorted({t.split("::")[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS})
     assert gold.evidence["test_args"] == ["-q", *files]
     assert gold.status is Status.RESOLVED and gold.reward == 1.0 and gold.flags == [], gold
-    assert all(s == "passed" for s in gold.tests.values()) and set(gold.tests) == set(task.FAIL_TO_PASS) | set(task.PASS_TO_PASS)
+    assert all(s == "passed" for s in gold.tests.values()) and set(gold.tests) == set(task.FAIL_TO_PASS) | set(
+        task.PASS_TO_PASS
+    )
     assert empty.status is Status.FAILED and empty.reward == 0.0 and empty.flags == [], empty
     assert all(empty.tests[t] in ("failed", "error") for t in task.FAIL_TO_PASS)
 

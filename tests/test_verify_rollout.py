@@ -10,12 +10,12 @@ import os
 import tempfile
 
 import pytest
+from tasks_util import added_file, backend_and_images, pick_task, rollout
 
 from legorl.harness.command import AgentRun, CommandHarness
 from legorl.rollout import RolloutConfig, run_rollout
 from legorl.sandbox.base import Limits
 from legorl.types import Status, Task
-from tasks_util import added_file, backend_and_images, pick_task, rollout
 
 
 def agent_caused(res) -> None:  # type: ignore[no-untyped-def]
@@ -34,7 +34,11 @@ def agent_caused(res) -> None:  # type: ignore[no-untyped-def]
         # Exhausting memory (the cgroup OOM-kills it) or the disk is the agent's doing too.
         ("echo x >> README.rst; python3 -c 'b = bytearray(1 << 30)'", Status.FAILED, "resource_exhausted"),
         # A full disk even stops git from producing the diff: the agent crashed its own sandbox.
-        ("echo x >> README.rst; dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>/dev/null; true", Status.AGENT_CRASH, "resource_exhausted"),
+        (
+            "echo x >> README.rst; dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>/dev/null; true",
+            Status.AGENT_CRASH,
+            "resource_exhausted",
+        ),
     ],
     ids=["no_patch", "timeout", "broken_git", "kill_all", "oom", "disk_full"],
 )
@@ -82,7 +86,10 @@ async def test_command_harness_reaches_its_proxy_session_over_loopback() -> None
         head = await reader.readuntil(b"\r\n\r\n")
         seen.append(head.split(b"\r\n", 1)[0])
         body = json.dumps({"object": "list", "data": [{"id": "policy"}]}).encode()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (len(body), body)
+        )
         await writer.drain()
         writer.close()
 

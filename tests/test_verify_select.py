@@ -28,8 +28,14 @@ TEST_PATCH = (
     "@@ -1 +1 @@\n-a\n+b\n"
 )
 TASK = Task(
-    "o__r-1", "o/r", "abc1234", "fix", "", TEST_PATCH,
-    ["tests/test_a.py::test_x", "tests/test_a.py::TestK::test_y[1]"], ["tests/test_b.py::test_z"],
+    "o__r-1",
+    "o/r",
+    "abc1234",
+    "fix",
+    "",
+    TEST_PATCH,
+    ["tests/test_a.py::test_x", "tests/test_a.py::TestK::test_y[1]"],
+    ["tests/test_b.py::test_z"],
 )
 
 
@@ -38,12 +44,16 @@ def with_cmd(cmd: str, **over: object) -> Task:
 
 
 def test_split_args_keeps_option_values_out_of_paths() -> None:
-    flags, paths = split_args(["-o", "addopts=", "-k", "not slow", "-rA", "--tb=long", "-p", "no:warnings", "t.py", "d/"])
+    flags, paths = split_args(
+        ["-o", "addopts=", "-k", "not slow", "-rA", "--tb=long", "-p", "no:warnings", "t.py", "d/"]
+    )
     assert flags == ["-o", "addopts=", "-k", "not slow", "-rA", "--tb=long", "-p", "no:warnings"]
     assert paths == ["t.py", "d/"]
 
 
-@pytest.mark.parametrize("cmd", ["", "pytest", "python -m pytest -q", "python3 -m pytest -rA --tb=long -p no:cacheprovider"])
+@pytest.mark.parametrize(
+    "cmd", ["", "pytest", "python -m pytest -q", "python3 -m pytest -rA --tb=long -p no:cacheprovider"]
+)
 def test_without_paths_the_task_tests_are_the_directives(cmd: str) -> None:
     sel = select_tests(with_cmd(cmd))
     assert sel.directives == ["tests/test_a.py", "tests/test_b.py", "tests/test_new.py"] and not sel.from_test_cmd
@@ -82,29 +92,48 @@ def test_unselectable_tests_are_reported(cmd: str, needle: str) -> None:
 
 def make_repo(path: Path) -> str:
     path.mkdir(parents=True)
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "PATH": "/usr/bin:/bin",
+    }
     subprocess.run(["git", "init", "-q", str(path)], check=True)
     (path / "a.py").write_text("x = 1\n")
     subprocess.run(["git", "-C", str(path), "add", "-A"], check=True, env=env)
     subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "x"], check=True, env=env)
-    return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_a_task_file_with_unselectable_tests_is_rejected_at_load_and_by_validate(tmp_path: Path) -> None:
     commit = make_repo(tmp_path / "repo")
     base = {
-        "instance_id": "o__r-1", "repo": "o/r", "base_commit": commit, "problem_statement": "fix",
-        "patch": "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n", "test_patch": "",
-        "FAIL_TO_PASS": ["tests/test_a.py::test_x"], "PASS_TO_PASS": [], "repo_path": "repo",
+        "instance_id": "o__r-1",
+        "repo": "o/r",
+        "base_commit": commit,
+        "problem_statement": "fix",
+        "patch": "diff --git a/a.py b/a.py\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n",
+        "test_patch": "",
+        "FAIL_TO_PASS": ["tests/test_a.py::test_x"],
+        "PASS_TO_PASS": [],
+        "repo_path": "repo",
     }
-    rows = [dict(base, test_cmd="python -m pytest -q"), dict(base, instance_id="o__r-2", test_cmd="pytest tests/test_other.py")]
+    rows = [
+        dict(base, test_cmd="python -m pytest -q"),
+        dict(base, instance_id="o__r-2", test_cmd="pytest tests/test_other.py"),
+    ]
     f = tmp_path / "t.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(TaskFileError) as info:
         load_tasks(f)
     assert len(info.value.problems) == 1 and "t.jsonl:2: field 'test_cmd':" in info.value.problems[0]
     assert "not selected by test_cmd's paths" in info.value.problems[0]
-    proc = subprocess.run([sys.executable, "-m", "legorl.tasks.cli", "validate", str(f)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legorl.tasks.cli", "validate", str(f)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "not selected by test_cmd's paths" in proc.stderr and "Traceback" not in proc.stderr
     f.write_text(json.dumps(rows[0]) + "\n")
     assert [t.test_cmd for t in load_tasks(f)] == ["python -m pytest -q"]
@@ -118,14 +147,38 @@ P, F = TestStatus.PASSED, TestStatus.FAILED
 
 
 def rec(tid: str, call: str, **extra: object) -> dict:
-    return {"k": "test", "id": tid, "phases": {"setup": "passed", "call": call, "inner": call, "teardown": "passed"},
-            "function": True, "inner": True, "xfail": False, "runtest": False, **extra}
+    return {
+        "k": "test",
+        "id": tid,
+        "phases": {"setup": "passed", "call": call, "inner": call, "teardown": "passed"},
+        "function": True,
+        "inner": True,
+        "xfail": False,
+        "runtest": False,
+        **extra,
+    }
 
 
-def evidence(report: dict[str, TestStatus], records: list[dict], end: dict | None = None, **over: object) -> RunEvidence:
-    summary = {"records": [*records, {"k": "end", "changed": [], "foreign_hooks": [], **(end or {})}], "bad_records": 0, "junit_sha256": "s"}
-    return RunEvidence(**{"report": report, "report_state": "ok", "summary": summary, "summary_tags": 1, "report_sha256": "s",
-                          "exit_code": 1, "timed_out": False, **over})  # type: ignore[arg-type]
+def evidence(
+    report: dict[str, TestStatus], records: list[dict], end: dict | None = None, **over: object
+) -> RunEvidence:
+    summary = {
+        "records": [*records, {"k": "end", "changed": [], "foreign_hooks": [], **(end or {})}],
+        "bad_records": 0,
+        "junit_sha256": "s",
+    }
+    return RunEvidence(
+        **{
+            "report": report,
+            "report_state": "ok",
+            "summary": summary,
+            "summary_tags": 1,
+            "report_sha256": "s",
+            "exit_code": 1,
+            "timed_out": False,
+            **over,
+        }
+    )  # type: ignore[arg-type]
 
 
 HONEST = {WANTED[0]: P, WANTED[1]: P, CP: P, CF: F}
@@ -194,10 +247,16 @@ def test_verdict_flags_every_disagreement_that_favours_the_agent(case: str, flag
 
 
 def test_verdict_a_project_plugin_the_agent_did_not_touch_is_only_evidence() -> None:
-    end = {"foreign_hooks": [{"hook": "pytest_runtest_logreport", "file": "pkg/testing/plugin.py", "object": False}],
-           "import_hooks": ["VendoredSixImporter:pkg/_vendor/six.py"]}
+    end = {
+        "foreign_hooks": [{"hook": "pytest_runtest_logreport", "file": "pkg/testing/plugin.py", "object": False}],
+        "import_hooks": ["VendoredSixImporter:pkg/_vendor/six.py"],
+    }
     v = judge(WANTED, CP, CF, evidence(HONEST, HONEST_RECORDS, end), frozenset({"pkg/core.py"}))
-    assert v.resolved and v.flags == [] and v.evidence["package_hooks"] == ["pytest_runtest_logreport:pkg/testing/plugin.py"]
+    assert (
+        v.resolved
+        and v.flags == []
+        and v.evidence["package_hooks"] == ["pytest_runtest_logreport:pkg/testing/plugin.py"]
+    )
 
 
 def test_verdict_canaries_that_never_ran_are_the_graders_fault_unless_the_agent_is_at_work() -> None:

@@ -252,13 +252,16 @@ def test_the_supervisor_kills_what_the_run_left_behind_and_nothing_else(tmp_path
     written; a process that is not the run's (started beside it on the host) lives on."""
     repo = tmp_path / "repo"
     pidfile = tmp_path / "daemon.pid"
-    write_tree(repo, {
-        "pkg/__init__.py": (
-            "import subprocess, sys\n"
-            f"p = subprocess.Popen(['sleep', '60'], start_new_session=True)\nopen({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-        ),
-        "tests/test_a.py": "import pkg\n\ndef test_a():\n    assert True\n",
-    })
+    write_tree(
+        repo,
+        {
+            "pkg/__init__.py": (
+                "import subprocess, sys\n"
+                f"p = subprocess.Popen(['sleep', '60'], start_new_session=True)\nopen({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+            ),
+            "tests/test_a.py": "import pkg\n\ndef test_a():\n    assert True\n",
+        },
+    )
     plan = plan_run(str(repo), ["tests/test_a.py"], python=sys.executable, tmp_root=str(repo.parent))
     for path, text in plan.files.items():
         Path(path).parent.mkdir(parents=True, exist_ok=True)

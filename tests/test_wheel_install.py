@@ -36,14 +36,22 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(ROOT / "legorl", src / "legorl", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(src)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp.glob("legorl-*.whl")
     env = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     (purelib,) = env.glob("lib/python*/site-packages")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(purelib), str(wheel)],
-                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(purelib), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (purelib / "_legorl_test_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # console scripts: --target leaves them in purelib/bin; write the one we use
     (env / "bin" / "legorl").write_text(f"#!{env / 'bin' / 'python'}\nfrom legorl.cli import main\nmain()\n")
@@ -53,14 +61,24 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run(venv: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    return subprocess.run([str(venv / "bin" / "legorl"), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [str(venv / "bin" / "legorl"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_package_comes_from_the_wheel(venv: Path, tmp_path: Path) -> None:
-    out = subprocess.run([str(venv / "bin" / "python"), "-c", "import legorl, legorl.bpe; print(legorl.__file__); "
-                          "print(legorl.bpe.CHAT_TEMPLATE.is_file())"], cwd=tmp_path, capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import legorl, legorl.bpe; print(legorl.__file__); print(legorl.bpe.CHAT_TEMPLATE.is_file())",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=120,
+    )
     where, template = out.stdout.split()
     assert Path(where).is_relative_to(venv) and not Path(where).is_relative_to(ROOT), where
     assert template == "True"
@@ -83,9 +101,23 @@ def test_proxy_serves_from_any_directory(venv: Path, tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.Popen([str(venv / "bin" / "legorl"), "proxy", "--model", "tiny-qwen3", "--port", str(port),
-                             "--out", str(tmp_path / "out")], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            str(venv / "bin" / "legorl"),
+            "proxy",
+            "--model",
+            "tiny-qwen3",
+            "--port",
+            str(port),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -101,8 +133,9 @@ def test_proxy_serves_from_any_directory(venv: Path, tmp_path: Path) -> None:
         from openai import OpenAI
 
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wheel-test", max_retries=0, timeout=60)
-        answer = client.chat.completions.create(model="tiny-qwen3", max_tokens=4,
-                                                messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+        answer = client.chat.completions.create(
+            model="tiny-qwen3", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
         assert answer.usage is not None and answer.usage.completion_tokens >= 1
     finally:
         proc.terminate()

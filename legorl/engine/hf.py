@@ -177,7 +177,6 @@ class HFEngine:
         if self._closing:
             raise EngineError("hf engine is closed")
 
-
     @property
     def records_routing(self) -> bool:
         return self.routing is not None
@@ -229,7 +228,9 @@ class HFEngine:
         wrong = [k for k, v in state_dict.items() if tuple(v.shape) != tuple(own[k].shape)]
         if wrong:
             k = wrong[0]
-            raise ValueError(f"update_weights: shape of {k} is {tuple(state_dict[k].shape)}, model has {tuple(own[k].shape)}")
+            raise ValueError(
+                f"update_weights: shape of {k} is {tuple(state_dict[k].shape)}, model has {tuple(own[k].shape)}"
+            )
         with self._model_lock, torch.no_grad():
             for k, v in state_dict.items():
                 own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))

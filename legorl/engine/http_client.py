@@ -71,9 +71,13 @@ class HTTPEngineClient:
             except StopAsyncIteration:
                 return
             except httpx.TimeoutException as exc:
-                raise EngineError(f"{self.engine} {self.base_url}{path}: stream stalled for over {self.timeout_s}s") from exc
+                raise EngineError(
+                    f"{self.engine} {self.base_url}{path}: stream stalled for over {self.timeout_s}s"
+                ) from exc
             except httpx.HTTPError as exc:
-                raise EngineError(f"{self.engine} {self.base_url}{path}: stream broke: {type(exc).__name__}: {exc}") from exc
+                raise EngineError(
+                    f"{self.engine} {self.base_url}{path}: stream broke: {type(exc).__name__}: {exc}"
+                ) from exc
             if not line.startswith("data:"):
                 continue  # blank separators, comments, `event:` lines
             data = line[5:].strip()

@@ -97,7 +97,9 @@ class BatchedForward:
             out["linear_attention"] = None if q_len == 1 or bool(fed_B_Q.all()) else fed_B_Q.to(self.dtype)
         return out
 
-    def _run(self, ids_B_T: torch.Tensor, valid_B_S: torch.Tensor, pos_B_T: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    def _run(
+        self, ids_B_T: torch.Tensor, valid_B_S: torch.Tensor, pos_B_T: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
         self.forward_calls += 1
         out = self.model(
             input_ids=ids_B_T,
@@ -156,8 +158,9 @@ def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
     valid_B_S = torch.cat([cut(b.valid_B_S, rows) for b, rows in parts], dim=0)
     cache = DynamicCache()
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in parts[0][0].cache.layers):
-        cache.layers = [_regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) 
-                        for i in range(num_layers)]  # fmt: skip
+        cache.layers = [
+            _regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) for i in range(num_layers)
+        ]
         return KVBatch(cache, valid_B_S)
     for layer in range(num_layers):
         keys = torch.cat([cut(b.cache.layers[layer].keys, rows) for b, rows in parts], dim=0)

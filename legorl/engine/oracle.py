@@ -269,21 +269,27 @@ class OraclePolicy:
         if step == 1:
             files = " ".join(shlex.quote(f) for f in patched_files(task.patch)[:3])
             show = f" && head -c {self.read_bytes} {files}" if files and self.read_bytes > 0 else ""
-            return (f"{tag} && git status --short && git log --oneline -3 && ls{show}",
-                    "Let me look at the repository and the code involved first.")
+            return (
+                f"{tag} && git status --short && git log --oneline -3 && ls{show}",
+                "Let me look at the repository and the code involved first.",
+            )
         if step == 2:
             patch = task.patch if task.patch.endswith("\n") else task.patch + "\n"
             f = "${TMPDIR:-/tmp}/legorl_oracle.patch"
-            return (f"{tag} && cat > {f} <<'{PATCH_EOF}'\n{patch}{PATCH_EOF}\n"
-                    f"(git apply --whitespace=nowarn {f} || patch -p1 --forward < {f}) && git diff --stat",
-                    "I know what causes the problem; I will apply the fix as a patch.")
+            return (
+                f"{tag} && cat > {f} <<'{PATCH_EOF}'\n{patch}{PATCH_EOF}\n"
+                f"(git apply --whitespace=nowarn {f} || patch -p1 --forward < {f}) && git diff --stat",
+                "I know what causes the problem; I will apply the fix as a patch.",
+            )
         files = " ".join(shlex.quote(f) for f in patched_files(task.patch)[:3])
         review = f"; git diff; head -c {self.read_bytes} {files}" if files and self.read_bytes > 0 else "; git diff"
         if not self.run_tests:
             return f"{tag}{review}", "Let me review the change."
         tests = task.test_cmd or "python3 -m pytest -q"
-        return (f"{tag} && (timeout 300 {tests} 2>&1 | tail -n 15){review}",
-                "Now I run the tests and review the changed code.")
+        return (
+            f"{tag} && (timeout 300 {tests} 2>&1 | tail -n 15){review}",
+            "Now I run the tests and review the changed code.",
+        )
 
     def _finish(self, view: PromptView, task: OracleTask, shell: dict[str, Any]) -> str:
         names = {str(t.get("name")): t for t in view.tools}
@@ -303,15 +309,19 @@ class OraclePolicy:
         props = _params_schema(tool).get("properties", {})
         if "subagent_type" in props:  # the harness's general agent: Claude Code's or OpenCode's name for it
             blurb = json.dumps(tool)
-            given["subagent_type"] = "general-purpose" if "general-purpose" in blurb or "general" not in blurb else "general"
+            given["subagent_type"] = (
+                "general-purpose" if "general-purpose" in blurb or "general" not in blurb else "general"
+            )
         args = _fill(_params_schema(tool), {k: v for k, v in given.items() if k in props}, "delegate")
         say = "I will delegate the fix to a sub-agent."
         return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
 
     def _final_text(self, task: OracleTask | None, done: int) -> str:
         tid = task.instance_id if task else "unknown"
-        return (f"I applied the fix for {tid} and checked it with the tests; the change is complete. "
-                f"{MARK}:task={tid} {MARK}:step-{max(done, STEPS)}")
+        return (
+            f"I applied the fix for {tid} and checked it with the tests; the change is complete. "
+            f"{MARK}:task={tid} {MARK}:step-{max(done, STEPS)}"
+        )
 
     def _title(self, task: OracleTask | None) -> str:
         words = _norm(task.problem_statement).split(" ")[:6] if task else ["Coding", "task"]
@@ -348,8 +358,9 @@ class OracleEngine:
         latency_s: float = 0.0,
     ) -> None:
         self.tokenizer = tokenizer
-        self.policy = OraclePolicy(load_oracle_tasks(tasks), think=think, run_tests=run_tests, read_bytes=read_bytes,
-                                   delegate=delegate)
+        self.policy = OraclePolicy(
+            load_oracle_tasks(tasks), think=think, run_tests=run_tests, read_bytes=read_bytes, delegate=delegate
+        )
         self.logprob = float(logprob)
         self.max_context = max_context
         self.latency_s = latency_s

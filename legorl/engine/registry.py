@@ -91,7 +91,9 @@ class EngineConfig(Section):
         if self.kind in ("vllm", "sglang") and not self.url:
             raise ValueError(f"engine.url is required when engine.kind = {self.kind!r}")
         if self.kind == "scripted" and not self.scripted_completions:
-            raise ValueError("engine.scripted_completions must list at least one completion when engine.kind = 'scripted'")
+            raise ValueError(
+                "engine.scripted_completions must list at least one completion when engine.kind = 'scripted'"
+            )
         return self
 
 

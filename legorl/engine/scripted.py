@@ -132,7 +132,6 @@ class ScriptedEngine:
         i = self.turn_index(prompt_ids) if self.mode == "per_session" else next(self._counter)
         return self.entries[i % len(self.entries)]
 
-
     @property
     def records_routing(self) -> bool:
         return self.moe is not None
@@ -157,7 +156,9 @@ class ScriptedEngine:
         routing = None
         if self.moe is not None:
             layers, top_k, experts = self.moe
-            routing = as_routing([fake_routing(t, p, layers, top_k, experts) for p, t in enumerate(list(prompt_ids) + ids)])
+            routing = as_routing(
+                [fake_routing(t, p, layers, top_k, experts) for p, t in enumerate(list(prompt_ids) + ids)]
+            )
         yield TokenStep(None, None, finish, routing)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:

@@ -55,22 +55,29 @@ class EngineApp:
     """The ASGI application: one engine, one served model name."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Any, served_model: str, *, model_dir: str | Path | None = None,
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        served_model: str,
+        *,
+        model_dir: str | Path | None = None,
         api_key: str | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.engine, self.tokenizer, self.served_model = engine, tokenizer, served_model
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.api_key = api_key
         self.max_context = int(engine.max_context or 2**31)
-        self.app = Starlette(routes=[
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/health", self.health, methods=["GET"]),
-            Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
-            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
-            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
-            Route("/get_weight_version", self.get_weight_version, methods=["GET"]),
-        ])  # fmt: skip
+        self.app = Starlette(
+            routes=[
+                Route("/v1/completions", self.completions, methods=["POST"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),
+                Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
+                Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+                Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+                Route("/get_weight_version", self.get_weight_version, methods=["GET"]),
+            ]
+        )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and self.api_key and scope["path"] != "/health":
@@ -97,8 +104,12 @@ class EngineApp:
             first = await anext(steps)  # argument errors surface here, before any byte is sent
         except ContextLengthExceeded:
             await steps.aclose()
-            return _json(error_body(context_message(self.max_context, len(prompt_ids), req.max_tokens),
-                                    "BadRequestError", 400, "prompt"), 400)  # fmt: skip
+            return _json(
+                error_body(
+                    context_message(self.max_context, len(prompt_ids), req.max_tokens), "BadRequestError", 400, "prompt"
+                ),
+                400,
+            )
         except ValueError as e:
             await steps.aclose()
             return _json(error_body(str(e), "BadRequestError", 400), 400)
@@ -106,8 +117,9 @@ class EngineApp:
             await steps.aclose()
             return _json(error_body(f"{type(e).__name__}: {e}", "InternalServerError", 500), 500)
         if req.stream:
-            return StreamingResponse(self._events(comp, first, steps), media_type="text/event-stream",
-                                     headers={"cache-control": "no-cache"})  # fmt: skip
+            return StreamingResponse(
+                self._events(comp, first, steps), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
         try:
             finish, routing = await self._collect(comp, first, steps)
         except Exception as e:
@@ -159,9 +171,16 @@ class EngineApp:
     # ---- model, health, weights ---------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        card = {"id": self.served_model, "object": "model", "created": 0, "owned_by": "legorl",
-                "root": str(self.model_dir or self.served_model), "parent": None, "max_model_len": self.max_context,
-                "permission": []}  # fmt: skip
+        card = {
+            "id": self.served_model,
+            "object": "model",
+            "created": 0,
+            "owned_by": "legorl",
+            "root": str(self.model_dir or self.served_model),
+            "parent": None,
+            "max_model_len": self.max_context,
+            "permission": [],
+        }
         return _json({"object": "list", "data": [card]})
 
     async def health(self, request: Request) -> Response:
@@ -170,11 +189,20 @@ class EngineApp:
     async def collective_rpc(self, request: Request) -> Response:
         body = await _body(request)
         if body.get("method") != "reload_weights":
-            return _json(error_body(f"collective_rpc method {body.get('method')!r}: only 'reload_weights' is served",
-                                    "BadRequestError", 400, "method"), 400)  # fmt: skip
+            return _json(
+                error_body(
+                    f"collective_rpc method {body.get('method')!r}: only 'reload_weights' is served",
+                    "BadRequestError",
+                    400,
+                    "method",
+                ),
+                400,
+            )
         update = self.engine.update_weights_from_disk if isinstance(self.engine, WeightsFromDisk) else None
         if self.model_dir is None or update is None:
-            why = "no model directory was given" if self.model_dir is None else f"{self.engine.name} cannot load weights"
+            why = (
+                "no model directory was given" if self.model_dir is None else f"{self.engine.name} cannot load weights"
+            )
             return _json(error_body(f"reload_weights: {why}", "BadRequestError", 400), 400)
         try:
             await update(self.model_dir, self.engine.policy_version)
@@ -190,8 +218,15 @@ class EngineApp:
         try:
             version = int(str(body.get("new_version")))
         except ValueError:
-            return _json(error_body(f"new_version must be an integer, got {body.get('new_version')!r}",
-                                    "BadRequestError", 400, "new_version"), 400)  # fmt: skip
+            return _json(
+                error_body(
+                    f"new_version must be an integer, got {body.get('new_version')!r}",
+                    "BadRequestError",
+                    400,
+                    "new_version",
+                ),
+                400,
+            )
         self.engine.policy_version = version
         return _json({"success": True, "new_version": str(version)})
 
@@ -212,9 +247,16 @@ class EngineServer:
     """An EngineApp on a TCP port, served from the caller's event loop."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Any, served_model: str, *, host: str = "127.0.0.1", port: int = 0,
-        model_dir: str | Path | None = None, api_key: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        served_model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_dir: str | Path | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.app = EngineApp(engine, tokenizer, served_model, model_dir=model_dir, api_key=api_key)
         self.host, self.port = host, port
         self._server: LoopServer | None = None
@@ -262,10 +304,14 @@ def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None =
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with EngineServer(engine, tokenizer, name, host=host, port=port, model_dir=model_dir,
-                                    api_key=api_key) as srv:  # fmt: skip
-                print(f"legorl engine-serve: {engine_cfg.kind}:{engine_cfg.model} as {name!r} at {srv.url} "
-                      f"(vLLM-compatible /v1/completions)", flush=True)  # fmt: skip
+            async with EngineServer(
+                engine, tokenizer, name, host=host, port=port, model_dir=model_dir, api_key=api_key
+            ) as srv:
+                print(
+                    f"legorl engine-serve: {engine_cfg.kind}:{engine_cfg.model} as {name!r} at {srv.url} "
+                    f"(vLLM-compatible /v1/completions)",
+                    flush=True,
+                )
                 await stop.wait()
         finally:
             await engine.close()

@@ -81,7 +81,9 @@ class CompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
 
 
-def parse_request(body: Any, served_model: str, max_context: int) -> tuple[CompletionRequest, list[int], SamplingParams]:
+def parse_request(
+    body: Any, served_model: str, max_context: int
+) -> tuple[CompletionRequest, list[int], SamplingParams]:
     """Validate a request body; the prompt ids and the sampling parameters, or HTTPError."""
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
@@ -94,7 +96,9 @@ def parse_request(body: Any, served_model: str, max_context: int) -> tuple[Compl
     if req.model is not None and req.model != served_model:
         raise HTTPError(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model")
     if isinstance(req.prompt, str):
-        raise HTTPError(400, "this server generates from token ids: send `prompt` as a list of token ids", param="prompt")
+        raise HTTPError(
+            400, "this server generates from token ids: send `prompt` as a list of token ids", param="prompt"
+        )
     prompt = req.prompt
     if prompt and isinstance(prompt[0], list):
         if len(prompt) != 1:
@@ -226,7 +230,9 @@ class Completion:
             "text_offset": offsets,
             "token_logprobs": self.logprobs[start:end],
             "tokens": self.token_strs[start:end],
-            "top_logprobs": [{t: lp} for t, lp in zip(self.token_strs[start:end], self.logprobs[start:end], strict=True)],
+            "top_logprobs": [
+                {t: lp} for t, lp in zip(self.token_strs[start:end], self.logprobs[start:end], strict=True)
+            ],
         }
 
     def usage(self) -> dict[str, int]:
@@ -249,10 +255,16 @@ class Completion:
             "routed_experts": npy_b64(routing[:rows]) if routing is not None and len(routing) else None,
         }
         return {
-            "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-            "choices": [choice], "service_tier": None, "system_fingerprint": None,
-            "usage": {**self.usage(), "prompt_tokens_details": None}, "kv_transfer_params": None,
-        }  # fmt: skip
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": {**self.usage(), "prompt_tokens_details": None},
+            "kv_transfer_params": None,
+        }
 
     def chunk(self, start: int, finish: FinishReason | None) -> dict[str, Any]:
         """One `CompletionStreamResponse` carrying tokens `start:` (the delta since the last chunk)."""
@@ -269,8 +281,20 @@ class Completion:
             choice["token_ids"] = self.ids[start:]
             if start == 0:
                 choice["prompt_token_ids"] = list(self.prompt_ids)
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def usage_chunk(self) -> dict[str, Any]:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [], "usage": self.usage()}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(),
+        }

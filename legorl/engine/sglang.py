@@ -61,7 +61,9 @@ def decode_routing(data: str, tokens: int, top_k: int) -> Routing:
     except Exception as exc:
         raise EngineError(f"sglang: routed_experts is not base64 int32 data: {exc}") from exc
     if tokens <= 0 or flat.size % (tokens * top_k):
-        raise EngineError(f"sglang: routed_experts has {flat.size} ids, not a multiple of {tokens} tokens x top_k {top_k}")
+        raise EngineError(
+            f"sglang: routed_experts has {flat.size} ids, not a multiple of {tokens} tokens x top_k {top_k}"
+        )
     return as_routing(flat.reshape(tokens, -1, top_k))
 
 
@@ -126,7 +128,6 @@ class SGLangEngine:
             "stream": self.use_stream,
         }
 
-
     @property
     def records_routing(self) -> bool:
         return self.return_routed_experts
@@ -139,7 +140,12 @@ class SGLangEngine:
         last: dict[str, Any] | None = None
         if not self.use_stream:
             answer = await self.http.post_json("/generate", body)
-            check("sglang", "generate response", isinstance(answer, dict) and "meta_info" in answer, lambda: str(answer)[:300])
+            check(
+                "sglang",
+                "generate response",
+                isinstance(answer, dict) and "meta_info" in answer,
+                lambda: str(answer)[:300],
+            )
             chunks = [answer]
         else:
             chunks = None
@@ -188,8 +194,18 @@ def _new_tokens(event: dict[str, Any], emitted: int) -> list[tuple[int, float]]:
         ids, entries = ids[emitted:], entries[emitted:]  # cumulative chunk
     out = []
     for tok, entry in zip(ids, entries, strict=True):
-        check("sglang", "output_token_logprobs entry", isinstance(entry, (list, tuple)) and len(entry) >= 2, lambda: str(entry))
-        check("sglang", "output_token_logprobs entry", int(entry[1]) == int(tok), lambda: f"id {entry[1]} != output id {tok}")
+        check(
+            "sglang",
+            "output_token_logprobs entry",
+            isinstance(entry, (list, tuple)) and len(entry) >= 2,
+            lambda: str(entry),
+        )
+        check(
+            "sglang",
+            "output_token_logprobs entry",
+            int(entry[1]) == int(tok),
+            lambda: f"id {entry[1]} != output id {tok}",
+        )
         out.append((int(tok), float(entry[0])))
     return out
 

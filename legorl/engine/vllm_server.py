@@ -118,22 +118,45 @@ class VLLMServer:
 
     def command(self, python: Path) -> list[str]:
         return [
-            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-            "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(self.port),
-            "--dtype", "float32", "--max-model-len", str(self.max_model_len), "--enforce-eager",
-            "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm", *self.extra_args,
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--enforce-eager",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--generation-config",
+            "vllm",
+            *self.extra_args,
         ]
 
     def start(self) -> VLLMServer:
         python = vllm_python()
         if python is None:
             raise RuntimeError(f"no vLLM venv at {os.environ.get('LEGORL_VLLM_VENV', DEFAULT_VENV)}; {SETUP_HINT}")
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), VLLM_CPU_OMP_THREADS_BIND="nobind",
-                   VLLM_SERVER_DEV_MODE="1", VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+        env = dict(
+            os.environ,
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"),
+        )
         env.pop("PYTHONPATH", None)  # the project's path must not shadow the vLLM venv's packages
         log = open(self.log_path, "wb")  # noqa: SIM115 (the child keeps writing after we return)
-        self.proc = subprocess.Popen(self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, cwd="/tmp")
+        self.proc = subprocess.Popen(
+            self.command(python), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd="/tmp"
+        )
         log.close()
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:

@@ -179,6 +179,17 @@ def _run_of(verdict: Verdict) -> AgentRun:
 
 
 __all__ = [
-    "API_KEY", "AGENT_DIR", "Adapter", "COMMON_ENV", "HOME", "Launch", "PROBLEM_FILE", "Verdict",
-    "http_status_is_infra", "infra", "jsonl", "mounts", "run_native",
+    "API_KEY",
+    "AGENT_DIR",
+    "Adapter",
+    "COMMON_ENV",
+    "HOME",
+    "Launch",
+    "PROBLEM_FILE",
+    "Verdict",
+    "http_status_is_infra",
+    "infra",
+    "jsonl",
+    "mounts",
+    "run_native",
 ]

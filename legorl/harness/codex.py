@@ -67,8 +67,18 @@ PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
 # Features that reach outside the sandbox or start work we do not train (sub-agents are a
 # separate issue): off, so the tool list is function tools only.
-OFF_FEATURES = ("goals", "apps", "plugins", "image_generation", "memories",
-                "remote_plugin", "tool_suggest", "browser_use", "computer_use", "in_app_updates")
+OFF_FEATURES = (
+    "goals",
+    "apps",
+    "plugins",
+    "image_generation",
+    "memories",
+    "remote_plugin",
+    "tool_suggest",
+    "browser_use",
+    "computer_use",
+    "in_app_updates",
+)
 CONTEXT_OVERFLOW = ("context window", "context_length_exceeded", "maximum context length", "prompt is too long")
 
 
@@ -95,21 +105,43 @@ class Codex:
 
     def config(self, base_url: str) -> str:
         top: dict[str, object] = {
-            "model": self.model, "model_provider": PROVIDER, "approval_policy": "never",
-            "sandbox_mode": "danger-full-access", "check_for_update_on_startup": False,
-            "web_search": "disabled", "model_context_window": self.context_window,
-            "hide_agent_reasoning": False, "show_raw_agent_reasoning": True,
+            "model": self.model,
+            "model_provider": PROVIDER,
+            "approval_policy": "never",
+            "sandbox_mode": "danger-full-access",
+            "check_for_update_on_startup": False,
+            "web_search": "disabled",
+            "model_context_window": self.context_window,
+            "hide_agent_reasoning": False,
+            "show_raw_agent_reasoning": True,
         }
         if self.auto_compact_limit:
             top["model_auto_compact_token_limit"] = self.auto_compact_limit
-        provider = {"name": "LEGO-RL proxy", "base_url": f"{base_url}/v1", "wire_api": "responses",
-                    "env_key": KEY_VAR, "request_max_retries": self.max_retries,
-                    "stream_max_retries": self.max_retries, "stream_idle_timeout_ms": 600_000}
+        provider = {
+            "name": "LEGO-RL proxy",
+            "base_url": f"{base_url}/v1",
+            "wire_api": "responses",
+            "env_key": KEY_VAR,
+            "request_max_retries": self.max_retries,
+            "stream_max_retries": self.max_retries,
+            "stream_idle_timeout_ms": 600_000,
+        }
         lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
         lines += ["", f"[model_providers.{PROVIDER}]", *(f"{k} = {_toml(v)}" for k, v in provider.items())]
-        lines += ["", "[analytics]", "enabled = false", "", "[otel]", 'exporter = "none"', "",
-                  "[agents]", "enabled = false", "",  # no sub-agent tools (`multi_agent_v1` namespace)
-                  "[features]", *(f"{f} = false" for f in OFF_FEATURES)]
+        lines += [
+            "",
+            "[analytics]",
+            "enabled = false",
+            "",
+            "[otel]",
+            'exporter = "none"',
+            "",
+            "[agents]",
+            "enabled = false",
+            "",  # no sub-agent tools (`multi_agent_v1` namespace)
+            "[features]",
+            *(f"{f} = false" for f in OFF_FEATURES),
+        ]
         return "\n".join(lines) + "\n"
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
@@ -127,9 +159,15 @@ class Codex:
             f"{shlex.quote(binary)} exec --json --ephemeral --skip-git-repo-check "
             f"--dangerously-bypass-approvals-and-sandbox -C {shlex.quote(repo_dir)} - < {PROBLEM_FILE}"
         )
-        cmd = limited(run, fifo=f"{AGENT_DIR}/codex.fifo", events=OUT, stderr=ERR, marker=LIMIT,
-                      max_turns=self.max_turns,
-                      pattern="*'\"type\":\"item.completed\"'*'\"type\":\"command_execution\"'*")
+        cmd = limited(
+            run,
+            fifo=f"{AGENT_DIR}/codex.fifo",
+            events=OUT,
+            stderr=ERR,
+            marker=LIMIT,
+            max_turns=self.max_turns,
+            pattern='*\'"type":"item.completed"\'*\'"type":"command_execution"\'*',
+        )
         files = {f"{CODEX_HOME}/config.toml": self.config(base_url).encode()}
         outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT}
         return Launch(cmd, env, files, outputs=outputs, binary=binary)
@@ -137,14 +175,20 @@ class Codex:
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
-        calls = sum(1 for e in events if e.get("type") == "item.completed"
-                    and (e.get("item") or {}).get("type") == "command_execution")
+        calls = sum(
+            1
+            for e in events
+            if e.get("type") == "item.completed" and (e.get("item") or {}).get("type") == "command_execution"
+        )
         details = {"tool_calls": str(calls)}  # compactions: Codex prints no event for them
         if LIMIT_MARK in outputs.get("limit", ""):
             return Verdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") in ("turn.completed", "turn.failed")]
-        errors = [str((e.get("error") or {}).get("message") or e.get("message") or "")
-                  for e in events if e.get("type") in ("turn.failed", "error")]
+        errors = [
+            str((e.get("error") or {}).get("message") or e.get("message") or "")
+            for e in events
+            if e.get("type") in ("turn.failed", "error")
+        ]
         if not ends and not errors:
             return infra(f"codex exited {res.exit_code} without a turn event; stderr: {err_tail}")
         if ends and ends[-1].get("type") == "turn.completed":

@@ -48,7 +48,9 @@ class Harness(Protocol):
 
     name: str
 
-    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun: ...
+    async def run(
+        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
+    ) -> AgentRun: ...
 
 
 @runtime_checkable
@@ -72,7 +74,9 @@ class HostHarness(Protocol):
 
     async def aclose(self) -> None: ...
 
-    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun: ...
+    async def run(
+        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
+    ) -> AgentRun: ...
 
 
 def proxy_env(proxy_url: str | None) -> dict[str, str]:

@@ -66,16 +66,32 @@ _STATUS = re.compile(r"\b(?:status|code)[\"':\s]*([1-5]\d\d)\b|\[(\d{3}) ")
 def quiet_settings(model: str, max_turns: int, compression_threshold: float) -> dict:
     """The settings Gemini CLI and its fork Qwen Code share: nothing but model calls."""
     return {
-        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False, "disableAutoUpdate": True,
-                    "disableUpdateNag": True, "checkpointing": {"enabled": False}, "enableNotifications": False},
+        "general": {
+            "enableAutoUpdate": False,
+            "enableAutoUpdateNotification": False,
+            "disableAutoUpdate": True,
+            "disableUpdateNag": True,
+            "checkpointing": {"enabled": False},
+            "enableNotifications": False,
+        },
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False, "logPrompts": False},
         "ide": {"enabled": False, "hasSeenNudge": True},
         "security": {"folderTrust": {"enabled": False}},
-        "model": {"name": model, "maxSessionTurns": max_turns, "compressionThreshold": compression_threshold,
-                  "skipNextSpeakerCheck": True, "disableLoopDetection": True, "skipLoopDetection": True},
-        "tools": {"sandbox": False, "useRipgrep": False, "shell": {"enableInteractiveShell": False},
-                  "exclude": list(NETWORK_TOOLS)},
+        "model": {
+            "name": model,
+            "maxSessionTurns": max_turns,
+            "compressionThreshold": compression_threshold,
+            "skipNextSpeakerCheck": True,
+            "disableLoopDetection": True,
+            "skipLoopDetection": True,
+        },
+        "tools": {
+            "sandbox": False,
+            "useRipgrep": False,
+            "shell": {"enableInteractiveShell": False},
+            "exclude": list(NETWORK_TOOLS),
+        },
         "experimental": {"enableAgents": False, "extensionManagement": False},
         "ui": {"hideTips": True, "hideBanner": True},
     }
@@ -131,8 +147,10 @@ class GeminiCli:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         results = [e for e in events if e.get("type") == "result"]
-        details = {"tool_calls": str(sum(1 for e in events if e.get("type") == "tool_use")),
-                   "exit_code": str(res.exit_code)}
+        details = {
+            "tool_calls": str(sum(1 for e in events if e.get("type") == "tool_use")),
+            "exit_code": str(res.exit_code),
+        }
         if res.exit_code == TURN_LIMIT_EXIT:
             return Verdict(Status.MAX_TURNS, details)
         if not results:
@@ -147,8 +165,10 @@ class GeminiCli:
             return Verdict(None, details)
         err = r.get("error") or {}
         message = str(err.get("message") if isinstance(err, dict) else err) or err_tail
-        if "max_turns" in str(err.get("type", "") if isinstance(err, dict) else "") or \
-                "maximum session turns" in message.lower():
+        if (
+            "max_turns" in str(err.get("type", "") if isinstance(err, dict) else "")
+            or "maximum session turns" in message.lower()
+        ):
             return Verdict(Status.MAX_TURNS, details)
         return error_verdict(message, details)
 

@@ -291,8 +291,9 @@ def build(name: str, log=sys.stderr) -> Path:
         env["LAYER"] = str(path)
         print(f"building harness layer {name} -> {path}", file=log, flush=True)
         t0 = time.monotonic()
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", recipe.script], env=env, text=True,
-                              stdout=log, stderr=log)
+        proc = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", recipe.script], env=env, text=True, stdout=log, stderr=log
+        )
         if proc.returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
             raise RuntimeError(f"building harness layer {name} failed (exit {proc.returncode})")

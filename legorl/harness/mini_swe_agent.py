@@ -28,9 +28,20 @@ from legorl.types import Status, Task
 
 TRAJ = f"{AGENT_DIR}/mini_traj.json"
 OUT = f"{AGENT_DIR}/mini.out"
-_ENGINE = ("APIError", "APIConnectionError", "InternalServerError", "ServiceUnavailableError", "Timeout",
-           "BadRequestError", "AuthenticationError", "NotFoundError", "RateLimitError", "PermissionDeniedError",
-           "UnsupportedParamsError", "BadGatewayError")
+_ENGINE = (
+    "APIError",
+    "APIConnectionError",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "Timeout",
+    "BadRequestError",
+    "AuthenticationError",
+    "NotFoundError",
+    "RateLimitError",
+    "PermissionDeniedError",
+    "UnsupportedParamsError",
+    "BadGatewayError",
+)
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ class MiniSweAgent:
         ]
         args = " ".join(f"-c {shlex.quote(o)}" for o in overrides)
         cmd = (
-            f"exec {shlex.quote(mini)} -m {shlex.quote('openai/' + self.model)} -t \"$(cat {PROBLEM_FILE})\" "
+            f'exec {shlex.quote(mini)} -m {shlex.quote("openai/" + self.model)} -t "$(cat {PROBLEM_FILE})" '
             f"-y --exit-immediately -l 0 {args} -o {TRAJ} < /dev/null > {OUT} 2>&1"
         )
         env = {

@@ -27,7 +27,9 @@ from legorl.types import Task
 
 LOG = f"{AGENT_DIR}/net.strace"
 _CALLS = "connect,sendto,sendmsg,sendmmsg"
-_INET = re.compile(r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")')
+_INET = re.compile(
+    r'sa_family=AF_INET6?, sin6?_port=htons\((\d+)\),.*?(?:inet_addr\("([^"]+)"\)|inet_pton\(AF_INET6, "([^"]+)")'
+)
 
 
 def attempts(log: str) -> list[tuple[str, int]]:
@@ -70,11 +72,19 @@ class NetTraced:
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
         launch = self.inner.launch(task, base_url, repo_dir)
         strace = f"{require('strace')}/bin/strace"
-        cmd = (f"exec {strace} -f -tt -qq -e signal=none -e trace={self.calls} -o {LOG} -- "
-               f"/bin/sh -c {shlex.quote(launch.command)}")
+        cmd = (
+            f"exec {strace} -f -tt -qq -e signal=none -e trace={self.calls} -o {LOG} -- "
+            f"/bin/sh -c {shlex.quote(launch.command)}"
+        )
         host, _, port = base_url.split("//", 1)[-1].split("/", 1)[0].rpartition(":")
-        return TracedLaunch(cmd, launch.env, launch.files, {**launch.outputs, "netlog": LOG}, launch.binary,
-                            proxy=(host.strip("[]"), int(port or 80)))
+        return TracedLaunch(
+            cmd,
+            launch.env,
+            launch.files,
+            {**launch.outputs, "netlog": LOG},
+            launch.binary,
+            proxy=(host.strip("[]"), int(port or 80)),
+        )
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
         """The adapter's verdict, plus `net_attempts` (how many IP destinations were tried,
@@ -84,8 +94,12 @@ class NetTraced:
         verdict = self.inner.interpret(res, outputs, launch)
         log = outputs.get("netlog", "")
         allow = {launch.proxy} if isinstance(launch, TracedLaunch) else None
-        details = {**verdict.details, "net_traced": "1" if log else "0", "net_attempts": str(len(attempts(log))),
-                   "net_foreign": ",".join(f"{a}:{p}" for a, p in foreign(log, allow))}
+        details = {
+            **verdict.details,
+            "net_traced": "1" if log else "0",
+            "net_attempts": str(len(attempts(log))),
+            "net_foreign": ",".join(f"{a}:{p}" for a, p in foreign(log, allow)),
+        }
         return Verdict(verdict.status, details)
 
     readonly_mounts = property(mounts)

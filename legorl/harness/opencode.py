@@ -68,13 +68,21 @@ class OpenCode:
     layers: tuple[str, ...] = ("opencode",)
 
     def config(self, base_url: str) -> dict:
-        model = {"name": self.model, "tool_call": True,
-                 "limit": {"context": self.context_window, "output": self.max_output_tokens}}
+        model = {
+            "name": self.model,
+            "tool_call": True,
+            "limit": {"context": self.context_window, "output": self.max_output_tokens},
+        }
         return {
             "$schema": "https://opencode.ai/config.json",
-            "provider": {PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": "LEGO-RL proxy",
-                                    "options": {"baseURL": f"{base_url}/v1", "apiKey": API_KEY},
-                                    "models": {self.model: model}}},
+            "provider": {
+                PROVIDER: {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": "LEGO-RL proxy",
+                    "options": {"baseURL": f"{base_url}/v1", "apiKey": API_KEY},
+                    "models": {self.model: model},
+                }
+            },
             "model": f"{PROVIDER}/{self.model}",
             "small_model": f"{PROVIDER}/{self.model}",
             "autoupdate": False,
@@ -99,9 +107,11 @@ class OpenCode:
             f"--model {PROVIDER}/{shlex.quote(self.model)} --dir {shlex.quote(repo_dir)} "
             f"< {PROBLEM_FILE} > {OUT} 2> {ERR}"
         )
-        files = {CONFIG: json.dumps(self.config(base_url), indent=1).encode(),
-                 f"{CONFIG_DIR}/package-lock.json": PLUGIN_LOCK.encode(),
-                 f"{CONFIG_DIR}/node_modules/.legorl": b""}
+        files = {
+            CONFIG: json.dumps(self.config(base_url), indent=1).encode(),
+            f"{CONFIG_DIR}/package-lock.json": PLUGIN_LOCK.encode(),
+            f"{CONFIG_DIR}/node_modules/.legorl": b"",
+        }
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=binary)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:

@@ -38,9 +38,22 @@ RESULT = f"{AGENT_DIR}/openhands_result.json"
 OUT = f"{AGENT_DIR}/openhands.out"
 ERR = f"{AGENT_DIR}/openhands.err"
 # LiteLLM exception names that mean the model endpoint (our proxy/engine) failed.
-_INFRA_ERRORS = ("APIConnectionError", "InternalServerError", "ServiceUnavailable", "BadGateway", "Timeout",
-                 "AuthenticationError", "NotFoundError", "BadRequestError", "APIError", "RateLimit", "LLMNoResponse",
-                 "LLMBadRequest", "LLMAuthentication", "LLMServiceUnavailable")
+_INFRA_ERRORS = (
+    "APIConnectionError",
+    "InternalServerError",
+    "ServiceUnavailable",
+    "BadGateway",
+    "Timeout",
+    "AuthenticationError",
+    "NotFoundError",
+    "BadRequestError",
+    "APIError",
+    "RateLimit",
+    "LLMNoResponse",
+    "LLMBadRequest",
+    "LLMAuthentication",
+    "LLMServiceUnavailable",
+)
 _CONTEXT_ERRORS = ("ContextWindowExceeded", "LLMContextWindowExceed", "context length", "context window")
 
 
@@ -60,14 +73,37 @@ class OpenHands:
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
         python = f"{require('openhands')}/venv/bin/python"
         args = [
-            python, DRIVER, "--base-url", f"{base_url}/v1", "--model", self.model, "--api-key", API_KEY,
-            "--workspace", repo_dir, "--prompt-file", PROBLEM_FILE, "--out", RESULT,
-            "--max-iterations", str(self.max_turns), "--condenser-max-size", str(self.condenser_max_size),
-            "--condenser-keep-first", str(self.condenser_keep_first), "--timeout-s", str(self.llm_timeout_s),
-            "--num-retries", str(self.num_retries),
+            python,
+            DRIVER,
+            "--base-url",
+            f"{base_url}/v1",
+            "--model",
+            self.model,
+            "--api-key",
+            API_KEY,
+            "--workspace",
+            repo_dir,
+            "--prompt-file",
+            PROBLEM_FILE,
+            "--out",
+            RESULT,
+            "--max-iterations",
+            str(self.max_turns),
+            "--condenser-max-size",
+            str(self.condenser_max_size),
+            "--condenser-keep-first",
+            str(self.condenser_keep_first),
+            "--timeout-s",
+            str(self.llm_timeout_s),
+            "--num-retries",
+            str(self.num_retries),
         ]
-        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENHANDS_SUPPRESS_BANNER": "1", "PYTHONUNBUFFERED": "1",
-               "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
         cmd = "exec " + " ".join(shlex.quote(a) for a in args) + f" > {OUT} 2> {ERR}"
         files = {DRIVER: DRIVER_SOURCE.read_bytes()}
         return Launch(cmd, env, files, outputs={"result": RESULT, "stdout": OUT, "stderr": ERR}, binary=python)
@@ -81,8 +117,11 @@ class OpenHands:
         status = str(r.get("status", ""))
         code = str(r.get("error_code") or "")
         error = str(r.get("error") or "")
-        details = {"status": status, "actions": str(r.get("actions", "")),
-                   "condensations": str(r.get("condensations", ""))}
+        details = {
+            "status": status,
+            "actions": str(r.get("actions", "")),
+            "condensations": str(r.get("condensations", "")),
+        }
         for k, v in (r.get("startup") or {}).items():  # the driver's start-up phases (import, setup)
             details[f"startup_{k}"] = str(v)
         if code:

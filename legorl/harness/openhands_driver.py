@@ -23,6 +23,7 @@ import traceback
 
 T_START = time.time()  # the interpreter is up (its own start-up is before this)
 
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True, help="OpenAI-compatible base URL ending in /v1")
@@ -39,8 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--terminal-type", default="subprocess", choices=["subprocess", "tmux"])
     args = ap.parse_args(argv)
 
-    result: dict = {"status": "not_started", "error": None, "error_code": None, "final": "", "events": 0,
-                    "actions": 0, "condensations": 0, "llm_errors": []}
+    result: dict = {
+        "status": "not_started",
+        "error": None,
+        "error_code": None,
+        "final": "",
+        "events": 0,
+        "actions": 0,
+        "condensations": 0,
+        "llm_errors": [],
+    }
     t0 = time.time()
     try:
         result.update(run(args))

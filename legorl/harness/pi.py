@@ -92,27 +92,49 @@ class Pi:
             raise ValueError(f"harness 'pi': api {self.api!r} is not one of {', '.join(APIS)}")
 
     def models(self, base_url: str) -> dict[str, Any]:
-        model: dict[str, Any] = {"id": self.model, "name": self.model, "reasoning": self.thinking != "off",
-                                 "input": ["text"], "contextWindow": self.context_window,
-                                 "maxTokens": self.max_output_tokens,
-                                 "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0}}
+        model: dict[str, Any] = {
+            "id": self.model,
+            "name": self.model,
+            "reasoning": self.thinking != "off",
+            "input": ["text"],
+            "contextWindow": self.context_window,
+            "maxTokens": self.max_output_tokens,
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+        }
         provider: dict[str, Any] = {"apiKey": KEY_VAR, "api": self.api, "models": [model]}
         if self.api == "openai-completions":
             provider["baseUrl"] = f"{base_url}/v1"
-            provider["compat"] = {"supportsDeveloperRole": False, "supportsStore": False,
-                                  "supportsReasoningEffort": False, "maxTokensField": "max_tokens",
-                                  "requiresReasoningContentOnAssistantMessages": True}
+            provider["compat"] = {
+                "supportsDeveloperRole": False,
+                "supportsStore": False,
+                "supportsReasoningEffort": False,
+                "maxTokensField": "max_tokens",
+                "requiresReasoningContentOnAssistantMessages": True,
+            }
         else:
             provider["baseUrl"] = base_url
         return {"providers": {PROVIDER: provider}}
 
     def settings(self) -> dict[str, Any]:
-        return {"defaultProvider": PROVIDER, "defaultModel": self.model, "defaultThinkingLevel": self.thinking,
-                "quietStartup": True, "enableInstallTelemetry": False, "collapseChangelog": True,
-                "compaction": {"enabled": True, "reserveTokens": self.reserve_tokens,
-                               "keepRecentTokens": self.keep_recent_tokens},
-                "retry": {"enabled": self.max_retries > 0, "maxRetries": self.max_retries, "baseDelayMs": 1000,
-                          "provider": {"timeoutMs": self.api_timeout_s * 1000, "maxRetries": 0}}}
+        return {
+            "defaultProvider": PROVIDER,
+            "defaultModel": self.model,
+            "defaultThinkingLevel": self.thinking,
+            "quietStartup": True,
+            "enableInstallTelemetry": False,
+            "collapseChangelog": True,
+            "compaction": {
+                "enabled": True,
+                "reserveTokens": self.reserve_tokens,
+                "keepRecentTokens": self.keep_recent_tokens,
+            },
+            "retry": {
+                "enabled": self.max_retries > 0,
+                "maxRetries": self.max_retries,
+                "baseDelayMs": 1000,
+                "provider": {"timeoutMs": self.api_timeout_s * 1000, "maxRetries": 0},
+            },
+        }
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
         layer = require("pi")
@@ -133,11 +155,19 @@ class Pi:
             f"--provider {PROVIDER} --model {shlex.quote(self.model)} --thinking {shlex.quote(self.thinking)} "
             f"--tools {shlex.quote(self.tools)} < {PROBLEM_FILE}"
         )
-        cmd = limited(run, fifo=f"{AGENT_DIR}/pi.fifo", events=OUT, stderr=ERR, marker=LIMIT,
-                      max_turns=self.max_turns,
-                      pattern="'{\"type\":\"tool_execution_end\"'*")
-        files = {f"{AGENT_CONFIG}/models.json": json.dumps(self.models(base_url), indent=1).encode(),
-                 f"{AGENT_CONFIG}/settings.json": json.dumps(self.settings(), indent=1).encode()}
+        cmd = limited(
+            run,
+            fifo=f"{AGENT_DIR}/pi.fifo",
+            events=OUT,
+            stderr=ERR,
+            marker=LIMIT,
+            max_turns=self.max_turns,
+            pattern='\'{"type":"tool_execution_end"\'*',
+        )
+        files = {
+            f"{AGENT_CONFIG}/models.json": json.dumps(self.models(base_url), indent=1).encode(),
+            f"{AGENT_CONFIG}/settings.json": json.dumps(self.settings(), indent=1).encode(),
+        }
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR, "limit": LIMIT}, binary=node)
 
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
@@ -151,8 +181,14 @@ class Pi:
         ends = [e for e in events if e.get("type") == "agent_end"]
         if not ends:
             return infra(f"pi exited {res.exit_code} without an agent_end event; stderr: {err_tail}")
-        last = next((m for m in reversed(ends[-1].get("messages") or [])
-                     if isinstance(m, dict) and m.get("role") == "assistant"), {})
+        last = next(
+            (
+                m
+                for m in reversed(ends[-1].get("messages") or [])
+                if isinstance(m, dict) and m.get("role") == "assistant"
+            ),
+            {},
+        )
         reason = str(last.get("stopReason") or "")
         details["stop_reason"] = reason
         if reason not in ("error", "aborted"):

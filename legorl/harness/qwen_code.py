@@ -68,8 +68,10 @@ class QwenCode:
         s = quiet_settings(self.model, self.max_turns, self.compression_threshold)
         s["security"]["auth"] = {"selectedType": "openai"}
         s["model"]["chatCompression"] = {"contextPercentageThreshold": self.compression_threshold}
-        s["model"]["generationConfig"] = {"contextWindowSize": self.context_window,
-                                          "samplingParams": {"max_tokens": self.max_output_tokens}}
+        s["model"]["generationConfig"] = {
+            "contextWindowSize": self.context_window,
+            "samplingParams": {"max_tokens": self.max_output_tokens},
+        }
         return s
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:

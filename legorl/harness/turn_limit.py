@@ -22,7 +22,7 @@ def limited(run: str, *, fifo: str, events: str, stderr: str, marker: str, patte
     return (
         f"rm -f {fifo} {marker}; mkfifo {fifo}; {run} > {fifo} 2> {stderr} & pid=$!; n=0; "
         f"while IFS= read -r line; do printf '%s\\n' \"$line\" >> {events}; "
-        f"case \"$line\" in {pattern}) n=$((n+1));; esac; "
+        f'case "$line" in {pattern}) n=$((n+1));; esac; '
         f"if [ \"$n\" -ge {int(max_turns)} ]; then kill $pid; echo '{LIMIT_MARK}' > {marker}; break; fi; "
         f"done < {fifo}; wait $pid"
     )

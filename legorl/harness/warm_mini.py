@@ -62,12 +62,14 @@ NAMED_CONFIGS = {"quickstart": Path(__file__).resolve().parent.parent / "quickst
 
 
 def resolve_config(name: str) -> str:
-    """"" → mini-swe-agent's own mini.yaml; a name of `NAMED_CONFIGS`; else a file path."""
+    """ "" → mini-swe-agent's own mini.yaml; a name of `NAMED_CONFIGS`; else a file path."""
     if not name:
         return str(builtin_config())
     path = NAMED_CONFIGS.get(name, Path(name))
     if not path.is_file():
-        raise HarnessNotInstalled(f"mini-swe-agent config {name!r} not found (a path, or one of {sorted(NAMED_CONFIGS)})")
+        raise HarnessNotInstalled(
+            f"mini-swe-agent config {name!r} not found (a path, or one of {sorted(NAMED_CONFIGS)})"
+        )
     return str(path)
 
 
@@ -121,18 +123,31 @@ class WarmMiniSweAgent:
             self._home = tempfile.TemporaryDirectory(prefix="legorl-mini-")
         home = self._home.name
         env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "LANG": "C.UTF-8",
-            "MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_SILENT_STARTUP": "1",
-            "MSWEA_GLOBAL_CONFIG_DIR": f"{home}/mini-swe-agent", "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
-            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
-        }  # fmt: skip
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_COST_TRACKING": "ignore_errors",
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": f"{home}/mini-swe-agent",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LITELLM_TELEMETRY": "False",
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
         log = open(Path(home) / "driver.log", "ab")  # noqa: SIM115 - the child holds its own copy
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                str(python), str(DRIVER), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=log, env=env, limit=1 << 25, start_new_session=True,
-            )  # fmt: skip
+                str(python),
+                str(DRIVER),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                env=env,
+                limit=1 << 25,
+                start_new_session=True,
+            )
         finally:
             log.close()
         assert self._proc.stdout is not None
@@ -142,8 +157,9 @@ class WarmMiniSweAgent:
             line = b""
         if not line or json.loads(line).get("op") != "ready":
             await self._kill()
-            raise DriverGone(f"mini-swe-agent driver did not start (see {Path(home) / 'driver.log'}): "
-                             f"{self.log_tail()}")  # fmt: skip
+            raise DriverGone(
+                f"mini-swe-agent driver did not start (see {Path(home) / 'driver.log'}): {self.log_tail()}"
+            )
         self._reader = asyncio.create_task(self._read(self._proc))
 
     def log_tail(self, n: int = 800) -> str:
@@ -210,8 +226,12 @@ class WarmMiniSweAgent:
         else:
             t0 = time.monotonic()
             try:
-                res = await r.sb.exec("exec 2>&1\n" + msg["command"], timeout_s=float(msg["timeout"]),
-                                      cwd=msg.get("cwd") or r.repo_dir, env=msg.get("env") or None)  # fmt: skip
+                res = await r.sb.exec(
+                    "exec 2>&1\n" + msg["command"],
+                    timeout_s=float(msg["timeout"]),
+                    cwd=msg.get("cwd") or r.repo_dir,
+                    env=msg.get("env") or None,
+                )
                 reply.update(output=res.stdout, returncode=res.exit_code, timed_out=res.timed_out)
                 r.exhausted = r.exhausted or res.resource_exhausted
                 r.command_s += time.monotonic() - t0
@@ -245,27 +265,55 @@ class WarmMiniSweAgent:
         rid = uuid.uuid4().hex
         r = _Rollout(sb, repo_dir, asyncio.get_running_loop().create_future())
         self._rollouts[rid] = r
-        job = {"op": "run", "id": rid, "config": config, "model": f"openai/{self.model}",
-               "api_base": f"{proxy_url.rstrip('/')}/v1", "task": task.problem_statement, "cwd": repo_dir,
-               "overrides": self._overrides()}  # fmt: skip
+        job = {
+            "op": "run",
+            "id": rid,
+            "config": config,
+            "model": f"openai/{self.model}",
+            "api_base": f"{proxy_url.rstrip('/')}/v1",
+            "task": task.problem_statement,
+            "cwd": repo_dir,
+            "overrides": self._overrides(),
+        }
         try:
             await self._send(job)
             msg = await asyncio.wait_for(asyncio.shield(r.done), timeout_s)
         except TimeoutError:
-            return AgentRun(124, timed_out=True, resource_exhausted=r.exhausted, duration_s=time.monotonic() - t0,
-                            status=Status.AGENT_TIMEOUT, details={"error": f"{self.name} ran past {timeout_s:g} s",
-                                                                  "harness": self.name})  # fmt: skip
+            return AgentRun(
+                124,
+                timed_out=True,
+                resource_exhausted=r.exhausted,
+                duration_s=time.monotonic() - t0,
+                status=Status.AGENT_TIMEOUT,
+                details={"error": f"{self.name} ran past {timeout_s:g} s", "harness": self.name},
+            )
         except DriverGone as e:
-            return AgentRun(-1, duration_s=time.monotonic() - t0, status=Status.INFRA_ERROR,
-                            details={"error": str(e)[-2000:], "harness": self.name})  # fmt: skip
+            return AgentRun(
+                -1,
+                duration_s=time.monotonic() - t0,
+                status=Status.INFRA_ERROR,
+                details={"error": str(e)[-2000:], "harness": self.name},
+            )
         finally:
             r.closed = True
             self._rollouts.pop(rid, None)
         if r.sandbox_error:  # the sandbox died under a command: the rollout decides whose fault
             raise SandboxError(r.sandbox_error)
-        verdict = verdict_of_exit(str(msg.get("exit_status") or ""), str(msg.get("error") or ""),
-                                  {"api_calls": str(msg.get("n_calls", "")), "harness": self.name,
-                                   "command_s": f"{r.command_s:.4f}", "commands": str(r.commands)})  # fmt: skip
-        return AgentRun(0, resource_exhausted=r.exhausted, duration_s=time.monotonic() - t0,
-                        stdout_tail=str(msg.get("submission") or "")[-4000:], status=verdict.status,
-                        details=verdict.details)  # fmt: skip
+        verdict = verdict_of_exit(
+            str(msg.get("exit_status") or ""),
+            str(msg.get("error") or ""),
+            {
+                "api_calls": str(msg.get("n_calls", "")),
+                "harness": self.name,
+                "command_s": f"{r.command_s:.4f}",
+                "commands": str(r.commands),
+            },
+        )
+        return AgentRun(
+            0,
+            resource_exhausted=r.exhausted,
+            duration_s=time.monotonic() - t0,
+            stdout_tail=str(msg.get("submission") or "")[-4000:],
+            status=verdict.status,
+            details=verdict.details,
+        )

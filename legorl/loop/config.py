@@ -93,17 +93,29 @@ class SandboxSection(Section):
     def rollout_config(self) -> RolloutConfig:
         """The one place the section becomes the rollout's (and its grading's) parameters."""
         limits = Limits(memory_mb=self.memory_mb, pids=self.pids, cpus=self.cpus, disk_mb=self.disk_mb)
-        grade = GradeConfig(test_timeout_s=self.test_timeout_s, max_diff_bytes=self.max_diff_bytes,
-                            penalize_tamper=self.penalize_tamper)  # fmt: skip
-        return RolloutConfig(agent_timeout_s=self.agent_timeout_s, limits=limits, grade_empty_diff=self.grade_empty_diff,
-                             grade=grade)  # fmt: skip
+        grade = GradeConfig(
+            test_timeout_s=self.test_timeout_s, max_diff_bytes=self.max_diff_bytes, penalize_tamper=self.penalize_tamper
+        )
+        return RolloutConfig(
+            agent_timeout_s=self.agent_timeout_s, limits=limits, grade_empty_diff=self.grade_empty_diff, grade=grade
+        )
 
 
 class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
-    name: Literal["command", "claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm",
-                  "codex", "pi", "gemini-cli", "qwen-code"] = "command"
+    name: Literal[
+        "command",
+        "claude-code",
+        "opencode",
+        "openhands",
+        "mini-swe-agent",
+        "mini-swe-agent-warm",
+        "codex",
+        "pi",
+        "gemini-cli",
+        "qwen-code",
+    ] = "command"
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
     rollout's sandbox (legorl/harness/warm_mini.py)."""
@@ -196,13 +208,25 @@ class WarmStartSection(Section):
         return bool(self.episodes) or self.checkpoint is not None
 
     def sft_config(self, seed: int) -> SFTConfig:
-        return SFTConfig(steps=self.steps, batch_size=self.batch_size, lr=self.lr, warmup_steps=self.warmup_steps,
-                         min_lr_ratio=self.min_lr_ratio, seed=seed)  # fmt: skip
+        return SFTConfig(
+            steps=self.steps,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            min_lr_ratio=self.min_lr_ratio,
+            seed=seed,
+        )
 
     def control_config(self, seed: int) -> SFTConfig:
         tail = self.lr * self.min_lr_ratio
-        return SFTConfig(steps=self.control_steps, batch_size=self.batch_size, lr=tail, warmup_steps=0,
-                         min_lr_ratio=1.0, seed=seed + 1)  # fmt: skip
+        return SFTConfig(
+            steps=self.control_steps,
+            batch_size=self.batch_size,
+            lr=tail,
+            warmup_steps=0,
+            min_lr_ratio=1.0,
+            seed=seed + 1,
+        )
 
 
 Point = Literal["start", "warm_start", "end"]
@@ -241,18 +265,24 @@ class RunConfig(Section):
         the proxy must sample from exactly that distribution (else every ratio is biased)."""
         p, t = self.proxy, self.trainer
         if p.temperature != t.temperature:
-            raise ValueError(f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
-                             f"({p.temperature}): logprobs are recomputed at the sampling temperature")
+            raise ValueError(
+                f"trainer.temperature ({t.temperature}) must equal proxy.temperature "
+                f"({p.temperature}): logprobs are recomputed at the sampling temperature"
+            )
         if self.run.max_staleness and t.correction == "none" and t.old_logprobs != "rollout":
-            raise ValueError("run.max_staleness > 0 trains on tokens of older policies: set trainer.old_logprobs = "
-                             "'rollout' (the clip ratio against the recorded behaviour logprobs) or "
-                             "trainer.correction to 'tis' or 'mis' (importance correction against them; with GSPO, "
-                             "correction_level = 'geometric' weighs each trajectory on its sequence ratio's scale)")
+            raise ValueError(
+                "run.max_staleness > 0 trains on tokens of older policies: set trainer.old_logprobs = "
+                "'rollout' (the clip ratio against the recorded behaviour logprobs) or "
+                "trainer.correction to 'tis' or 'mis' (importance correction against them; with GSPO, "
+                "correction_level = 'geometric' weighs each trajectory on its sequence ratio's scale)"
+            )
         if self.warm_start.control_steps and not self.heldout.tasks:
             raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")
         if p.top_p != 1.0 or p.top_k != -1:
-            raise ValueError("proxy.top_p must be 1 and proxy.top_k -1 when training: the trainer's "
-                             "recomputation has no nucleus/top-k truncation")
+            raise ValueError(
+                "proxy.top_p must be 1 and proxy.top_k -1 when training: the trainer's "
+                "recomputation has no nucleus/top-k truncation"
+            )
         return self
 
 

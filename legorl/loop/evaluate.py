@@ -49,7 +49,9 @@ def summarize(records: list[RolloutRecord], k: int) -> dict[str, Any]:
         pk.append(pass_at_k(len(valid), c, min(k, len(valid))))
     statuses = Counter(r.trajectory.outcome.status.value for r in records)
     return {
-        "tasks": len(by_task), "samples": len(records), "k": k,
+        "tasks": len(by_task),
+        "samples": len(records),
+        "k": k,
         "pass@1": sum(p1) / len(p1) if p1 else 0.0,
         f"pass@{k}": sum(pk) / len(pk) if pk else 0.0,
         "tasks_scored": len(p1),
@@ -70,8 +72,15 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
 
 
 async def evaluate(
-    cfg: RunConfig, *, split: str | None = None, endpoint: str | None = None, api_key: str | None = None,
-    k: int | None = None, limit: int | None = None, out: Path | None = None, console: Console | None = None,
+    cfg: RunConfig,
+    *,
+    split: str | None = None,
+    endpoint: str | None = None,
+    api_key: str | None = None,
+    k: int | None = None,
+    limit: int | None = None,
+    out: Path | None = None,
+    console: Console | None = None,
 ) -> dict[str, Any]:
     console = console or Console(stderr=True)
     k = k or cfg.eval.k
@@ -82,7 +91,9 @@ async def evaluate(
     engine = None if endpoint else make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
     sem = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
     try:
-        async with RolloutWorker(cfg, engine, upstream=endpoint, upstream_api_key=api_key or cfg.eval.endpoint_api_key) as w:
+        async with RolloutWorker(
+            cfg, engine, upstream=endpoint, upstream_api_key=api_key or cfg.eval.endpoint_api_key
+        ) as w:
             groups = await asyncio.gather(*(w.group(t, k, step=0, limit=sem) for t in tasks))
     finally:
         if engine is not None:
@@ -91,9 +102,9 @@ async def evaluate(
     summary = summarize(records, k)
     summary["endpoint"] = endpoint or f"{cfg.engine.kind}:{cfg.engine.model}"
     summary["harness"] = cfg.harness.name
-    summary["per_task"] = {
-        r.trajectory.instance_id: r.trajectory.outcome.status.value for r in records
-    } if k == 1 else {}
+    summary["per_task"] = (
+        {r.trajectory.instance_id: r.trajectory.outcome.status.value for r in records} if k == 1 else {}
+    )
     print_summary(summary, console)
     if out is not None:
         from legorl.loop.official_report import run_report

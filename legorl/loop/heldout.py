@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+
 from legorl.loop.stats import Evaluation, summarize
 from legorl.loop.worker import OnRecord, RolloutBackend
 from legorl.types import Status, Task
@@ -28,5 +29,6 @@ async def evaluate_heldout(
         *(worker.group(t, 1, step=HELDOUT_STEP, limit=limit, on_record=on_record, tag=f"eval-{label}") for t in tasks)
     )
     outcomes = [r.trajectory.outcome for g in groups for r in g]
-    return summarize(label, ((o.status is Status.RESOLVED, o.masked, o.status.value) for o in outcomes if o),
-                     time.monotonic() - t0)  # fmt: skip
+    return summarize(
+        label, ((o.status is Status.RESOLVED, o.masked, o.status.value) for o in outcomes if o), time.monotonic() - t0
+    )

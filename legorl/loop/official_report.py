@@ -18,17 +18,21 @@ from legorl.verify.junit import TestStatus
 def instance_report(task: Task, outcome: Outcome) -> dict[str, Any]:
     """One instance as the official `get_eval_report` writes it."""
     applied = "patch_apply_failed" not in outcome.flags and outcome.status is not Status.NO_PATCH
+
     def split(ids: list[str]) -> dict[str, list[str]]:
         ok = [t for t in ids if TestStatus(outcome.tests.get(t, "missing")).ok]
         return {"success": ok, "failure": [t for t in ids if t not in ok]}
+
     return {
         "patch_is_None": False,
         "patch_exists": outcome.status is not Status.NO_PATCH,
         "patch_successfully_applied": applied and not outcome.masked,
         "resolved": outcome.status is Status.RESOLVED,
         "tests_status": {
-            "FAIL_TO_PASS": split(task.FAIL_TO_PASS), "PASS_TO_PASS": split(task.PASS_TO_PASS),
-            "FAIL_TO_FAIL": {"success": [], "failure": []}, "PASS_TO_FAIL": {"success": [], "failure": []},
+            "FAIL_TO_PASS": split(task.FAIL_TO_PASS),
+            "PASS_TO_PASS": split(task.PASS_TO_PASS),
+            "FAIL_TO_FAIL": {"success": [], "failure": []},
+            "PASS_TO_FAIL": {"success": [], "failure": []},
         },
     }
 
@@ -43,14 +47,25 @@ def run_report(tasks: list[Task], outcomes: dict[str, Outcome]) -> dict[str, Any
     resolved = sorted(i for i in completed if done[i].status is Status.RESOLVED)
     by_id = {t.instance_id: t for t in tasks}
     return {
-        "total_instances": len(ids), "submitted_instances": len(done), "completed_instances": len(completed),
-        "resolved_instances": len(resolved), "unresolved_instances": len(completed) - len(resolved),
-        "infra_failure_instances": len(errors), "ambiguous_failure_instances": 0,
-        "empty_patch_instances": len(empty), "error_instances": len(errors),
-        "completed_ids": completed, "incomplete_ids": sorted(set(ids) - set(done)), "empty_patch_ids": empty,
-        "submitted_ids": sorted(done), "resolved_ids": resolved,
-        "unresolved_ids": sorted(set(completed) - set(resolved)), "infra_failure_ids": errors,
-        "ambiguous_failure_ids": [], "failure_reasons": {i: str(done[i].evidence.get("errors", ""))[:500] for i in errors},
-        "error_ids": errors, "schema_version": 2,
+        "total_instances": len(ids),
+        "submitted_instances": len(done),
+        "completed_instances": len(completed),
+        "resolved_instances": len(resolved),
+        "unresolved_instances": len(completed) - len(resolved),
+        "infra_failure_instances": len(errors),
+        "ambiguous_failure_instances": 0,
+        "empty_patch_instances": len(empty),
+        "error_instances": len(errors),
+        "completed_ids": completed,
+        "incomplete_ids": sorted(set(ids) - set(done)),
+        "empty_patch_ids": empty,
+        "submitted_ids": sorted(done),
+        "resolved_ids": resolved,
+        "unresolved_ids": sorted(set(completed) - set(resolved)),
+        "infra_failure_ids": errors,
+        "ambiguous_failure_ids": [],
+        "failure_reasons": {i: str(done[i].evidence.get("errors", ""))[:500] for i in errors},
+        "error_ids": errors,
+        "schema_version": 2,
         "instances": {i: instance_report(by_id[i], o) for i, o in sorted(done.items()) if i not in errors},
     }

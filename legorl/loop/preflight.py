@@ -51,7 +51,9 @@ def engine_check(cfg: RunConfig) -> Check:
         async def go() -> Any:
             engine = make_engine(cfg.engine, tok)
             try:
-                return await asyncio.wait_for(engine.generate(ids, SamplingParams(max_tokens=4, temperature=1.0, seed=0)), 60)
+                return await asyncio.wait_for(
+                    engine.generate(ids, SamplingParams(max_tokens=4, temperature=1.0, seed=0)), 60
+                )
             finally:
                 await engine.close()
 
@@ -59,12 +61,17 @@ def engine_check(cfg: RunConfig) -> Check:
             gen = _run(go())
         except (EngineError, OSError, asyncio.TimeoutError) as e:
             where = cfg.engine.url or cfg.engine.kind
-            raise CheckFailed(f"engine {where} did not answer: {type(e).__name__}: {e}",
-                              fix=f"start the {cfg.engine.kind} server at {cfg.engine.url} or fix engine.url"
-                              if cfg.engine.url else "check the [engine] section (kind, model, device)") from None
+            raise CheckFailed(
+                f"engine {where} did not answer: {type(e).__name__}: {e}",
+                fix=f"start the {cfg.engine.kind} server at {cfg.engine.url} or fix engine.url"
+                if cfg.engine.url
+                else "check the [engine] section (kind, model, device)",
+            ) from None
         if len(gen.logprobs) != len(gen.completion_ids) or not gen.completion_ids:
-            raise CheckFailed(f"engine returned {len(gen.completion_ids)} ids and {len(gen.logprobs)} logprobs",
-                              fix="the engine must return one logprob per sampled token")
+            raise CheckFailed(
+                f"engine returned {len(gen.completion_ids)} ids and {len(gen.logprobs)} logprobs",
+                fix="the engine must return one logprob per sampled token",
+            )
         return f"{cfg.engine.kind}:{cfg.engine.model} generated {len(gen.completion_ids)} tokens"
 
     return Check("engine answers", fn, timeout=120)
@@ -100,8 +107,9 @@ def logprobs_mode_check(cfg: RunConfig) -> Check:
         with torch.no_grad():
             logits_T_V = lm(torch.tensor([ids + out])).logits[0, len(ids) - 1 : -1].float()
         n = len(out)
-        processed_T = processed_logprobs(logits_T_V, torch.full((n,), params.temperature), torch.ones(n),
-                                         torch.full((n,), -1))[torch.arange(n), out]
+        processed_T = processed_logprobs(
+            logits_T_V, torch.full((n,), params.temperature), torch.ones(n), torch.full((n,), -1)
+        )[torch.arange(n), out]
         raw_T = torch.log_softmax(logits_T_V, -1)[torch.arange(n), out]
         k = int((processed_T - raw_T).abs().argmax())  # the token that tells the two modes apart best
         got, processed, raw = gen.logprobs[k], processed_T[k].item(), raw_T[k].item()
@@ -109,11 +117,15 @@ def logprobs_mode_check(cfg: RunConfig) -> Check:
             return f"processed logprobs (token {k}: server {got:.4f}, recomputed {processed:.4f}, raw {raw:.4f})"
         if abs(got - raw) < 1e-2:
             flag = "--logprobs-mode processed_logprobs" if cfg.engine.kind == "vllm" else "processed logprobs"
-            raise CheckFailed(f"the server reports raw log-softmax logprobs ({got:.4f}; processed at T=2 is "
-                              f"{processed:.4f})", fix=f"restart the {cfg.engine.kind} server with {flag}")
-        raise CheckFailed(f"the server's logprob {got:.4f} is neither the processed ({processed:.4f}) nor the raw "
-                          f"({raw:.4f}) one of {model_dir}",
-                          fix="serve the trainer's model (engine.model / engine.served_model_dir) in float32")
+            raise CheckFailed(
+                f"the server reports raw log-softmax logprobs ({got:.4f}; processed at T=2 is {processed:.4f})",
+                fix=f"restart the {cfg.engine.kind} server with {flag}",
+            )
+        raise CheckFailed(
+            f"the server's logprob {got:.4f} is neither the processed ({processed:.4f}) nor the raw "
+            f"({raw:.4f}) one of {model_dir}",
+            fix="serve the trainer's model (engine.model / engine.served_model_dir) in float32",
+        )
 
     return Check("engine logprobs mode", fn, needs=("engine answers",), timeout=180)
 
@@ -132,10 +144,21 @@ def template_check(cfg: RunConfig) -> Check:
             r = make_renderer(tok)
             parity = round_trip(tok)
         except TemplateError as e:
-            raise CheckFailed(str(e), fix="serve a model whose chat template is one of the supported families "
-                                          "(Qwen2.5/Qwen3/Qwen3.5/Qwen3-Coder, gpt-oss, GLM-4.5, ChatML without tools)") from None
-        tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                                   "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+            raise CheckFailed(
+                str(e),
+                fix="serve a model whose chat template is one of the supported families "
+                "(Qwen2.5/Qwen3/Qwen3.5/Qwen3-Coder, gpt-oss, GLM-4.5, ChatML without tools)",
+            ) from None
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "bash",
+                    "description": "Run a shell command.",
+                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+                },
+            }
+        ]
         msgs = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."}]
         state = RenderState()
         prompt = r.render(ChatRequest(msgs, tools), state)
@@ -153,16 +176,20 @@ def template_check(cfg: RunConfig) -> Check:
         state.remember(gen.completion_ids, parsed, prompt)
         reply: dict[str, Any] = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning}
         if parsed.tool_calls:
-            reply["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                   for c in parsed.tool_calls]
+            reply["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in parsed.tool_calls
+            ]
         nxt = msgs + [reply, {"role": "user", "content": "Go on."}]
         again = r.render(ChatRequest(nxt, tools), state)
         if again[: len(prompt) + len(gen.completion_ids)] == prompt + gen.completion_ids:
             return f"{parity}; next turn extends {len(prompt) + len(gen.completion_ids)} ids"
         if again == r.render(ChatRequest(nxt, tools)):
             return f"{parity}; the template rewrites the reply in history: a new segment (the documented rule)"
-        raise CheckFailed("the next turn's prompt neither extends prompt + completion nor equals the template's rendering",
-                          fix="report a bug: the renderer's splicing lost the sampled ids")
+        raise CheckFailed(
+            "the next turn's prompt neither extends prompt + completion nor equals the template's rendering",
+            fix="report a bug: the renderer's splicing lost the sampled ids",
+        )
 
     return Check("chat template round trip", fn, needs=("engine answers",), timeout=120)
 
@@ -201,7 +228,9 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
         except CheckFailed:
             raise
         except Exception as e:  # noqa: BLE001 - any start failure is this check's finding
-            raise CheckFailed(f"{backend_name} sandbox did not start: {type(e).__name__}: {e}", fix=SETUP_SANDBOX) from None
+            raise CheckFailed(
+                f"{backend_name} sandbox did not start: {type(e).__name__}: {e}", fix=SETUP_SANDBOX
+            ) from None
 
     def isolation() -> str:
         marker = Path(tempfile.gettempdir()) / f"legorl-doctor-{uuid.uuid4().hex}"
@@ -212,14 +241,20 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
         port = listener.getsockname()[1]
 
         async def body(sb: Any) -> str:
-            probe = (f"python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(2); "
-                     f"sys.exit(0 if s.connect_ex(('127.0.0.1',{port}))==0 else 1)\"")
+            probe = (
+                f'python3 -c "import socket,sys; s=socket.socket(); s.settimeout(2); '
+                f"sys.exit(0 if s.connect_ex(('127.0.0.1',{port}))==0 else 1)\""
+            )
             net = await sb.exec(probe, timeout_s=20)
             files = await sb.exec(f"test -e {marker}", timeout_s=20)
             if net.exit_code == 0:
-                raise CheckFailed(f"a sandbox reached the host's 127.0.0.1:{port}", fix="the backend must run with no network")
+                raise CheckFailed(
+                    f"a sandbox reached the host's 127.0.0.1:{port}", fix="the backend must run with no network"
+                )
             if files.exit_code == 0:
-                raise CheckFailed(f"a sandbox can see the host file {marker}", fix="the backend must not mount host paths")
+                raise CheckFailed(
+                    f"a sandbox can see the host file {marker}", fix="the backend must not mount host paths"
+                )
             return "no host loopback, no host files"
 
         try:
@@ -237,22 +272,29 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
 
         async def go() -> str:
             tok = load_tokenizer(cfg.engine.model)
-            proxy = ProxyServer(cfg.proxy.model_copy(update={"port": 0}), ScriptedEngine(["pong"], tok), make_renderer(tok))
+            proxy = ProxyServer(
+                cfg.proxy.model_copy(update={"port": 0}), ScriptedEngine(["pong"], tok), make_renderer(tok)
+            )
             async with proxy:
                 proxy.open_session("doctor")
                 with tempfile.TemporaryDirectory() as d:
                     async with SessionSocket(proxy.app, "doctor", Path(d) / "s.sock") as ss:
+
                         async def body(sb: Any) -> str:
-                            code = ("import json,os,urllib.request; b=json.dumps({'model':'m','messages':[{'role':'user','content':'ping'}]}).encode(); "
-                                    "r=urllib.request.urlopen(urllib.request.Request(os.environ.get('U','http://127.0.0.1:8000')+'/v1/chat/completions',data=b,headers={'content-type':'application/json'}),timeout=30); "
-                                    "print(json.load(r)['choices'][0]['message']['content'])")
-                            return (await sb.exec(f"python3 -c \"{code}\"", timeout_s=60)).stdout.strip()
+                            code = (
+                                "import json,os,urllib.request; b=json.dumps({'model':'m','messages':[{'role':'user','content':'ping'}]}).encode(); "
+                                "r=urllib.request.urlopen(urllib.request.Request(os.environ.get('U','http://127.0.0.1:8000')+'/v1/chat/completions',data=b,headers={'content-type':'application/json'}),timeout=30); "
+                                "print(json.load(r)['choices'][0]['message']['content'])"
+                            )
+                            return (await sb.exec(f'python3 -c "{code}"', timeout_s=60)).stdout.strip()
 
                         said = await with_sandbox(body, proxy_socket=ss.path)
                 turns = proxy.close_session("doctor")
             if said != "pong" or len(turns) != 1:
-                raise CheckFailed(f"the sandbox did not reach its session (got {said!r}, {len(turns)} turns)",
-                                  fix="the forwarder inside the sandbox must reach the session socket; " + SETUP_SANDBOX)
+                raise CheckFailed(
+                    f"the sandbox did not reach its session (got {said!r}, {len(turns)} turns)",
+                    fix="the forwarder inside the sandbox must reach the session socket; " + SETUP_SANDBOX,
+                )
             return "a sandbox reached its own proxy session through its socket"
 
         return _run(go())
@@ -307,11 +349,15 @@ def grading_check(cfg: RunConfig) -> Check:
 
         gold, empty = _run(go())
         if gold.status is not Status.RESOLVED:
-            raise CheckFailed(f"task {task.instance_id}: the gold patch gives {gold.status.value}, not resolved",
-                              fix=f"run: legorl tasks validate {cfg.run.tasks} (the task or its image is broken)")
+            raise CheckFailed(
+                f"task {task.instance_id}: the gold patch gives {gold.status.value}, not resolved",
+                fix=f"run: legorl tasks validate {cfg.run.tasks} (the task or its image is broken)",
+            )
         if empty.status is Status.RESOLVED:
-            raise CheckFailed(f"task {task.instance_id}: the empty patch resolves it",
-                              fix="the task's FAIL_TO_PASS tests do not fail before the fix; regenerate it")
+            raise CheckFailed(
+                f"task {task.instance_id}: the empty patch resolves it",
+                fix="the task's FAIL_TO_PASS tests do not fail before the fix; regenerate it",
+            )
         return f"{task.instance_id}: gold resolved, empty {empty.status.value}"
 
     return Check("grading self-test", fn, needs=("sandbox starts",), timeout=600)
@@ -339,8 +385,12 @@ def resources_check(run_dir: Path, min_disk_gb: float = 5.0, min_mem_gb: float =
 
 def preflight_checks(cfg: RunConfig) -> list[Check]:
     return [
-        engine_check(cfg), template_check(cfg),
+        engine_check(cfg),
+        template_check(cfg),
         *([logprobs_mode_check(cfg)] if cfg.engine.kind in ("vllm", "sglang") else []),
-        *sandbox_checks(cfg), harness_check(cfg),
-        grading_check(cfg), store_check(cfg.run.dir), resources_check(cfg.run.dir),
+        *sandbox_checks(cfg),
+        harness_check(cfg),
+        grading_check(cfg),
+        store_check(cfg.run.dir),
+        resources_check(cfg.run.dir),
     ]

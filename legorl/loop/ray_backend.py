@@ -79,8 +79,12 @@ class RolloutActor:
 
     async def start(self) -> dict[str, Any]:
         await self._ensure()
-        return {"index": self.index, "pid": os.getpid(), "node": ray.util.get_node_ip_address(),
-                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
+        return {
+            "index": self.index,
+            "pid": os.getpid(),
+            "node": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     async def rollout(self, task: Task, step: int, session_id: str, policy_version: int | None) -> RolloutRecord:
         worker = await self._ensure()
@@ -156,28 +160,41 @@ def _loopback_only() -> Iterator[None]:
             consts.ENABLE_RAY_CLUSTER = had  # type: ignore[union-attr]
 
 
-def client_config(engine_cfg: EngineConfig, url: str, *, api_key: str | None, max_context: int | None,
-                  routed_experts: bool) -> EngineConfig:  # fmt: skip
+def client_config(
+    engine_cfg: EngineConfig, url: str, *, api_key: str | None, max_context: int | None, routed_experts: bool
+) -> EngineConfig:
     """The `vllm` client config that reaches a served in-process engine."""
     return EngineConfig(
-        kind="vllm", model=engine_cfg.model, url=url, served_model_name=engine_cfg.served_model_name or engine_cfg.model,
-        api_key=api_key, stream=True, return_routed_experts=routed_experts, max_context=max_context,
-        max_concurrency=engine_cfg.max_concurrency, request_timeout_s=engine_cfg.request_timeout_s,
-    )  # fmt: skip
+        kind="vllm",
+        model=engine_cfg.model,
+        url=url,
+        served_model_name=engine_cfg.served_model_name or engine_cfg.model,
+        api_key=api_key,
+        stream=True,
+        return_routed_experts=routed_experts,
+        max_context=max_context,
+        max_concurrency=engine_cfg.max_concurrency,
+        request_timeout_s=engine_cfg.request_timeout_s,
+    )
 
 
 class RayRolloutPool:
     """`cfg.ray.workers` RolloutActors; `group()` spreads rollouts over them (async context manager)."""
 
     def __init__(
-        self, cfg: RunConfig, engine_url: str | None = None, *, engine_cfg: EngineConfig | None = None,
+        self,
+        cfg: RunConfig,
+        engine_url: str | None = None,
+        *,
+        engine_cfg: EngineConfig | None = None,
         policy_version: Callable[[], int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if engine_cfg is None:
             if engine_url is None:
                 raise ValueError("RayRolloutPool needs an engine_url or an engine_cfg for its workers")
-            engine_cfg = client_config(cfg.engine, engine_url, api_key=None, max_context=cfg.engine.max_context,
-                                       routed_experts=False)  # fmt: skip
+            engine_cfg = client_config(
+                cfg.engine, engine_url, api_key=None, max_context=cfg.engine.max_context, routed_experts=False
+            )
         self.cfg = cfg
         self.worker_cfg = cfg.model_copy(update={"engine": engine_cfg})
         self.policy_version = policy_version
@@ -193,9 +210,12 @@ class RayRolloutPool:
         self._owns_ray = init_ray(self.cfg.ray)
         try:
             actor_cls = ray.remote(RolloutActor).options(
-                num_cpus=self.cfg.ray.num_cpus_per_worker, resources=dict(self.cfg.ray.worker_resources) or None,
-                max_restarts=2, max_task_retries=0, max_concurrency=1000,
-            )  # fmt: skip
+                num_cpus=self.cfg.ray.num_cpus_per_worker,
+                resources=dict(self.cfg.ray.worker_resources) or None,
+                max_restarts=2,
+                max_task_retries=0,
+                max_concurrency=1000,
+            )
             raw = self.worker_cfg.model_dump(mode="json")
             self.actors = [actor_cls.remote(raw, i) for i in range(self.cfg.ray.workers)]
             self.inflight = [0] * len(self.actors)
@@ -208,10 +228,18 @@ class RayRolloutPool:
     @property
     def placement(self) -> dict[str, Any]:
         """Where the driver (trainer, served engine) and each worker actor run."""
-        nodes = {n["NodeID"]: {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
-                 for n in ray.nodes() if n["Alive"]}  # fmt: skip
-        return {"driver_node_id": ray.get_runtime_context().get_node_id(), "workers": list(self.info),
-                "nodes": nodes, "lost": sorted(self.lost), "lost_rollouts": self.lost_rollouts}  # fmt: skip
+        nodes = {
+            n["NodeID"]: {k: v for k, v in n["Resources"].items() if not k.startswith("node:")}
+            for n in ray.nodes()
+            if n["Alive"]
+        }
+        return {
+            "driver_node_id": ray.get_runtime_context().get_node_id(),
+            "workers": list(self.info),
+            "nodes": nodes,
+            "lost": sorted(self.lost),
+            "lost_rollouts": self.lost_rollouts,
+        }
 
     async def __aexit__(self, *exc: object) -> None:
         for t in self._probes.values():
@@ -233,8 +261,16 @@ class RayRolloutPool:
         """One rollout on the least-loaded actor."""
         return await self._run(task, step, session_id=session_id, prefix=task.instance_id)
 
-    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
-                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]:
+    async def group(
+        self,
+        task: Task,
+        n: int,
+        *,
+        step: int,
+        limit: asyncio.Semaphore,
+        on_record: OnRecord | None = None,
+        tag: str = "",
+    ) -> list[RolloutRecord]:
         """n rollouts of one task, spread over the actors (within the shared limit); `on_record`
         sees each one as it comes back graded."""
 
@@ -287,8 +323,9 @@ class RayRolloutPool:
 
     def _lost(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
         """A rollout whose worker process died: an infrastructure fault, masked."""
-        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True,
-                          evidence={"cause": "rollout_worker_died", "error": str(err)[-500:]})  # fmt: skip
+        outcome = Outcome(
+            0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": "rollout_worker_died", "error": str(err)[-500:]}
+        )
         traj = assemble([], sid)
         traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, self.cfg.harness.name, step, outcome
         return RolloutRecord(traj, [], RolloutResult(task.instance_id, self.cfg.harness.name, outcome))
@@ -314,8 +351,13 @@ async def ray_rollout_pool(cfg: RunConfig, engine: Engine) -> AsyncIterator[RayR
         tokenizer = engine.tokenizer if isinstance(engine, HoldsTokenizer) else load_tokenizer(cfg.engine.model)
         name = cfg.engine.served_model_name or cfg.engine.model
         async with EngineServer(engine, tokenizer, name, host=host, port=0, api_key=key) as srv:
-            client = client_config(cfg.engine, f"http://{host}:{srv.port}", api_key=key,
-                                   max_context=engine.max_context, routed_experts=records_routing(engine))  # fmt: skip
+            client = client_config(
+                cfg.engine,
+                f"http://{host}:{srv.port}",
+                api_key=key,
+                max_context=engine.max_context,
+                routed_experts=records_routing(engine),
+            )
             async with RayRolloutPool(cfg, engine_cfg=client, policy_version=version) as pool:
                 yield pool
     finally:

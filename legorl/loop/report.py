@@ -19,8 +19,11 @@ from legorl.loop.stats import Evaluation, gain, table
 
 RESULTS_FILE = "heldout_results.json"
 T = TypeVar("T")
-GAINS = (("gspo_over_warm_start", "warm_start", "end"), ("gspo_over_start", "start", "end"),
-         ("control_over_warm_start", "warm_start", "control"))  # fmt: skip
+GAINS = (
+    ("gspo_over_warm_start", "warm_start", "end"),
+    ("gspo_over_start", "start", "end"),
+    ("control_over_warm_start", "warm_start", "control"),
+)
 
 
 class Report:
@@ -39,8 +42,14 @@ class Report:
         if rep.path.exists():
             data = json.loads(rep.path.read_text())
             for label, row in data.get("evaluations", {}).items():
-                rep.rows[label] = Evaluation(label, row["resolved"], row["episodes"], row.get("masked", 0),
-                                             row.get("wall_s", 0.0), row.get("statuses", {}))  # fmt: skip
+                rep.rows[label] = Evaluation(
+                    label,
+                    row["resolved"],
+                    row["episodes"],
+                    row.get("masked", 0),
+                    row.get("wall_s", 0.0),
+                    row.get("statuses", {}),
+                )
                 rep.steps[label] = row.get("policy_version", 0)
             rep.phases = dict(data.get("phases_s", {}))
         return rep

@@ -15,8 +15,17 @@ from legorl.tasks.loader import get_task, load_tasks
 
 
 async def run_one(
-    cfg: RunConfig, tasks: Path, instance: str, *, harness: str, command_file: Path | None, engine: str,
-    model: str, sandbox: str, max_turns: int, out: Path | None = None,
+    cfg: RunConfig,
+    tasks: Path,
+    instance: str,
+    *,
+    harness: str,
+    command_file: Path | None,
+    engine: str,
+    model: str,
+    sandbox: str,
+    max_turns: int,
+    out: Path | None = None,
 ) -> str:
     try:
         task = get_task(load_tasks(tasks, None), instance)
@@ -31,8 +40,9 @@ async def run_one(
     harness_cfg.update(name=harness, max_turns=max_turns, command_file=command_file)
     sandbox_cfg = cfg.sandbox.model_dump()
     sandbox_cfg["backend"] = sandbox
-    cfg = RunConfig.model_validate({**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg,
-                                    "sandbox": sandbox_cfg})
+    cfg = RunConfig.model_validate(
+        {**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg, "sandbox": sandbox_cfg}
+    )
     eng = make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
     try:
         async with RolloutWorker(cfg, eng) as w:
@@ -41,8 +51,13 @@ async def run_one(
         await eng.close()
     line: dict[str, Any] = rec.result.to_json()
     st = rec.trajectory.stats
-    line.update(session=rec.trajectory.session_id, turns=len(rec.turns), segments=st.segments,
-                sampled_tokens=st.sampled_tokens, side_calls=len(rec.trajectory.side_turns))
+    line.update(
+        session=rec.trajectory.session_id,
+        turns=len(rec.turns),
+        segments=st.segments,
+        sampled_tokens=st.sampled_tokens,
+        side_calls=len(rec.trajectory.side_turns),
+    )
     line["evidence"] = {k: v for k, v in line.get("evidence", {}).items() if k != "diff"}
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

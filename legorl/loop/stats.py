@@ -58,18 +58,29 @@ class Evaluation:
     def as_dict(self) -> dict[str, Any]:
         low, high = wilson(self.resolved, self.episodes) if self.episodes else (0.0, 0.0)
         return {
-            "label": self.label, "resolved_rate": round(self.rate, 4), "resolved": self.resolved,
-            "episodes": self.episodes, "masked": self.masked, "ci95": [round(low, 4), round(high, 4)],
-            "wall_s": round(self.wall_s, 1), "statuses": dict(self.statuses),
-        }  # fmt: skip
+            "label": self.label,
+            "resolved_rate": round(self.rate, 4),
+            "resolved": self.resolved,
+            "episodes": self.episodes,
+            "masked": self.masked,
+            "ci95": [round(low, 4), round(high, 4)],
+            "wall_s": round(self.wall_s, 1),
+            "statuses": dict(self.statuses),
+        }
 
 
 def summarize(label: str, outcomes: Iterable[tuple[bool, bool, str]], wall_s: float) -> Evaluation:
     """From (resolved, masked, status) per episode."""
     items = list(outcomes)
     graded = [(r, st) for r, m, st in items if not m]
-    return Evaluation(label, sum(r for r, _ in graded), len(graded), len(items) - len(graded), wall_s,
-                      dict(Counter(st for _, _, st in items)))  # fmt: skip
+    return Evaluation(
+        label,
+        sum(r for r, _ in graded),
+        len(graded),
+        len(items) - len(graded),
+        wall_s,
+        dict(Counter(st for _, _, st in items)),
+    )
 
 
 def gain(before: Evaluation, after: Evaluation) -> dict[str, float]:
@@ -83,6 +94,8 @@ def table(rows: Sequence[Evaluation]) -> str:
     lines = [f"{'checkpoint':<16} {'resolved':>9} {'95% CI':>17} {'graded':>7} {'masked':>7} {'wall':>7}"]
     for r in rows:
         low, high = wilson(r.resolved, r.episodes) if r.episodes else (0.0, 0.0)
-        lines.append(f"{r.label:<16} {r.rate:>8.1%} {f'[{low:.1%}, {high:.1%}]':>17} {r.episodes:>7} "
-                     f"{r.masked:>7} {r.wall_s:>6.0f}s")  # fmt: skip
+        lines.append(
+            f"{r.label:<16} {r.rate:>8.1%} {f'[{low:.1%}, {high:.1%}]':>17} {r.episodes:>7} "
+            f"{r.masked:>7} {r.wall_s:>6.0f}s"
+        )
     return "\n".join(lines)

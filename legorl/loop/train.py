@@ -22,8 +22,8 @@ import os
 import random
 import sqlite3
 import time
-from pathlib import Path
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -31,9 +31,9 @@ from rich.console import Console
 from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromDisk, WeightsInPlace
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
-from legorl.loop.metrics import rollout_metrics
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
+from legorl.loop.metrics import rollout_metrics
 from legorl.loop.report import Report
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
 from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker
@@ -165,8 +165,10 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
         return await follow(cfg, resume=resume)
     t_run = time.monotonic()
     if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
-        raise RunError("engine.served_model_dir is required to train with vllm: the directory the server was "
-                       "launched on (new weights are written there and reloaded; see docs/scale-out.md)")
+        raise RunError(
+            "engine.served_model_dir is required to train with vllm: the directory the server was "
+            "launched on (new weights are written there and reloaded; see docs/scale-out.md)"
+        )
     run_dir = cfg.run.dir
     run_dir.mkdir(parents=True, exist_ok=True)
     tasks = load_task_split(cfg, cfg.run.split)
@@ -177,15 +179,19 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     trainer = build_trainer(cfg, engine)
     ranks = trainer.dist.world
     if ranks > 1 and cfg.warm_start.enabled:
-        raise RunError("[warm_start] runs in one process; under torchrun, warm-start first (one process), "
-                       "then set trainer.model to the resulting checkpoint's model/ directory")
+        raise RunError(
+            "[warm_start] runs in one process; under torchrun, warm-start first (one process), "
+            "then set trainer.model to the resulting checkpoint's model/ directory"
+        )
     report = Report.load(run_dir) if resume else Report(run_dir)
     start = 0
     if resume:
         start = await _resume(trainer)
         abandoned = store.abandon_steps(start)
-        console.print(f"resumed at step {start}" + (f" ({abandoned} rollouts of the interrupted attempt "
-                                                    "kept as abandoned)" if abandoned else ""))  # fmt: skip
+        console.print(
+            f"resumed at step {start}"
+            + (f" ({abandoned} rollouts of the interrupted attempt kept as abandoned)" if abandoned else "")
+        )
     ui = None
     if cfg.run.ui:
         from legorl.monitor.ui.server import UIServerThread
@@ -209,16 +215,19 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 ev = await evaluate_heldout(worker, heldout, label, limit, on_record)
                 report.add(ev, step=trainer.version)
                 store.log_metrics(trainer.step_count, {f"heldout/{label}/resolved_rate": ev.rate})
-                console.print(f"held-out {label}: {ev.resolved}/{ev.episodes} resolved ({ev.rate:.1%}), "
-                              f"{ev.masked} masked, {ev.wall_s:.0f}s")  # fmt: skip
+                console.print(
+                    f"held-out {label}: {ev.resolved}/{ev.episodes} resolved ({ev.rate:.1%}), "
+                    f"{ev.masked} masked, {ev.wall_s:.0f}s"
+                )
 
             control = None
             if start == 0:  # the phases before GSPO (a resumed run has them in its checkpoint)
                 if heldout and "start" in cfg.heldout.at:
                     await report.timed("eval_start", evaluate("start"))
                 if cfg.warm_start.enabled:
-                    control = await report.timed("warm_start", warm_start_phase(cfg, trainer, tasks, limit, on_record,
-                                                                            store, console))  # fmt: skip
+                    control = await report.timed(
+                        "warm_start", warm_start_phase(cfg, trainer, tasks, limit, on_record, store, console)
+                    )
                     if heldout and "warm_start" in cfg.heldout.at:
                         await report.timed("eval_warm_start", evaluate("warm_start"))
             t_gspo = time.monotonic()
@@ -264,8 +273,14 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
 
 
 async def collect_step(
-    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
-    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore,
+    cfg: RunConfig,
+    trainer: Trainer,
+    worker: RolloutBackend,
+    tasks: list[Task],
+    step: int,
+    limit: asyncio.Semaphore,
+    on_record: OnRecord,
+    store: RunStore,
 ) -> tuple[list[RolloutRecord], float, float]:
     """A step's rollouts: its tasks (a pure function of seed and step, so a resume samples
     the same), a group of rollouts each, every one stored as it is graded. Returns the
@@ -286,8 +301,14 @@ def staleness(rec: RolloutRecord, version: int) -> int:
 
 
 async def train_on(
-    cfg: RunConfig, trainer: Trainer, records: list[RolloutRecord], step: int, store: RunStore, ranks: int,
-    t0: float, t1: float,
+    cfg: RunConfig,
+    trainer: Trainer,
+    records: list[RolloutRecord],
+    step: int,
+    store: RunStore,
+    ranks: int,
+    t0: float,
+    t1: float,
 ) -> dict[str, float]:
     """Advantages (once: stored and trained on) → train → close the step in the store →
     checkpoint → sync the engine. Past `max_staleness` a trajectory is dropped or kept (`stale`)."""
@@ -301,28 +322,39 @@ async def train_on(
     sampled_by = trainer.version  # the weights these rollouts were (mostly) sampled with
     if ranks > 1:
         _broadcast((trajs, step + 1))
-    metrics = await asyncio.to_thread(trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv,
-                                      checkpoint=False)  # fmt: skip
+    metrics = await asyncio.to_thread(
+        trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv, checkpoint=False
+    )
     metrics.update(rollout_metrics(records, sampled_by))
-    metrics.update({"time/rollout_s": t1 - t0, "time/store_s": t2 - t1, "rollout/count": float(len(records)),
-                    "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9),
-                    "async/staleness_max": float(max(ages, default=0)),
-                    "async/staleness_mean": sum(ages) / max(len(ages), 1),
-                    "async/dropped_stale": float(len(records) - len(kept))})  # fmt: skip
+    metrics.update(
+        {
+            "time/rollout_s": t1 - t0,
+            "time/store_s": t2 - t1,
+            "rollout/count": float(len(records)),
+            "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9),
+            "async/staleness_max": float(max(ages, default=0)),
+            "async/staleness_mean": sum(ages) / max(len(ages), 1),
+            "async/dropped_stale": float(len(records) - len(kept)),
+        }
+    )
     store.log_metrics(step, metrics)
     store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
     if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
         try:
             await asyncio.to_thread(trainer.save_checkpoint)
         except OSError as e:
-            raise RunError(f"{e}. Free space there, then `legorl train CONFIG --resume` re-runs step {step} "
-                           "(its rollouts so far are kept as abandoned)") from None
+            raise RunError(
+                f"{e}. Free space there, then `legorl train CONFIG --resume` re-runs step {step} "
+                "(its rollouts so far are kept as abandoned)"
+            ) from None
     try:
         await trainer.sync_weights()
     except (EngineError, OSError) as e:
-        raise RunError(f"weight sync to the engine failed after step {step} (its checkpoint is saved): {e}. "
-                       "Restart the engine, then `legorl train CONFIG --resume` continues at step "
-                       f"{step + 1}") from None
+        raise RunError(
+            f"weight sync to the engine failed after step {step} (its checkpoint is saved): {e}. "
+            "Restart the engine, then `legorl train CONFIG --resume` continues at step "
+            f"{step + 1}"
+        ) from None
     t3 = time.monotonic()
     timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0}
     store.log_metrics(step, timing)
@@ -331,8 +363,15 @@ async def train_on(
 
 
 async def gspo_step(
-    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], step: int,
-    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
+    cfg: RunConfig,
+    trainer: Trainer,
+    worker: RolloutBackend,
+    tasks: list[Task],
+    step: int,
+    limit: asyncio.Semaphore,
+    on_record: OnRecord,
+    store: RunStore,
+    ranks: int,
 ) -> dict[str, float]:
     """One synchronous GSPO step: its rollouts, then training on them."""
     records, t0, t1 = await collect_step(cfg, trainer, worker, tasks, step, limit, on_record, store)
@@ -340,8 +379,15 @@ async def gspo_step(
 
 
 async def gspo_steps(
-    cfg: RunConfig, trainer: Trainer, worker: RolloutBackend, tasks: list[Task], start: int,
-    limit: asyncio.Semaphore, on_record: OnRecord, store: RunStore, ranks: int,
+    cfg: RunConfig,
+    trainer: Trainer,
+    worker: RolloutBackend,
+    tasks: list[Task],
+    start: int,
+    limit: asyncio.Semaphore,
+    on_record: OnRecord,
+    store: RunStore,
+    ranks: int,
 ) -> AsyncIterator[dict[str, float]]:
     """Steps `start`..`run.steps`, yielding each one's metrics. With `max_staleness = k > 0`
     the rollouts of steps s+1..s+k are already running while step s trains (their requests
@@ -356,7 +402,9 @@ async def gspo_steps(
 
     def launch(step: int) -> None:
         if step < cfg.run.steps and step not in pending:
-            pending[step] = asyncio.create_task(collect_step(cfg, trainer, worker, tasks, step, limit, on_record, store))
+            pending[step] = asyncio.create_task(
+                collect_step(cfg, trainer, worker, tasks, step, limit, on_record, store)
+            )
 
     try:
         for s in range(start, start + k + 1):
@@ -377,8 +425,13 @@ async def gspo_steps(
 
 
 async def warm_start_phase(
-    cfg: RunConfig, trainer: Trainer, tasks: list[Task], limit: asyncio.Semaphore, on_record: OnRecord,
-    store: RunStore, console: Console,
+    cfg: RunConfig,
+    trainer: Trainer,
+    tasks: list[Task],
+    limit: asyncio.Semaphore,
+    on_record: OnRecord,
+    store: RunStore,
+    console: Console,
 ) -> dict[str, Any] | None:
     """Record demonstrations through a worker of the demonstrator, SFT on them, sync the
     engine. Returns the warm-start snapshot the control starts from (None without one)."""
@@ -401,24 +454,32 @@ async def warm_start_phase(
         await demonstrator.close()
     demos = imitated(recs, ws.keep)
     resolved = sum(1 for r in recs if r.trajectory.outcome and r.trajectory.outcome.status is Status.RESOLVED)
-    console.print(f"warm start: {len(recs)} demonstrations in {time.monotonic() - t0:.0f}s "
-                  f"({resolved} resolved), imitating {len(demos)}")  # fmt: skip
+    console.print(
+        f"warm start: {len(recs)} demonstrations in {time.monotonic() - t0:.0f}s "
+        f"({resolved} resolved), imitating {len(demos)}"
+    )
     if not demos:
-        raise RunError(f"warm start: none of the {len(recs)} demonstrations can be imitated "
-                           f"(statuses: {sorted({r.trajectory.outcome.status.value for r in recs})})")  # fmt: skip
+        raise RunError(
+            f"warm start: none of the {len(recs)} demonstrations can be imitated "
+            f"(statuses: {sorted({r.trajectory.outcome.status.value for r in recs})})"
+        )
 
     def log(step: int, m: dict[str, float]) -> None:
         store.log_metrics(WARM_START_STEP, {**m, "sft/step": float(step)})
 
     trainer.policy.train()
-    await asyncio.to_thread(sft, trainer.policy, demos, ws.sft_config(cfg.run.seed), trainer.optimizer,
-                            log=log, opts=trainer.opts)  # fmt: skip
+    await asyncio.to_thread(
+        sft, trainer.policy, demos, ws.sft_config(cfg.run.seed), trainer.optimizer, log=log, opts=trainer.opts
+    )
     trainer.version += 1  # new weights: turns sampled from now on say so
     await trainer.sync_weights()
     if not ws.control_steps:
         return None
-    return {"lm": {k: v.detach().clone() for k, v in trainer.lm.state_dict().items()},
-            "optimizer": copy.deepcopy(trainer.optimizer.state_dict()), "demos": demos}  # fmt: skip
+    return {
+        "lm": {k: v.detach().clone() for k, v in trainer.lm.state_dict().items()},
+        "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
+        "demos": demos,
+    }
 
 
 async def control_phase(cfg: RunConfig, trainer: Trainer, snap: dict[str, Any], store: RunStore) -> None:
@@ -427,7 +488,13 @@ async def control_phase(cfg: RunConfig, trainer: Trainer, snap: dict[str, Any], 
     trainer.lm.load_state_dict(snap["lm"])
     trainer.optimizer.load_state_dict(snap["optimizer"])
     trainer.policy.train()
-    await asyncio.to_thread(sft, trainer.policy, snap["demos"], cfg.warm_start.control_config(cfg.run.seed),
-                            trainer.optimizer, opts=trainer.opts)  # fmt: skip
+    await asyncio.to_thread(
+        sft,
+        trainer.policy,
+        snap["demos"],
+        cfg.warm_start.control_config(cfg.run.seed),
+        trainer.optimizer,
+        opts=trainer.opts,
+    )
     trainer.version += 1
     await trainer.sync_weights()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+
 from legorl.loop.worker import RolloutBackend, RolloutRecord
 from legorl.types import Status, Task, Trajectory
 

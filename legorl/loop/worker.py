@@ -26,17 +26,17 @@ from typing import Any, Protocol
 from legorl.engine.base import Engine, HoldsTokenizer
 from legorl.harness.command import HostHarness
 from legorl.loop.config import HarnessSection, RunConfig
+from legorl.loop.errors import RunError
 from legorl.models import load_tokenizer
 from legorl.proxy.renderers import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
 from legorl.rollout import RolloutResult, run_rollout
-from legorl.loop.errors import RunError
+from legorl.sandbox import open_backend
 from legorl.sandbox.base import SandboxError, SandboxSpec
 from legorl.sandbox.images import ImageNotFound
 from legorl.sandbox.layers import ImageBuildError
 from legorl.tasks.image import TaskImages
-from legorl.sandbox import open_backend
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
 
@@ -71,16 +71,29 @@ OnRecord = Callable[[RolloutRecord], None]
 class RolloutBackend(Protocol):
     """Where rollouts run: one in-process worker, or a pool of Ray actors."""
 
-    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
-                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]: ...
+    async def group(
+        self,
+        task: Task,
+        n: int,
+        *,
+        step: int,
+        limit: asyncio.Semaphore,
+        on_record: OnRecord | None = None,
+        tag: str = "",
+    ) -> list[RolloutRecord]: ...
 
 
 class RolloutWorker:
     """Runs rollouts against one engine; use as an async context manager."""
 
     def __init__(
-        self, cfg: RunConfig, engine: Engine | None, *, socket_dir: Path | None = None,
-        upstream: str | None = None, upstream_api_key: str | None = None,
+        self,
+        cfg: RunConfig,
+        engine: Engine | None,
+        *,
+        socket_dir: Path | None = None,
+        upstream: str | None = None,
+        upstream_api_key: str | None = None,
     ) -> None:
         if (engine is None) == (upstream is None):
             raise ValueError("a rollout worker needs exactly one of an engine or an upstream endpoint")
@@ -100,7 +113,11 @@ class RolloutWorker:
 
     async def __aenter__(self) -> RolloutWorker:
         if self.engine is not None:
-            tok = self.engine.tokenizer if isinstance(self.engine, HoldsTokenizer) else load_tokenizer(self.cfg.engine.model)
+            tok = (
+                self.engine.tokenizer
+                if isinstance(self.engine, HoldsTokenizer)
+                else load_tokenizer(self.cfg.engine.model)
+            )
             self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0)
             await self.proxy.start()
         else:
@@ -111,8 +128,10 @@ class RolloutWorker:
         await self._probe_backend()
         if isinstance(self.harness, HostHarness):
             if self.proxy is None:
-                raise ValueError(f"harness {self.harness.name!r} runs beside the sandboxes and needs our proxy; "
-                                 "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')")
+                raise ValueError(
+                    f"harness {self.harness.name!r} runs beside the sandboxes and needs our proxy; "
+                    "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')"
+                )
             try:
                 await self.harness.start()
             except RuntimeError as e:  # DriverGone
@@ -134,8 +153,10 @@ class RolloutWorker:
             if res.exit_code != 0:
                 raise SandboxError(f"`true` exited {res.exit_code}: {res.stderr[-300:]}")
         except (SandboxError, OSError) as e:
-            raise RunError(f"the {self.cfg.sandbox.backend!r} sandbox backend cannot start a sandbox: {e} "
-                           "(run `legorl doctor`; scripts/setup_sandbox.sh sets the machine up)") from None
+            raise RunError(
+                f"the {self.cfg.sandbox.backend!r} sandbox backend cannot start a sandbox: {e} "
+                "(run `legorl doctor`; scripts/setup_sandbox.sh sets the machine up)"
+            ) from None
 
     async def __aexit__(self, *exc: object) -> None:
         if isinstance(self.harness, HostHarness):
@@ -175,8 +196,13 @@ class RolloutWorker:
     def _unbuildable(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
         """A task whose image cannot be built (a corrupt bundle, a missing commit, a failing
         env_setup): never the agent's, never rewarded — masked, with the reason; the run goes on."""
-        outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=["task_image"],
-                          evidence={"cause": "task_image", "error": f"{type(err).__name__}: {err}"[-1500:]})  # fmt: skip
+        outcome = Outcome(
+            0.0,
+            Status.INFRA_ERROR,
+            masked=True,
+            flags=["task_image"],
+            evidence={"cause": "task_image", "error": f"{type(err).__name__}: {err}"[-1500:]},
+        )
         traj = assemble([], sid)
         traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, self.harness.name, step, outcome
         return RolloutRecord(traj, [], RolloutResult(task.instance_id, self.harness.name, outcome))
@@ -191,21 +217,33 @@ class RolloutWorker:
         try:
             if isinstance(self.harness, HostHarness):  # the harness calls the session over loopback
                 assert self.proxy is not None
-                result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg,
-                                           host_proxy_url=self.proxy.session_url(sid))
+                result = await run_rollout(
+                    task,
+                    self.harness,
+                    self.backend,
+                    image,
+                    self.rollout_cfg,
+                    host_proxy_url=self.proxy.session_url(sid),
+                )
             else:  # the harness is in the sandbox: its only way out is this session's socket
                 sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
                 async with SessionSocket(app, sid, sock):
-                    result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg,
-                                               proxy_socket=str(sock))
+                    result = await run_rollout(
+                        task, self.harness, self.backend, image, self.rollout_cfg, proxy_socket=str(sock)
+                    )
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
         engine_errors = session.engine_errors if session is not None else 0  # none: an external endpoint, relayed
         outcome = result.outcome
         if engine_errors and not outcome.status.is_infra:
-            outcome = Outcome(0.0, Status.INFRA_ERROR, masked=True, flags=list(outcome.flags),
-                              evidence={**outcome.evidence, "cause": "engine_error", "engine_errors": engine_errors})
+            outcome = Outcome(
+                0.0,
+                Status.INFRA_ERROR,
+                masked=True,
+                flags=list(outcome.flags),
+                evidence={**outcome.evidence, "cause": "engine_error", "engine_errors": engine_errors},
+            )
             result = dataclasses.replace(result, outcome=outcome)
         outcome.evidence.setdefault("diff", result.diff)
         timings = dict(result.timings)
@@ -216,15 +254,25 @@ class RolloutWorker:
         traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, result.harness, step, outcome
         return RolloutRecord(traj, turns, result, timings)
 
-    async def group(self, task: Task, n: int, *, step: int, limit: asyncio.Semaphore,
-                    on_record: OnRecord | None = None, tag: str = "") -> list[RolloutRecord]:
+    async def group(
+        self,
+        task: Task,
+        n: int,
+        *,
+        step: int,
+        limit: asyncio.Semaphore,
+        on_record: OnRecord | None = None,
+        tag: str = "",
+    ) -> list[RolloutRecord]:
         """n rollouts of one task, concurrently (within the shared limit); `on_record` sees
         each one the moment it is graded (the loop writes it to the run store then)."""
         prefix = tag or f"s{step}"
 
         async def one(k: int) -> RolloutRecord:
             async with limit:
-                rec = await self.rollout(task, step=step, session_id=f"{prefix}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}")
+                rec = await self.rollout(
+                    task, step=step, session_id=f"{prefix}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}"
+                )
             if on_record is not None:
                 on_record(rec)
             return rec

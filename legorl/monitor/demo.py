@@ -26,16 +26,27 @@ from legorl.monitor.store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json"
-HARNESSES = (("claude_code", Dialect.ANTHROPIC), ("opencode", Dialect.OPENAI_CHAT),
-             ("mini_swe_agent", Dialect.OPENAI_CHAT), ("openhands", Dialect.RESPONSES))
-COMMANDS = ("grep -rn 'def separability_matrix' astropy/", "sed -n 240,275p astropy/modeling/separable.py",
-            "python -m pytest astropy/modeling/tests/test_separable.py -x -q", "git diff",
-            "cat setup.cfg", "python - <<'EOF'\nfrom astropy.modeling import models as m\nprint(m.Pix2Sky_TAN())\nEOF")
-THOUGHTS = ("Let me look at how the matrix is built for nested compound models.",
-            "The right-hand block is overwritten with ones instead of copying the nested matrix.",
-            "I will run the focused tests before editing anything.",
-            "The fix is to assign `right` into the lower-right corner of the matrix.",
-            "Tests pass now; let me double check the diff.")
+HARNESSES = (
+    ("claude_code", Dialect.ANTHROPIC),
+    ("opencode", Dialect.OPENAI_CHAT),
+    ("mini_swe_agent", Dialect.OPENAI_CHAT),
+    ("openhands", Dialect.RESPONSES),
+)
+COMMANDS = (
+    "grep -rn 'def separability_matrix' astropy/",
+    "sed -n 240,275p astropy/modeling/separable.py",
+    "python -m pytest astropy/modeling/tests/test_separable.py -x -q",
+    "git diff",
+    "cat setup.cfg",
+    "python - <<'EOF'\nfrom astropy.modeling import models as m\nprint(m.Pix2Sky_TAN())\nEOF",
+)
+THOUGHTS = (
+    "Let me look at how the matrix is built for nested compound models.",
+    "The right-hand block is overwritten with ones instead of copying the nested matrix.",
+    "I will run the focused tests before editing anything.",
+    "The fix is to assign `right` into the lower-right corner of the matrix.",
+    "Tests pass now; let me double check the diff.",
+)
 
 
 @lru_cache(maxsize=1)
@@ -63,30 +74,72 @@ def _request(dialect: Dialect, problem: str, history: list[tuple[str, str, str]]
     if dialect == Dialect.ANTHROPIC:
         msgs: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": problem}]}]
         for i, (thought, cmd, out) in enumerate(history):
-            msgs.append({"role": "assistant", "content": [{"type": "text", "text": thought},
-                         {"type": "tool_use", "id": f"toolu_{i}", "name": "bash", "input": {"command": cmd}}]})
-            msgs.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": out}]})
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": thought},
+                        {"type": "tool_use", "id": f"toolu_{i}", "name": "bash", "input": {"command": cmd}},
+                    ],
+                }
+            )
+            msgs.append(
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{i}", "content": out}]}
+            )
         return {"model": "policy", "system": system, "tools": tools, "max_tokens": 4096, "messages": msgs}
     if dialect == Dialect.RESPONSES:
-        items: list[dict[str, Any]] = [{"type": "message", "role": "user",
-                                        "content": [{"type": "input_text", "text": problem}]}]
+        items: list[dict[str, Any]] = [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": problem}]}
+        ]
         for i, (thought, cmd, out) in enumerate(history):
-            items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": thought}]})
-            items.append({"type": "function_call", "name": "bash", "call_id": f"call_{i}",
-                          "arguments": json.dumps({"command": cmd})})
+            items.append(
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": thought}]}
+            )
+            items.append(
+                {
+                    "type": "function_call",
+                    "name": "bash",
+                    "call_id": f"call_{i}",
+                    "arguments": json.dumps({"command": cmd}),
+                }
+            )
             items.append({"type": "function_call_output", "call_id": f"call_{i}", "output": out})
-        return {"model": "policy", "instructions": system, "input": items,
-                "tools": [{"type": "function", "name": "bash"}]}
+        return {
+            "model": "policy",
+            "instructions": system,
+            "input": items,
+            "tools": [{"type": "function", "name": "bash"}],
+        }
     chat: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": problem}]
     for i, (thought, cmd, out) in enumerate(history):
-        chat.append({"role": "assistant", "content": thought, "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": cmd})}}]})
+        chat.append(
+            {
+                "role": "assistant",
+                "content": thought,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": json.dumps({"command": cmd})},
+                    }
+                ],
+            }
+        )
         chat.append({"role": "tool", "tool_call_id": f"call_{i}", "content": out})
     return {"model": "policy", "messages": chat, "tools": [{"type": "function", "function": {"name": "bash"}}]}
 
 
-def write_session(store: RunStore, rng: random.Random, *, session_id: str, step: int, task: str, harness: str,
-                  dialect: Dialect, p_resolve: float) -> Trajectory:
+def write_session(
+    store: RunStore,
+    rng: random.Random,
+    *,
+    session_id: str,
+    step: int,
+    task: str,
+    harness: str,
+    dialect: Dialect,
+    p_resolve: float,
+) -> Trajectory:
     """Record one multi-turn session (turns, trajectory with segments, outcome); returns it."""
     store.start_session(session_id, step=step, instance_id=task, harness=harness)
     problem = f"Fix issue in {task}: separability_matrix does not compute separability correctly for nested models."
@@ -108,23 +161,49 @@ def write_session(store: RunStore, rng: random.Random, *, session_id: str, step:
         last = i == n_turns - 1
         thought = rng.choice(THOUGHTS)
         cmd = rng.choice(COMMANDS)
-        text = thought if last else f"{thought}\n<tool_call>{json.dumps({'name': 'bash', 'arguments': {'command': cmd}})}</tool_call>"
+        text = (
+            thought
+            if last
+            else f"{thought}\n<tool_call>{json.dumps({'name': 'bash', 'arguments': {'command': cmd}})}</tool_call>"
+        )
         ids, pieces = encode(text)
         rollout_lp = [-(rng.gauss(0, 0.8) ** 2) for _ in ids]
-        turn = Turn(session_id=session_id, index=i, dialect=dialect, prompt_ids=list(context), completion_ids=ids,
-                    logprobs=rollout_lp, finish_reason=FinishReason.STOP, sampling_used={"temperature": 1.0},
-                    request=_request(dialect, problem, history), response_text=thought,
-                    tool_calls=[] if last else [{"id": f"call_{i}", "type": "function", "function": {
-                        "name": "bash", "arguments": json.dumps({"command": cmd})}}],
-                    format_error=not last and rng.random() < 0.02, policy_version=max(step - rng.randint(0, 1), 0),
-                    model="policy", t_start=1.0 + i, t_first_token=1.2 + i, t_end=1.9 + i)
+        turn = Turn(
+            session_id=session_id,
+            index=i,
+            dialect=dialect,
+            prompt_ids=list(context),
+            completion_ids=ids,
+            logprobs=rollout_lp,
+            finish_reason=FinishReason.STOP,
+            sampling_used={"temperature": 1.0},
+            request=_request(dialect, problem, history),
+            response_text=thought,
+            tool_calls=[]
+            if last
+            else [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": cmd})},
+                }
+            ],
+            format_error=not last and rng.random() < 0.02,
+            policy_version=max(step - rng.randint(0, 1), 0),
+            model="policy",
+            t_start=1.0 + i,
+            t_first_token=1.2 + i,
+            t_end=1.9 + i,
+        )
         store.add_turn(turn, pieces=pieces)
         seg_turns.append(i)
         context = context + ids
         mask += [1] * len(ids)
         lps += rollout_lp
         if not last:
-            out = f"$ {cmd}\n" + "\n".join(f"astropy/modeling/separable.py:{rng.randint(1, 300)}: ..." for _ in range(3))
+            out = f"$ {cmd}\n" + "\n".join(
+                f"astropy/modeling/separable.py:{rng.randint(1, 300)}: ..." for _ in range(3)
+            )
             history.append((thought, cmd, out))
             out_ids, _ = encode(f"<|im_start|>tool\n{out}<|im_end|>\n")
             context = context + out_ids
@@ -132,14 +211,26 @@ def write_session(store: RunStore, rng: random.Random, *, session_id: str, step:
             lps += [0.0] * len(out_ids)
     segments.append(_segment(seg_turns, context, mask, lps, step))
     outcome = _outcome(rng, p_resolve)
-    traj = Trajectory(session_id=session_id, segments=segments, stats=AlignmentStats(
-        tokens=sum(len(s.token_ids) for s in segments), sampled_tokens=sum(sum(s.loss_mask) for s in segments),
-        segments=len(segments)), instance_id=task, harness=harness, step=step, outcome=outcome)
+    traj = Trajectory(
+        session_id=session_id,
+        segments=segments,
+        stats=AlignmentStats(
+            tokens=sum(len(s.token_ids) for s in segments),
+            sampled_tokens=sum(sum(s.loss_mask) for s in segments),
+            segments=len(segments),
+        ),
+        instance_id=task,
+        harness=harness,
+        step=step,
+        outcome=outcome,
+    )
     store.add_trajectory(traj)
     noise = np.random.default_rng(rng.randint(0, 2**31))
     for si, seg in enumerate(segments):  # trainer recomputation: close to the rollout, a few outliers
         sampled_T = np.array(seg.loss_mask) > 0
-        jitter_T = noise.normal(0, 0.02, len(seg.logprobs)) + (noise.random(len(seg.logprobs)) < 0.03) * noise.normal(0, 0.6, len(seg.logprobs))
+        jitter_T = noise.normal(0, 0.02, len(seg.logprobs)) + (noise.random(len(seg.logprobs)) < 0.03) * noise.normal(
+            0, 0.6, len(seg.logprobs)
+        )
         lp_T = np.array(seg.logprobs) + np.where(sampled_T, jitter_T, 0.0)
         store.set_segment_trainer_logprobs(session_id, si, np.minimum(lp_T, 0.0))
     return traj
@@ -148,21 +239,30 @@ def write_session(store: RunStore, rng: random.Random, *, session_id: str, step:
 def _segment(turns: list[int], ids: list[int], mask: list[int], lps: list[float], step: int) -> Segment:
     n = len(ids)
     mask, lps = (mask + [0] * n)[:n], (lps + [0.0] * n)[:n]
-    return Segment(turn_indices=list(turns), token_ids=list(ids), loss_mask=mask, logprobs=lps, policy_versions=[step] * n)
+    return Segment(
+        turn_indices=list(turns), token_ids=list(ids), loss_mask=mask, logprobs=lps, policy_versions=[step] * n
+    )
 
 
 def _outcome(rng: random.Random, p_resolve: float) -> Outcome:
-    diff = ("diff --git a/astropy/modeling/separable.py b/astropy/modeling/separable.py\n"
-            "--- a/astropy/modeling/separable.py\n+++ b/astropy/modeling/separable.py\n"
-            "@@ -242,7 +242,7 @@ def _cstack(left, right):\n         cright = np.zeros((noutp, right.shape[1]))\n"
-            "-        cright[-right.shape[0]:, -right.shape[1]:] = 1\n+        cright[-right.shape[0]:, -right.shape[1]:] = right\n")
+    diff = (
+        "diff --git a/astropy/modeling/separable.py b/astropy/modeling/separable.py\n"
+        "--- a/astropy/modeling/separable.py\n+++ b/astropy/modeling/separable.py\n"
+        "@@ -242,7 +242,7 @@ def _cstack(left, right):\n         cright = np.zeros((noutp, right.shape[1]))\n"
+        "-        cright[-right.shape[0]:, -right.shape[1]:] = 1\n+        cright[-right.shape[0]:, -right.shape[1]:] = right\n"
+    )
     r = rng.random()
     tests = {"test_separable.py::test_nested_compound": "passed", "test_separable.py::test_custom_model": "passed"}
     if r < 0.05:
         return Outcome(0.0, Status.ENGINE_ERROR, masked=True, evidence={"error": "engine timed out after 600 s"})
     if r < 0.08:
-        return Outcome(0.0, Status.HACK_DETECTED, flags=["tamper_attempt"], tests=tests,
-                       evidence={"diff": diff + "--- a/astropy/modeling/tests/test_separable.py\n", "tampered": ["tests/"]})
+        return Outcome(
+            0.0,
+            Status.HACK_DETECTED,
+            flags=["tamper_attempt"],
+            tests=tests,
+            evidence={"diff": diff + "--- a/astropy/modeling/tests/test_separable.py\n", "tampered": ["tests/"]},
+        )
     if rng.random() < p_resolve:
         return Outcome(1.0, Status.RESOLVED, tests=tests, evidence={"diff": diff})
     tests["test_separable.py::test_nested_compound"] = "failed"
@@ -170,8 +270,15 @@ def _outcome(rng: random.Random, p_resolve: float) -> Outcome:
     return Outcome(0.0, status, tests=tests, evidence={"diff": diff if status == Status.FAILED else ""})
 
 
-def write_demo_run(store: RunStore, *, steps: int = 6, tasks: int = 4, group_size: int = 4, seed: int = 0,
-                   on_session: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+def write_demo_run(
+    store: RunStore,
+    *,
+    steps: int = 6,
+    tasks: int = 4,
+    group_size: int = 4,
+    seed: int = 0,
+    on_session: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
     """A whole run: `steps` x `tasks` groups of `group_size` sessions, with metrics and alerts."""
     from legorl.monitor.monitors import MonitorConfig, run_monitors
 
@@ -185,8 +292,16 @@ def write_demo_run(store: RunStore, *, steps: int = 6, tasks: int = 4, group_siz
             group = []
             for g in range(group_size):
                 harness, dialect = HARNESSES[(k + g) % len(HARNESSES)]
-                t = write_session(store, rng, session_id=f"s{step:03d}-{k:02d}-{g:02d}-{seed}", step=step, task=task,
-                                  harness=harness, dialect=dialect, p_resolve=min(0.9, 0.15 + 0.12 * step + 0.1 * (k % 2)))
+                t = write_session(
+                    store,
+                    rng,
+                    session_id=f"s{step:03d}-{k:02d}-{g:02d}-{seed}",
+                    step=step,
+                    task=task,
+                    harness=harness,
+                    dialect=dialect,
+                    p_resolve=min(0.9, 0.15 + 0.12 * step + 0.1 * (k % 2)),
+                )
                 group.append(t)
                 if on_session:
                     on_session(t)

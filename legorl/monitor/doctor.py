@@ -71,11 +71,13 @@ REGISTRY: list[Check] = []
 
 def check(name: str, *, fix: str = "", timeout: float = 60.0, needs: Sequence[str] = ()) -> Callable:
     """Decorator: register a check function in `REGISTRY`."""
+
     def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
         if any(c.name == name for c in REGISTRY):
             raise ValueError(f"a check named {name!r} is already registered")
         REGISTRY.append(Check(name, fn, fix, timeout, tuple(needs)))
         return fn
+
     return deco
 
 
@@ -158,13 +160,16 @@ def run_checks(checks: Sequence[Check], console: Console | None = None) -> int:
 # ---------------------------------------------------------------- checks of this package
 def store_check(run_dir: Path | str | None = None) -> Check:
     """The run store works here: SQLite has FTS5 and WAL, and the run directory is writable."""
+
     def fn() -> str:
         conn = sqlite3.connect(":memory:")
         try:
             conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
         except sqlite3.OperationalError as e:
-            raise CheckFailed(f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
-                              fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)") from None
+            raise CheckFailed(
+                f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
+                fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)",
+            ) from None
         from legorl.monitor.store import RunStore
 
         target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
@@ -175,7 +180,9 @@ def store_check(run_dir: Path | str | None = None) -> Check:
                 s.log_metrics(0, {"doctor/ok": 1.0})
                 mode = s._conn.execute("PRAGMA journal_mode").fetchone()[0]
         except (OSError, sqlite3.Error) as e:
-            raise CheckFailed(f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory") from None
+            raise CheckFailed(
+                f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory"
+            ) from None
         finally:
             for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
                 try:
@@ -183,20 +190,27 @@ def store_check(run_dir: Path | str | None = None) -> Check:
                 except OSError:
                     pass
         if mode != "wal":
-            raise CheckFailed(f"journal mode is {mode!r}, not WAL, on {target}",
-                              fix="put the run directory on a local filesystem (WAL needs shared memory)")
+            raise CheckFailed(
+                f"journal mode is {mode!r}, not WAL, on {target}",
+                fix="put the run directory on a local filesystem (WAL needs shared memory)",
+            )
         return f"SQLite {sqlite3.sqlite_version}, FTS5, WAL in {target}"
+
     return Check("run store", fn, fix="see the message", timeout=30)
 
 
 def port_check(host: str, port: int, what: str = "UI") -> Check:
     """Nothing else listens where the UI (or proxy) wants to."""
+
     def fn() -> str:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as e:
-                raise CheckFailed(f"{host}:{port} is not free ({e.strerror})", fix=f"pass another port for the {what}") from None
+                raise CheckFailed(
+                    f"{host}:{port} is not free ({e.strerror})", fix=f"pass another port for the {what}"
+                ) from None
         return f"{host}:{port} is free"
+
     return Check(f"{what} port", fn, timeout=5)

@@ -54,15 +54,29 @@ def _openai_message(m: dict[str, Any]) -> list[dict[str, Any]]:
     if m.get("reasoning_content"):
         out.append({"role": role, "kind": "thinking", "text": str(m["reasoning_content"])})
     if role == "tool":
-        return out + [{"role": role, "kind": "tool_result", "text": _text_of(m.get("content")),
-                       "call_id": m.get("tool_call_id"), "name": m.get("name")}]
+        return out + [
+            {
+                "role": role,
+                "kind": "tool_result",
+                "text": _text_of(m.get("content")),
+                "call_id": m.get("tool_call_id"),
+                "name": m.get("name"),
+            }
+        ]
     text = _text_of(m.get("content"))
     if text:
         out.append({"role": role, "kind": "text", "text": text})
     for call in m.get("tool_calls") or []:
         fn = call.get("function", call)
-        out.append({"role": role, "kind": "tool_call", "name": fn.get("name"),
-                    "text": _args_text(fn.get("arguments", "")), "call_id": call.get("id")})
+        out.append(
+            {
+                "role": role,
+                "kind": "tool_call",
+                "name": fn.get("name"),
+                "text": _args_text(fn.get("arguments", "")),
+                "call_id": call.get("id"),
+            }
+        )
     return out
 
 
@@ -78,11 +92,25 @@ def _anthropic_message(m: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind in ("thinking", "redacted_thinking"):
             out.append({"role": role, "kind": "thinking", "text": block.get("thinking", "")})
         elif kind == "tool_use":
-            out.append({"role": role, "kind": "tool_call", "name": block.get("name"),
-                        "text": _args_text(block.get("input", {})), "call_id": block.get("id")})
+            out.append(
+                {
+                    "role": role,
+                    "kind": "tool_call",
+                    "name": block.get("name"),
+                    "text": _args_text(block.get("input", {})),
+                    "call_id": block.get("id"),
+                }
+            )
         elif kind == "tool_result":
-            out.append({"role": role, "kind": "tool_result", "text": _text_of(block.get("content")),
-                        "call_id": block.get("tool_use_id"), "is_error": bool(block.get("is_error"))})
+            out.append(
+                {
+                    "role": role,
+                    "kind": "tool_result",
+                    "text": _text_of(block.get("content")),
+                    "call_id": block.get("tool_use_id"),
+                    "is_error": bool(block.get("is_error")),
+                }
+            )
         else:
             out.append({"role": role, "kind": "text", "text": _text_of([block])})
     return out
@@ -93,11 +121,24 @@ def _responses_item(item: Any) -> list[dict[str, Any]]:
         return [{"role": "user", "kind": "text", "text": item}]
     kind = item.get("type", "message")
     if kind == "function_call":
-        return [{"role": "assistant", "kind": "tool_call", "name": item.get("name"),
-                 "text": _args_text(item.get("arguments", "")), "call_id": item.get("call_id")}]
+        return [
+            {
+                "role": "assistant",
+                "kind": "tool_call",
+                "name": item.get("name"),
+                "text": _args_text(item.get("arguments", "")),
+                "call_id": item.get("call_id"),
+            }
+        ]
     if kind == "function_call_output":
-        return [{"role": "tool", "kind": "tool_result", "text": _text_of(item.get("output")),
-                 "call_id": item.get("call_id")}]
+        return [
+            {
+                "role": "tool",
+                "kind": "tool_result",
+                "text": _text_of(item.get("output")),
+                "call_id": item.get("call_id"),
+            }
+        ]
     if kind == "reasoning":
         summary = _text_of(item.get("summary")) or _text_of(item.get("content"))
         return [{"role": "assistant", "kind": "thinking", "text": summary}]
@@ -136,8 +177,15 @@ def completion_messages(response_text: str, tool_calls: list[dict[str, Any]]) ->
     for call in tool_calls:
         fn = call.get("function", call)
         args = fn.get("arguments", fn.get("input", ""))
-        out.append({"role": "assistant", "kind": "tool_call", "name": fn.get("name"),
-                    "text": _args_text(args), "call_id": call.get("id") or call.get("call_id")})
+        out.append(
+            {
+                "role": "assistant",
+                "kind": "tool_call",
+                "name": fn.get("name"),
+                "text": _args_text(args),
+                "call_id": call.get("id") or call.get("call_id"),
+            }
+        )
     return out
 
 

@@ -42,8 +42,18 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from legorl.types import INFRA_STATUSES
 
-MONITOR_NAMES = ("mismatch", "infra_errors", "tamper", "tool_collapse", "format_errors", "length_blowup",
-                 "zero_variance", "reward_flat", "staleness", "stale_drops")
+MONITOR_NAMES = (
+    "mismatch",
+    "infra_errors",
+    "tamper",
+    "tool_collapse",
+    "format_errors",
+    "length_blowup",
+    "zero_variance",
+    "reward_flat",
+    "staleness",
+    "stale_drops",
+)
 History = Sequence[Mapping[str, float]]  # one dict per step, ascending, each with "step"
 
 
@@ -141,7 +151,7 @@ def _now(history: History, key: str) -> float | None:
 
 def _baseline(history: History, key: str, cfg: MonitorConfig) -> float | None:
     """Mean of `key` over up to `baseline_steps` steps before the latest one."""
-    prev = [float(h[key]) for h in history[:-1] if h.get(key) is not None][-cfg.baseline_steps:]
+    prev = [float(h[key]) for h in history[:-1] if h.get(key) is not None][-cfg.baseline_steps :]
     return sum(prev) / len(prev) if len(prev) >= cfg.min_baseline_steps else None
 
 
@@ -158,12 +168,29 @@ def mismatch(history: History, cfg: MonitorConfig) -> list[Alert]:
     out = []
     r = _now(history, "mismatch/pearson")
     if r is not None and (sev := _level(r, cfg.mismatch_pearson_warn, cfg.mismatch_pearson_critical, above=False)):
-        out.append(Alert(_step(history), "mismatch", sev, f"rollout/trainer prob correlation {r:.4f} < "
-                         f"{cfg.mismatch_pearson_warn} (check dtype, kernels, routing replay)", r, cfg.mismatch_pearson_warn))
+        out.append(
+            Alert(
+                _step(history),
+                "mismatch",
+                sev,
+                f"rollout/trainer prob correlation {r:.4f} < "
+                f"{cfg.mismatch_pearson_warn} (check dtype, kernels, routing replay)",
+                r,
+                cfg.mismatch_pearson_warn,
+            )
+        )
     dp = _now(history, "mismatch/mean_abs_dp")
     if dp is not None and dp > cfg.mismatch_abs_dp_warn:
-        out.append(Alert(_step(history), "mismatch", "warning", f"mean |p_rollout - p_trainer| {dp:.4f} > "
-                         f"{cfg.mismatch_abs_dp_warn}", dp, cfg.mismatch_abs_dp_warn))
+        out.append(
+            Alert(
+                _step(history),
+                "mismatch",
+                "warning",
+                f"mean |p_rollout - p_trainer| {dp:.4f} > {cfg.mismatch_abs_dp_warn}",
+                dp,
+                cfg.mismatch_abs_dp_warn,
+            )
+        )
     return out
 
 
@@ -173,8 +200,21 @@ def infra_errors(history: History, cfg: MonitorConfig) -> list[Alert]:
         return []
     rate = sum(r for r in rates if r is not None)
     sev = _level(rate, cfg.infra_error_rate_warn, cfg.infra_error_rate_critical)
-    return [Alert(_step(history), "infra_errors", sev, f"{rate:.0%} of rollouts hit infrastructure errors "
-                  "(masked from the loss; see trajectories with status=infra)", rate, cfg.infra_error_rate_warn)] if sev else []
+    return (
+        [
+            Alert(
+                _step(history),
+                "infra_errors",
+                sev,
+                f"{rate:.0%} of rollouts hit infrastructure errors "
+                "(masked from the loss; see trajectories with status=infra)",
+                rate,
+                cfg.infra_error_rate_warn,
+            )
+        ]
+        if sev
+        else []
+    )
 
 
 def tamper(history: History, cfg: MonitorConfig) -> list[Alert]:
@@ -183,8 +223,17 @@ def tamper(history: History, cfg: MonitorConfig) -> list[Alert]:
     if n <= 0 and hack <= 0:
         return []
     sev = "critical" if n >= cfg.tamper_flags_critical else "warning"
-    return [Alert(_step(history), "tamper", sev, f"{int(n)} trajectories flagged for tampering, "
-                  f"{hack:.0%} graded hack_detected (inspect with filter flags=any)", n, float(cfg.tamper_flags_critical))]
+    return [
+        Alert(
+            _step(history),
+            "tamper",
+            sev,
+            f"{int(n)} trajectories flagged for tampering, "
+            f"{hack:.0%} graded hack_detected (inspect with filter flags=any)",
+            n,
+            float(cfg.tamper_flags_critical),
+        )
+    ]
 
 
 def tool_collapse(history: History, cfg: MonitorConfig) -> list[Alert]:
@@ -193,12 +242,28 @@ def tool_collapse(history: History, cfg: MonitorConfig) -> list[Alert]:
     if rate is not None and base is not None and base > 0:
         drop = 1.0 - rate / base
         if sev := _level(drop, cfg.tool_call_drop_warn, cfg.tool_call_drop_critical):
-            out.append(Alert(_step(history), "tool_collapse", sev, f"tool-call rate {rate:.2f} is {drop:.0%} below "
-                             f"its baseline {base:.2f}", rate, base * (1 - cfg.tool_call_drop_warn)))
+            out.append(
+                Alert(
+                    _step(history),
+                    "tool_collapse",
+                    sev,
+                    f"tool-call rate {rate:.2f} is {drop:.0%} below its baseline {base:.2f}",
+                    rate,
+                    base * (1 - cfg.tool_call_drop_warn),
+                )
+            )
     prose = _now(history, "rollout/prose_end_rate")
     if prose is not None and prose > cfg.prose_end_rate_warn:
-        out.append(Alert(_step(history), "tool_collapse", "warning", f"{prose:.0%} of trajectories end in prose "
-                         "without a tool call", prose, cfg.prose_end_rate_warn))
+        out.append(
+            Alert(
+                _step(history),
+                "tool_collapse",
+                "warning",
+                f"{prose:.0%} of trajectories end in prose without a tool call",
+                prose,
+                cfg.prose_end_rate_warn,
+            )
+        )
     return out
 
 
@@ -206,8 +271,16 @@ def format_errors(history: History, cfg: MonitorConfig) -> list[Alert]:
     rate = _now(history, "rollout/format_error_rate")
     if rate is None or not (sev := _level(rate, cfg.format_error_rate_warn, cfg.format_error_rate_critical)):
         return []
-    return [Alert(_step(history), "format_errors", sev, f"{rate:.0%} of turns had unparseable tool calls",
-                  rate, cfg.format_error_rate_warn)]
+    return [
+        Alert(
+            _step(history),
+            "format_errors",
+            sev,
+            f"{rate:.0%} of turns had unparseable tool calls",
+            rate,
+            cfg.format_error_rate_warn,
+        )
+    ]
 
 
 def length_blowup(history: History, cfg: MonitorConfig) -> list[Alert]:
@@ -217,8 +290,16 @@ def length_blowup(history: History, cfg: MonitorConfig) -> list[Alert]:
         if now is None or base is None or base <= 0:
             continue
         if sev := _level(now / base, cfg.growth_warn, cfg.growth_critical):
-            out.append(Alert(_step(history), "length_blowup", sev, f"{what} {now:.1f} is {now / base:.1f}x its "
-                             f"baseline {base:.1f}", now, base * cfg.growth_warn))
+            out.append(
+                Alert(
+                    _step(history),
+                    "length_blowup",
+                    sev,
+                    f"{what} {now:.1f} is {now / base:.1f}x its baseline {base:.1f}",
+                    now,
+                    base * cfg.growth_warn,
+                )
+            )
     return out
 
 
@@ -226,28 +307,59 @@ def zero_variance(history: History, cfg: MonitorConfig) -> list[Alert]:
     share = _now(history, "groups/zero_variance_share")
     if share is None:
         return []
-    sev = "critical" if share >= cfg.zero_variance_share_critical else (
-        "warning" if share > cfg.zero_variance_share_warn else None)
-    return [Alert(_step(history), "zero_variance", sev, f"{share:.0%} of groups have identical rewards "
-                  "(no learning signal: tasks too easy/hard?)", share, cfg.zero_variance_share_warn)] if sev else []
+    sev = (
+        "critical"
+        if share >= cfg.zero_variance_share_critical
+        else ("warning" if share > cfg.zero_variance_share_warn else None)
+    )
+    return (
+        [
+            Alert(
+                _step(history),
+                "zero_variance",
+                sev,
+                f"{share:.0%} of groups have identical rewards (no learning signal: tasks too easy/hard?)",
+                share,
+                cfg.zero_variance_share_warn,
+            )
+        ]
+        if sev
+        else []
+    )
 
 
 def reward_flat(history: History, cfg: MonitorConfig) -> list[Alert]:
     if _now(history, "reward/mean") is None:
         return []
-    vals = [float(h["reward/mean"]) for h in history if h.get("reward/mean") is not None][-cfg.reward_flat_steps:]
+    vals = [float(h["reward/mean"]) for h in history if h.get("reward/mean") is not None][-cfg.reward_flat_steps :]
     if len(vals) < cfg.reward_flat_steps or max(vals) - min(vals) >= cfg.reward_flat_eps:
         return []
-    return [Alert(_step(history), "reward_flat", "warning", f"reward/mean stayed within {max(vals) - min(vals):.2g} "
-                  f"for {cfg.reward_flat_steps} steps", vals[-1], cfg.reward_flat_eps)]
+    return [
+        Alert(
+            _step(history),
+            "reward_flat",
+            "warning",
+            f"reward/mean stayed within {max(vals) - min(vals):.2g} for {cfg.reward_flat_steps} steps",
+            vals[-1],
+            cfg.reward_flat_eps,
+        )
+    ]
 
 
 def staleness(history: History, cfg: MonitorConfig) -> list[Alert]:
     s = _now(history, "policy/staleness_mean")
     if s is None or not (sev := _level(s, cfg.staleness_warn, cfg.staleness_critical)):
         return []
-    return [Alert(_step(history), "staleness", sev, f"samples are {s:.1f} policy versions old on average",
-                  s, cfg.staleness_warn)]
+    return [
+        Alert(
+            _step(history),
+            "staleness",
+            sev,
+            f"samples are {s:.1f} policy versions old on average",
+            s,
+            cfg.staleness_warn,
+        )
+    ]
 
 
 def stale_drops(history: History, cfg: MonitorConfig) -> list[Alert]:
@@ -257,15 +369,30 @@ def stale_drops(history: History, cfg: MonitorConfig) -> list[Alert]:
     share = dropped / n
     if not (sev := _level(share, cfg.stale_drop_share_warn, cfg.stale_drop_share_critical)):
         return []
-    return [Alert(_step(history), "stale_drops", sev, f"{share:.0%} of the step's rollouts were older than "
-                  "run.max_staleness and dropped", share, cfg.stale_drop_share_warn)]
+    return [
+        Alert(
+            _step(history),
+            "stale_drops",
+            sev,
+            f"{share:.0%} of the step's rollouts were older than run.max_staleness and dropped",
+            share,
+            cfg.stale_drop_share_warn,
+        )
+    ]
 
 
 Monitor = Callable[[History, MonitorConfig], list[Alert]]
 MONITORS: dict[str, Monitor] = {  # same order as MONITOR_NAMES (the config validates against that)
-    "mismatch": mismatch, "infra_errors": infra_errors, "tamper": tamper, "tool_collapse": tool_collapse,
-    "format_errors": format_errors, "length_blowup": length_blowup, "zero_variance": zero_variance,
-    "reward_flat": reward_flat, "staleness": staleness, "stale_drops": stale_drops,
+    "mismatch": mismatch,
+    "infra_errors": infra_errors,
+    "tamper": tamper,
+    "tool_collapse": tool_collapse,
+    "format_errors": format_errors,
+    "length_blowup": length_blowup,
+    "zero_variance": zero_variance,
+    "reward_flat": reward_flat,
+    "staleness": staleness,
+    "stale_drops": stale_drops,
 }
 
 

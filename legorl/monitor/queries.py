@@ -23,7 +23,16 @@ from legorl.monitor import messages as msgs
 from legorl.monitor.rebuild import RebuiltTurn, loads, rebuild_turns
 from legorl.monitor.schema import TURN_ROW_BITS
 from legorl.types import (
-    INFRA_STATUSES, AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn, as_routing,
+    INFRA_STATUSES,
+    AlignmentStats,
+    Dialect,
+    FinishReason,
+    Outcome,
+    Segment,
+    Status,
+    Trajectory,
+    Turn,
+    as_routing,
 )
 
 SUMMARY_COLS = (
@@ -61,18 +70,27 @@ class StoreQueries:
     def run_info(self) -> dict[str, Any]:
         with self._read() as c:
             run = c.execute("SELECT name, created, config, info FROM runs ORDER BY id LIMIT 1").fetchone()
-            counts = dict(c.execute("SELECT coalesce(status, 'running'), count(*) FROM trajectories GROUP BY 1").fetchall())
+            counts = dict(
+                c.execute("SELECT coalesce(status, 'running'), count(*) FROM trajectories GROUP BY 1").fetchall()
+            )
             harnesses = [r[0] for r in c.execute("SELECT DISTINCT harness FROM trajectories WHERE harness IS NOT NULL")]
             flags = [r[0] for r in c.execute("SELECT DISTINCT flag FROM flags")]
             steps = c.execute("SELECT min(step), max(step) FROM trajectories").fetchone()
             last_metric = c.execute("SELECT max(step) FROM metrics").fetchone()[0]
             n_turns = c.execute("SELECT coalesce(sum(n_turns), 0) FROM trajectories").fetchone()[0]
         return {
-            "name": run["name"] if run else "", "created": run["created"] if run else None,
-            "config": loads(run["config"], {}) if run else {}, "info": loads(run["info"], {}) if run else {},
-            "trajectories": sum(counts.values()), "turns": n_turns, "status_counts": counts,
-            "harnesses": sorted(harnesses), "flags": sorted(flags),
-            "first_step": steps[0], "last_step": steps[1], "last_metric_step": last_metric,
+            "name": run["name"] if run else "",
+            "created": run["created"] if run else None,
+            "config": loads(run["config"], {}) if run else {},
+            "info": loads(run["info"], {}) if run else {},
+            "trajectories": sum(counts.values()),
+            "turns": n_turns,
+            "status_counts": counts,
+            "harnesses": sorted(harnesses),
+            "flags": sorted(flags),
+            "first_step": steps[0],
+            "last_step": steps[1],
+            "last_metric_step": last_metric,
         }
 
     def steps(self) -> list[dict[str, Any]]:
@@ -82,10 +100,20 @@ class StoreQueries:
 
     # ----------------------------------------------------------------- trajectory list
     def list_trajectories(
-        self, *, status: str | None = None, harness: str | None = None, task: str | None = None,
-        step: int | None = None, min_reward: float | None = None, max_reward: float | None = None,
-        flag: str | None = None, q: str | None = None, cursor: int | None = None, limit: int = 50,
-        order: str = "desc", with_total: bool = True,
+        self,
+        *,
+        status: str | None = None,
+        harness: str | None = None,
+        task: str | None = None,
+        step: int | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        flag: str | None = None,
+        q: str | None = None,
+        cursor: int | None = None,
+        limit: int = 50,
+        order: str = "desc",
+        with_total: bool = True,
     ) -> dict[str, Any]:
         """One page of trajectory summaries; pass the returned `next_cursor` for the next page.
 
@@ -107,8 +135,9 @@ class StoreQueries:
                 where.append("t.status = ?")
                 args.append(status)
             else:
-                raise ValueError(f"unknown status {status!r}; expected one of "
-                                 f"{[s.value for s in Status] + list(SPECIAL_STATUSES)}")
+                raise ValueError(
+                    f"unknown status {status!r}; expected one of {[s.value for s in Status] + list(SPECIAL_STATUSES)}"
+                )
         for col, val in (("harness", harness), ("instance_id", task), ("step", step)):
             if val is not None and val != "":
                 where.append(f"t.{col} = ?")
@@ -131,17 +160,24 @@ class StoreQueries:
         page_where = filt + (f" AND t.id {'<' if order == 'desc' else '>'} ?" if cursor is not None else "")
         page_args = args + ([cursor] if cursor is not None else [])
         with self._read() as c:
-            rows = c.execute(f"SELECT {SUMMARY_COLS} {FROM} WHERE {page_where} ORDER BY t.id {order} LIMIT ?",
-                             (*page_args, limit + 1)).fetchall()
-            total = c.execute(f"SELECT count(*) FROM trajectories t WHERE {filt}", args).fetchone()[0] if with_total else None
+            rows = c.execute(
+                f"SELECT {SUMMARY_COLS} {FROM} WHERE {page_where} ORDER BY t.id {order} LIMIT ?",
+                (*page_args, limit + 1),
+            ).fetchall()
+            total = (
+                c.execute(f"SELECT count(*) FROM trajectories t WHERE {filt}", args).fetchone()[0]
+                if with_total
+                else None
+            )
         items = [summary(r) for r in rows[:limit]]
         return {"items": items, "next_cursor": items[-1]["id"] if len(rows) > limit else None, "total": total}
 
     def changed_trajectories(self, since_rev: int, limit: int = 200) -> list[dict[str, Any]]:
         """Summaries of trajectory rows changed after `since_rev`, oldest change first (live updates)."""
         with self._read() as c:
-            rows = c.execute(f"SELECT {SUMMARY_COLS} {FROM} WHERE t.rev > ? ORDER BY t.rev LIMIT ?",
-                             (since_rev, limit)).fetchall()
+            rows = c.execute(
+                f"SELECT {SUMMARY_COLS} {FROM} WHERE t.rev > ? ORDER BY t.rev LIMIT ?", (since_rev, limit)
+            ).fetchall()
         return [summary(r) for r in rows]
 
     def max_ids(self) -> dict[str, int]:
@@ -156,8 +192,9 @@ class StoreQueries:
 
     # ----------------------------------------------------------------- one trajectory
     def _session_rows(self, c: sqlite3.Connection, session_id: str) -> tuple[sqlite3.Row | None, list[sqlite3.Row]]:
-        head = c.execute(f"SELECT {SUMMARY_COLS}, t.stats, t.side_turns {FROM} WHERE t.session_id=?",
-                         (session_id,)).fetchone()
+        head = c.execute(
+            f"SELECT {SUMMARY_COLS}, t.stats, t.side_turns {FROM} WHERE t.session_id=?", (session_id,)
+        ).fetchone()
         if head is None:
             return None, []
         return head, c.execute("SELECT * FROM turns WHERE traj_id=? ORDER BY idx", (head["id"],)).fetchall()
@@ -169,8 +206,10 @@ class StoreQueries:
             if head is None:
                 return None
             orow = c.execute("SELECT * FROM outcomes WHERE traj_id=?", (head["id"],)).fetchone()
-            segs = c.execute("SELECT idx, turn_indices, n_tokens, n_sampled FROM segments WHERE traj_id=? ORDER BY idx",
-                             (head["id"],)).fetchall()
+            segs = c.execute(
+                "SELECT idx, turn_indices, n_tokens, n_sampled FROM segments WHERE traj_id=? ORDER BY idx",
+                (head["id"],),
+            ).fetchall()
         out = summary(head)
         out["stats"], out["side_turns"] = loads(head["stats"], {}), loads(head["side_turns"], [])
         out["segments"] = [{**dict(s), "turn_indices": loads(s["turn_indices"], [])} for s in segs]
@@ -178,34 +217,56 @@ class StoreQueries:
         out["outcome"] = None
         if orow is not None:
             evidence = loads(codec.unpack_text(orow["evidence"]), {})
-            out["outcome"] = {"reward": orow["reward"], "status": orow["status"], "masked": bool(orow["masked"]),
-                              "flags": loads(orow["flags"], []), "tests": loads(orow["tests"], {}),
-                              "diff": evidence.get("diff") or evidence.get("patch") or "",
-                              "evidence": {k: v for k, v in evidence.items() if k not in ("diff", "patch")}}
+            out["outcome"] = {
+                "reward": orow["reward"],
+                "status": orow["status"],
+                "masked": bool(orow["masked"]),
+                "flags": loads(orow["flags"], []),
+                "tests": loads(orow["tests"], {}),
+                "diff": evidence.get("diff") or evidence.get("patch") or "",
+                "evidence": {k: v for k, v in evidence.items() if k not in ("diff", "patch")},
+            }
         out["turns"] = [self._turn_view(t, seg_of.get(t.row["idx"])) for t in rebuild_turns(rows)]
         return out
 
     @staticmethod
     def _turn_view(t: RebuiltTurn, segment: int | None) -> dict[str, Any]:
         r = t.row
-        new_items = t.items[t.msg_base:]
+        new_items = t.items[t.msg_base :]
         shown = msgs.display_messages(new_items, r["dialect"])
         if r["request_rest"] is not None:  # system prompt / tools changed (always on the first turn)
             shown = msgs.system_messages(t.rest) + shown
         trainer = codec.unpack_floats(r["trainer_logprobs"]) if r["trainer_logprobs"] else None
         return {
-            "index": r["idx"], "segment": segment, "dialect": r["dialect"], "finish_reason": r["finish_reason"],
-            "policy_version": r["policy_version"], "model": r["model"], "side_call": bool(r["side_call"]),
-            "format_error": bool(r["format_error"]), "n_prompt": r["n_prompt"], "reused_prompt_tokens": r["prompt_base"],
-            "n_completion": r["n_completion"], "earlier_messages": t.msg_base, "n_messages": len(t.items),
-            "messages": shown, "tools": [x.get("name") or x.get("function", {}).get("name")
-                                         for x in t.rest.get("tools", []) if isinstance(x, dict)],
+            "index": r["idx"],
+            "segment": segment,
+            "dialect": r["dialect"],
+            "finish_reason": r["finish_reason"],
+            "policy_version": r["policy_version"],
+            "model": r["model"],
+            "side_call": bool(r["side_call"]),
+            "format_error": bool(r["format_error"]),
+            "n_prompt": r["n_prompt"],
+            "reused_prompt_tokens": r["prompt_base"],
+            "n_completion": r["n_completion"],
+            "earlier_messages": t.msg_base,
+            "n_messages": len(t.items),
+            "messages": shown,
+            "tools": [
+                x.get("name") or x.get("function", {}).get("name")
+                for x in t.rest.get("tools", [])
+                if isinstance(x, dict)
+            ],
             "completion": msgs.completion_messages(r["response_text"] or "", loads(r["tool_calls"], [])),
             "completion_ids": t.completion_ids.tolist(),
             "pieces": loads(codec.unpack_text(r["pieces"]), None) if r["pieces"] else None,
-            "logprobs": _rounded(codec.unpack_floats(r["logprobs"])), "trainer_logprobs": _rounded(trainer),
-            "has_routing": r["routing"] is not None, "sampling_used": loads(r["sampling_used"], {}),
-            "t_start": r["t_start"], "t_first_token": r["t_first_token"], "t_end": r["t_end"],
+            "logprobs": _rounded(codec.unpack_floats(r["logprobs"])),
+            "trainer_logprobs": _rounded(trainer),
+            "has_routing": r["routing"] is not None,
+            "sampling_used": loads(r["sampling_used"], {}),
+            "t_start": r["t_start"],
+            "t_first_token": r["t_first_token"],
+            "t_end": r["t_end"],
         }
 
     def get_turn_request(self, session_id: str, index: int) -> dict[str, Any] | None:
@@ -234,27 +295,44 @@ class StoreQueries:
         segments = []
         for s in segs:
             routing = codec.unpack_routing(s["routing"])
-            segments.append(Segment(
-                turn_indices=loads(s["turn_indices"], []), token_ids=codec.unpack_ids(s["token_ids"]).tolist(),
-                loss_mask=codec.unpack_ids(s["loss_mask"]).tolist(),
-                logprobs=codec.unpack_floats(s["logprobs"]).astype(float).tolist(),
-                policy_versions=codec.unpack_ids(s["policy_versions"]).tolist(),
-                routed_experts=as_routing(routing)))
+            segments.append(
+                Segment(
+                    turn_indices=loads(s["turn_indices"], []),
+                    token_ids=codec.unpack_ids(s["token_ids"]).tolist(),
+                    loss_mask=codec.unpack_ids(s["loss_mask"]).tolist(),
+                    logprobs=codec.unpack_floats(s["logprobs"]).astype(float).tolist(),
+                    policy_versions=codec.unpack_ids(s["policy_versions"]).tolist(),
+                    routed_experts=as_routing(routing),
+                )
+            )
         outcome = None
         if orow is not None:
-            outcome = Outcome(reward=orow["reward"], status=Status(orow["status"]), masked=bool(orow["masked"]),
-                              flags=loads(orow["flags"], []), tests=loads(orow["tests"], {}),
-                              evidence=loads(codec.unpack_text(orow["evidence"]), {}))
-        return Trajectory(session_id=session_id, segments=segments, stats=AlignmentStats(**loads(head["stats"], {})),
-                          instance_id=head["instance_id"] or "", harness=head["harness"] or "", step=head["step"] or 0,
-                          outcome=outcome, side_turns=loads(head["side_turns"], []))
+            outcome = Outcome(
+                reward=orow["reward"],
+                status=Status(orow["status"]),
+                masked=bool(orow["masked"]),
+                flags=loads(orow["flags"], []),
+                tests=loads(orow["tests"], {}),
+                evidence=loads(codec.unpack_text(orow["evidence"]), {}),
+            )
+        return Trajectory(
+            session_id=session_id,
+            segments=segments,
+            stats=AlignmentStats(**loads(head["stats"], {})),
+            instance_id=head["instance_id"] or "",
+            harness=head["harness"] or "",
+            step=head["step"] or 0,
+            outcome=outcome,
+            side_turns=loads(head["side_turns"], []),
+        )
 
     def iter_session_ids(self, batch: int = 500) -> Iterator[str]:
         last = 0
         while True:
             with self._read() as c:
-                rows = c.execute("SELECT id, session_id FROM trajectories WHERE id > ? ORDER BY id LIMIT ?",
-                                 (last, batch)).fetchall()
+                rows = c.execute(
+                    "SELECT id, session_id FROM trajectories WHERE id > ? ORDER BY id LIMIT ?", (last, batch)
+                ).fetchall()
             if not rows:
                 return
             last = rows[-1][0]
@@ -264,8 +342,10 @@ class StoreQueries:
     def group(self, step: int, instance_id: str) -> list[dict[str, Any]]:
         """The trajectories of one task in one step (a GRPO/GSPO group), with tests passed."""
         with self._read() as c:
-            rows = c.execute(f"SELECT {SUMMARY_COLS}, o.tests {FROM} WHERE t.step=? AND t.instance_id=? ORDER BY t.id",
-                             (step, instance_id)).fetchall()
+            rows = c.execute(
+                f"SELECT {SUMMARY_COLS}, o.tests {FROM} WHERE t.step=? AND t.instance_id=? ORDER BY t.id",
+                (step, instance_id),
+            ).fetchall()
         out = []
         for r in rows:
             d = summary(r)
@@ -283,9 +363,12 @@ class StoreQueries:
                 "SELECT instance_id, count(*), avg(reward), avg(status = 'resolved'), "
                 "avg(reward * reward) - avg(reward) * avg(reward) FROM trajectories "
                 f"WHERE status IS NOT NULL AND masked = 0 AND instance_id IS NOT NULL {cond} GROUP BY instance_id",
-                args).fetchall()
-        return {r[0]: {"n": r[1], "mean_reward": r[2], "resolved_rate": r[3], "reward_var": max(r[4] or 0.0, 0.0)}
-                for r in rows}
+                args,
+            ).fetchall()
+        return {
+            r[0]: {"n": r[1], "mean_reward": r[2], "resolved_rate": r[3], "reward_var": max(r[4] or 0.0, 0.0)}
+            for r in rows
+        }
 
     # ----------------------------------------------------------------- metrics, alerts, events
     def metric_keys(self) -> list[str]:
@@ -301,12 +384,16 @@ class StoreQueries:
         with self._read() as c:
             cur = c.cursor()
             cur.row_factory = None  # plain tuples: this can be tens of thousands of rows
-            rows = cur.execute(f"SELECT id, step, key, value FROM metrics WHERE id > ? {cond} ORDER BY id", args).fetchall()
+            rows = cur.execute(
+                f"SELECT id, step, key, value FROM metrics WHERE id > ? {cond} ORDER BY id", args
+            ).fetchall()
         series: dict[str, dict[int, float | None]] = {}
         for _, step, key, value in rows:
             series.setdefault(key, {})[step] = value
-        return {"series": {k: sorted(v.items()) for k, v in series.items()},
-                "last_id": rows[-1][0] if rows else since_id}
+        return {
+            "series": {k: sorted(v.items()) for k, v in series.items()},
+            "last_id": rows[-1][0] if rows else since_id,
+        }
 
     def metrics_history(self) -> list[dict[str, float]]:
         """One dict per step (ascending), `{"step": s, key: value, ...}` — what the monitors read."""
@@ -333,15 +420,28 @@ def turn_of(session_id: str, t: RebuiltTurn) -> Turn:
     r = t.row
     routing = codec.unpack_routing(r["routing"])
     return Turn(
-        session_id=session_id, index=r["idx"], dialect=Dialect(r["dialect"]),
-        prompt_ids=t.prompt_ids.tolist(), completion_ids=t.completion_ids.tolist(),
+        session_id=session_id,
+        index=r["idx"],
+        dialect=Dialect(r["dialect"]),
+        prompt_ids=t.prompt_ids.tolist(),
+        completion_ids=t.completion_ids.tolist(),
         logprobs=codec.unpack_floats(r["logprobs"]).astype(float).tolist(),
-        finish_reason=FinishReason(r["finish_reason"]), sampling_used=loads(r["sampling_used"], {}),
-        sampling_requested=loads(r["sampling_requested"], {}), request=t.request(),
-        response_text=r["response_text"] or "", tool_calls=loads(r["tool_calls"], []),
-        routed_experts=as_routing(routing), routing_base=(r["routing_base"] or 0) if "routing_base" in r.keys() else 0,  # v1 store, read-only format_error=bool(r["format_error"]),
-        side_call=bool(r["side_call"]), policy_version=r["policy_version"] or 0, model=r["model"] or "",
-        t_start=r["t_start"] or 0.0, t_first_token=r["t_first_token"] or 0.0, t_end=r["t_end"] or 0.0,
+        finish_reason=FinishReason(r["finish_reason"]),
+        sampling_used=loads(r["sampling_used"], {}),
+        sampling_requested=loads(r["sampling_requested"], {}),
+        request=t.request(),
+        response_text=r["response_text"] or "",
+        tool_calls=loads(r["tool_calls"], []),
+        routed_experts=as_routing(routing),
+        routing_base=(r["routing_base"] or 0)
+        if "routing_base" in r.keys()
+        else 0,  # v1 store, read-only format_error=bool(r["format_error"]),
+        side_call=bool(r["side_call"]),
+        policy_version=r["policy_version"] or 0,
+        model=r["model"] or "",
+        t_start=r["t_start"] or 0.0,
+        t_first_token=r["t_first_token"] or 0.0,
+        t_end=r["t_end"] or 0.0,
     )
 
 

@@ -114,9 +114,7 @@ def init_schema(conn: sqlite3.Connection) -> None:
     if row is None:
         conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     elif int(row[0]) > SCHEMA_VERSION:
-        raise RuntimeError(
-            f"run store schema v{row[0]} is newer than this legorl (v{SCHEMA_VERSION}); upgrade legorl"
-        )
+        raise RuntimeError(f"run store schema v{row[0]} is newer than this legorl (v{SCHEMA_VERSION}); upgrade legorl")
     elif int(row[0]) < SCHEMA_VERSION:
         _migrate(conn, int(row[0]))
 

@@ -142,8 +142,9 @@ class RunStore(StoreQueries):
         conn.execute(f"UPDATE trajectories SET rev=?, updated=?{extra} WHERE id=?", (rev, time.time(), *args, tid))
 
     # ----------------------------------------------------------------- run + steps
-    def set_run_info(self, *, name: str | None = None, config: Mapping[str, Any] | None = None,
-                     info: Mapping[str, Any] | None = None) -> None:
+    def set_run_info(
+        self, *, name: str | None = None, config: Mapping[str, Any] | None = None, info: Mapping[str, Any] | None = None
+    ) -> None:
         with self._write() as c:
             if name is not None:
                 c.execute("UPDATE runs SET name=?", (name,))
@@ -152,8 +153,9 @@ class RunStore(StoreQueries):
             if info is not None:
                 c.execute("UPDATE runs SET info=?", (dumps(dict(info)),))
 
-    def begin_step(self, step: int, *, policy_version: int | None = None,
-                   info: Mapping[str, Any] | None = None) -> None:
+    def begin_step(
+        self, step: int, *, policy_version: int | None = None, info: Mapping[str, Any] | None = None
+    ) -> None:
         with self._write() as c:
             c.execute(
                 "INSERT INTO steps(step, policy_version, t_start, info) VALUES (?, ?, ?, ?) "
@@ -179,20 +181,27 @@ class RunStore(StoreQueries):
         """Close a step; also refreshes the query planner's statistics (bounded work, ~0.1 s at
         10k trajectories) so filtered UI queries pick the selective index as the run grows."""
         with self._write() as c:
-            c.execute("INSERT INTO steps(step, t_end) VALUES (?, ?) ON CONFLICT(step) DO UPDATE SET t_end=excluded.t_end",
-                      (int(step), time.time()))
+            c.execute(
+                "INSERT INTO steps(step, t_end) VALUES (?, ?) ON CONFLICT(step) DO UPDATE SET t_end=excluded.t_end",
+                (int(step), time.time()),
+            )
         with self._lock:
             self._conn.execute("PRAGMA analysis_limit=400")
             self._conn.execute("ANALYZE")
 
     # ----------------------------------------------------------------- sessions + turns
-    def start_session(self, session_id: str, *, step: int | None = None, instance_id: str | None = None,
-                      harness: str | None = None) -> None:
+    def start_session(
+        self, session_id: str, *, step: int | None = None, instance_id: str | None = None, harness: str | None = None
+    ) -> None:
         """Say which step/task/harness a session belongs to before its turns arrive (optional)."""
         with self._write() as c:
             tid = self._traj_id(c, session_id)
-            self._touch(c, tid, "step=coalesce(?, step), instance_id=coalesce(?, instance_id), "
-                        "harness=coalesce(?, harness)", (step, instance_id, harness))
+            self._touch(
+                c,
+                tid,
+                "step=coalesce(?, step), instance_id=coalesce(?, instance_id), harness=coalesce(?, harness)",
+                (step, instance_id, harness),
+            )
 
     def add_turn(self, turn: Turn | Mapping[str, Any], pieces: Sequence[str] | None = None) -> None:
         """Record one model call. `pieces[i]` is the decoded text of `completion_ids[i]`
@@ -202,19 +211,27 @@ class RunStore(StoreQueries):
             pieces = pieces if pieces is not None else d.get("completion_pieces")
             turn = Turn.from_dict(d)
         if len(turn.logprobs) != len(turn.completion_ids):
-            raise ValueError(f"turn {turn.session_id}#{turn.index}: {len(turn.logprobs)} logprobs "
-                             f"for {len(turn.completion_ids)} completion tokens")
+            raise ValueError(
+                f"turn {turn.session_id}#{turn.index}: {len(turn.logprobs)} logprobs "
+                f"for {len(turn.completion_ids)} completion tokens"
+            )
         if pieces is not None and len(pieces) != len(turn.completion_ids):
-            raise ValueError(f"turn {turn.session_id}#{turn.index}: {len(pieces)} pieces "
-                             f"for {len(turn.completion_ids)} completion tokens")
+            raise ValueError(
+                f"turn {turn.session_id}#{turn.index}: {len(pieces)} pieces "
+                f"for {len(turn.completion_ids)} completion tokens"
+            )
         if not 0 <= turn.index < OUTCOME_FTS_SLOT:
             raise ValueError(f"turn index must be within 0..{OUTCOME_FTS_SLOT - 1}, got {turn.index}")
         prompt = np.asarray(turn.prompt_ids, dtype=np.int32)
         completion = np.asarray(turn.completion_ids, dtype=np.int32)
         list_key, items, rest = msgs.split_request(turn.request)
         # encode (and so validate) everything before taking the write lock
-        packed = (codec.pack_ids(completion), codec.pack_floats(turn.logprobs), codec.pack_routing(turn.routed_experts),
-                  codec.pack_text(dumps(list(pieces))) if pieces is not None else None)
+        packed = (
+            codec.pack_ids(completion),
+            codec.pack_floats(turn.logprobs),
+            codec.pack_routing(turn.routed_experts),
+            codec.pack_text(dumps(list(pieces))) if pieces is not None else None,
+        )
         with self._write() as c:
             tid = self._traj_id(c, turn.session_id)
             if c.execute("SELECT 1 FROM turns WHERE traj_id=? AND idx=?", (tid, turn.index)).fetchone():
@@ -232,19 +249,43 @@ class RunStore(StoreQueries):
                 "routing, pieces, list_key, msg_base, new_items, request_rest, response_text, tool_calls, "
                 "sampling_used, sampling_requested, t_start, t_first_token, t_end, routing_base) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (tid, turn.index, str(turn.dialect), str(turn.finish_reason), turn.policy_version, turn.model,
-                 int(turn.side_call), int(turn.format_error), len(prompt), base, codec.pack_ids(prompt[base:]),
-                 len(completion), *packed, list_key, msg_base, codec.pack_text(dumps(new_items)),
-                 None if rest_same else codec.pack_text(dumps(rest)),
-                 turn.response_text, dumps(turn.tool_calls), dumps(turn.sampling_used),
-                 dumps(turn.sampling_requested), turn.t_start, turn.t_first_token, turn.t_end, turn.routing_base),
+                (
+                    tid,
+                    turn.index,
+                    str(turn.dialect),
+                    str(turn.finish_reason),
+                    turn.policy_version,
+                    turn.model,
+                    int(turn.side_call),
+                    int(turn.format_error),
+                    len(prompt),
+                    base,
+                    codec.pack_ids(prompt[base:]),
+                    len(completion),
+                    *packed,
+                    list_key,
+                    msg_base,
+                    codec.pack_text(dumps(new_items)),
+                    None if rest_same else codec.pack_text(dumps(rest)),
+                    turn.response_text,
+                    dumps(turn.tool_calls),
+                    dumps(turn.sampling_used),
+                    dumps(turn.sampling_requested),
+                    turn.t_start,
+                    turn.t_first_token,
+                    turn.t_end,
+                    turn.routing_base,
+                ),
             )
-            c.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)",
-                      ((tid << TURN_ROW_BITS) | turn.index, msgs.search_text(shown)))
+            c.execute(
+                "INSERT INTO fts(rowid, text) VALUES (?, ?)",
+                ((tid << TURN_ROW_BITS) | turn.index, msgs.search_text(shown)),
+            )
             self._touch(c, tid, "n_turns=n_turns+1, completion_tokens=completion_tokens+?", (len(completion),))
         with self._lock:  # only after the commit: deltas must never refer to an unrecorded turn
-            self._remember(turn.session_id, TurnState(turn.index, np.concatenate([prompt, completion]),
-                                                      items, list_key, rest))
+            self._remember(
+                turn.session_id, TurnState(turn.index, np.concatenate([prompt, completion]), items, list_key, rest)
+            )
 
     def _remember(self, session_id: str, state: TurnState) -> None:
         self._last_turn[session_id] = state
@@ -271,19 +312,40 @@ class RunStore(StoreQueries):
             for i, seg in enumerate(traj.segments):
                 n = len(seg.token_ids)
                 if not (len(seg.loss_mask) == len(seg.logprobs) == n):
-                    raise ValueError(f"trajectory {traj.session_id} segment {i}: token_ids/loss_mask/logprobs "
-                                     f"lengths differ ({n}, {len(seg.loss_mask)}, {len(seg.logprobs)})")
+                    raise ValueError(
+                        f"trajectory {traj.session_id} segment {i}: token_ids/loss_mask/logprobs "
+                        f"lengths differ ({n}, {len(seg.loss_mask)}, {len(seg.logprobs)})"
+                    )
                 c.execute(
                     "INSERT INTO segments(traj_id, idx, turn_indices, n_tokens, n_sampled, token_ids, loss_mask, "
                     "logprobs, policy_versions, routing) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                    (tid, i, dumps(seg.turn_indices), n, int(sum(seg.loss_mask)), codec.pack_ids(seg.token_ids),
-                     codec.pack_ids(seg.loss_mask), codec.pack_floats(seg.logprobs),
-                     codec.pack_ids(seg.policy_versions), codec.pack_routing(seg.routed_experts)),
+                    (
+                        tid,
+                        i,
+                        dumps(seg.turn_indices),
+                        n,
+                        int(sum(seg.loss_mask)),
+                        codec.pack_ids(seg.token_ids),
+                        codec.pack_ids(seg.loss_mask),
+                        codec.pack_floats(seg.logprobs),
+                        codec.pack_ids(seg.policy_versions),
+                        codec.pack_routing(seg.routed_experts),
+                    ),
                 )
-            self._touch(c, tid, "step=?, instance_id=coalesce(nullif(?, ''), instance_id), "
-                        "harness=coalesce(nullif(?, ''), harness), n_segments=?, stats=?, side_turns=?, assembled=1",
-                        (traj.step, traj.instance_id, traj.harness, len(traj.segments),
-                         dumps(traj.stats), dumps(traj.side_turns)))
+            self._touch(
+                c,
+                tid,
+                "step=?, instance_id=coalesce(nullif(?, ''), instance_id), "
+                "harness=coalesce(nullif(?, ''), harness), n_segments=?, stats=?, side_turns=?, assembled=1",
+                (
+                    traj.step,
+                    traj.instance_id,
+                    traj.harness,
+                    len(traj.segments),
+                    dumps(traj.stats),
+                    dumps(traj.side_turns),
+                ),
+            )
             if traj.outcome is not None:
                 self._write_outcome(c, tid, traj.outcome)
 
@@ -300,8 +362,16 @@ class RunStore(StoreQueries):
         c.execute(
             "INSERT OR REPLACE INTO outcomes(traj_id, reward, status, masked, flags, tests, evidence, t) "
             "VALUES (?,?,?,?,?,?,?,?)",
-            (tid, reward, status, int(outcome.masked), dumps(outcome.flags), dumps(outcome.tests),
-             codec.pack_text(dumps(outcome.evidence)), time.time()),
+            (
+                tid,
+                reward,
+                status,
+                int(outcome.masked),
+                dumps(outcome.flags),
+                dumps(outcome.tests),
+                codec.pack_text(dumps(outcome.evidence)),
+                time.time(),
+            ),
         )
         c.execute("DELETE FROM flags WHERE traj_id=?", (tid,))
         c.executemany("INSERT OR IGNORE INTO flags(flag, traj_id) VALUES (?, ?)", [(f, tid) for f in outcome.flags])
@@ -309,8 +379,9 @@ class RunStore(StoreQueries):
         c.execute("DELETE FROM fts WHERE rowid=?", (rowid,))
         diff = outcome.evidence.get("diff") or outcome.evidence.get("patch") or ""
         c.execute("INSERT INTO fts(rowid, text) VALUES (?, ?)", (rowid, f"{status} {' '.join(outcome.flags)}\n{diff}"))
-        self._touch(c, tid, "status=?, reward=?, masked=?, n_flags=?",
-                    (status, reward, int(outcome.masked), len(outcome.flags)))
+        self._touch(
+            c, tid, "status=?, reward=?, masked=?, n_flags=?", (status, reward, int(outcome.masked), len(outcome.flags))
+        )
 
     def set_advantage(self, session_id: str, advantage: float) -> None:
         self.set_advantages({session_id: advantage})
@@ -328,35 +399,43 @@ class RunStore(StoreQueries):
             self._set_turn_trainer_logprobs(c, tid, session_id, turn_index, np.asarray(logprobs, dtype=np.float32))
             self._touch(c, tid)
 
-    def _set_turn_trainer_logprobs(self, c: sqlite3.Connection, tid: int, sid: str, index: int,
-                                   logprobs_T: np.ndarray) -> None:
+    def _set_turn_trainer_logprobs(
+        self, c: sqlite3.Connection, tid: int, sid: str, index: int, logprobs_T: np.ndarray
+    ) -> None:
         row = c.execute("SELECT n_completion FROM turns WHERE traj_id=? AND idx=?", (tid, index)).fetchone()
         if row is None:
             raise KeyError(f"no turn {sid}#{index} in the store")
         if row[0] != len(logprobs_T):
             raise ValueError(f"turn {sid}#{index} has {row[0]} completion tokens, got {len(logprobs_T)} logprobs")
-        c.execute("UPDATE turns SET trainer_logprobs=? WHERE traj_id=? AND idx=?",
-                  (codec.pack_floats(logprobs_T), tid, index))
+        c.execute(
+            "UPDATE turns SET trainer_logprobs=? WHERE traj_id=? AND idx=?", (codec.pack_floats(logprobs_T), tid, index)
+        )
 
-    def set_segment_trainer_logprobs(self, session_id: str, segment_index: int,
-                                     logprobs_T: Sequence[float] | np.ndarray) -> None:
+    def set_segment_trainer_logprobs(
+        self, session_id: str, segment_index: int, logprobs_T: Sequence[float] | np.ndarray
+    ) -> None:
         """Trainer logprobs over a whole segment (aligned with its token_ids); also split onto
         its turns, whose completions sit at token_ids[len(prompt):len(prompt)+len(completion)]."""
         lp_T = np.asarray(logprobs_T, dtype=np.float32)
         with self._write() as c:
             tid = self._traj_id(c, session_id)
-            seg = c.execute("SELECT n_tokens, turn_indices FROM segments WHERE traj_id=? AND idx=?",
-                            (tid, segment_index)).fetchone()
+            seg = c.execute(
+                "SELECT n_tokens, turn_indices FROM segments WHERE traj_id=? AND idx=?", (tid, segment_index)
+            ).fetchone()
             if seg is None:
                 raise KeyError(f"no segment {session_id}/{segment_index} in the store")
             if seg[0] != len(lp_T):
                 raise ValueError(f"segment {session_id}/{segment_index} has {seg[0]} tokens, got {len(lp_T)} logprobs")
-            c.execute("UPDATE segments SET trainer_logprobs=? WHERE traj_id=? AND idx=?",
-                      (codec.pack_floats(lp_T), tid, segment_index))
+            c.execute(
+                "UPDATE segments SET trainer_logprobs=? WHERE traj_id=? AND idx=?",
+                (codec.pack_floats(lp_T), tid, segment_index),
+            )
             for index in loads(seg[1], []):
-                t = c.execute("SELECT n_prompt, n_completion FROM turns WHERE traj_id=? AND idx=?", (tid, index)).fetchone()
+                t = c.execute(
+                    "SELECT n_prompt, n_completion FROM turns WHERE traj_id=? AND idx=?", (tid, index)
+                ).fetchone()
                 if t is not None and t[0] + t[1] <= len(lp_T):
-                    self._set_turn_trainer_logprobs(c, tid, session_id, index, lp_T[t[0]:t[0] + t[1]])
+                    self._set_turn_trainer_logprobs(c, tid, session_id, index, lp_T[t[0] : t[0] + t[1]])
             self._touch(c, tid)
 
     # ----------------------------------------------------------------- metrics, alerts, events
@@ -374,16 +453,28 @@ class RunStore(StoreQueries):
         with self._write() as c:
             c.executemany("INSERT INTO metrics(step, key, value, t) VALUES (?,?,?,?)", rows)
 
-    def add_alert(self, step: int, name: str, severity: str, message: str, *, value: float | None = None,
-                  threshold: float | None = None) -> None:
+    def add_alert(
+        self,
+        step: int,
+        name: str,
+        severity: str,
+        message: str,
+        *,
+        value: float | None = None,
+        threshold: float | None = None,
+    ) -> None:
         if severity not in SEVERITIES:
             raise ValueError(f"alert severity must be one of {SEVERITIES}, got {severity!r}")
         with self._write() as c:
-            c.execute("INSERT INTO alerts(step, name, severity, message, value, threshold, t) VALUES (?,?,?,?,?,?,?)",
-                      (int(step), name, severity, message, value, threshold, time.time()))
+            c.execute(
+                "INSERT INTO alerts(step, name, severity, message, value, threshold, t) VALUES (?,?,?,?,?,?,?)",
+                (int(step), name, severity, message, value, threshold, time.time()),
+            )
 
     def add_event(self, kind: str, data: Mapping[str, Any] | None = None, *, step: int | None = None) -> None:
         """A free-form run event (checkpoint saved, weights synced, run stopped by a monitor...)."""
         with self._write() as c:
-            c.execute("INSERT INTO events(step, kind, data, t) VALUES (?,?,?,?)",
-                      (step, kind, dumps(dict(data or {})), time.time()))
+            c.execute(
+                "INSERT INTO events(step, kind, data, t) VALUES (?,?,?,?)",
+                (step, kind, dumps(dict(data or {})), time.time()),
+            )

@@ -22,11 +22,11 @@ from typing import Any
 import orjson
 
 from legorl.proxy import fields as F
+from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
-from legorl.proxy.render_cache import ByteLRU
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
+from legorl.proxy.render_cache import ByteLRU
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.ANTHROPIC
@@ -93,12 +93,16 @@ def _assistant(blocks: Any, where: str) -> dict[str, Any]:
         elif kind == "redacted_thinking":
             continue
         elif kind == "tool_use":
-            calls.append({
-                "id": F.get(b, "id", str, f"{w}.", "") or F.new_id("toolu_"),
-                "type": "function",
-                "function": {"name": F.get(b, "name", str, f"{w}.", required=True),
-                             "arguments": _input_json(b.get("input", {}), f"{w}.input")},
-            })
+            calls.append(
+                {
+                    "id": F.get(b, "id", str, f"{w}.", "") or F.new_id("toolu_"),
+                    "type": "function",
+                    "function": {
+                        "name": F.get(b, "name", str, f"{w}.", required=True),
+                        "arguments": _input_json(b.get("input", {}), f"{w}.input"),
+                    },
+                }
+            )
         else:
             raise bad_request(f"{w}.type: unsupported assistant block type {kind!r}", param=f"{w}.type")
     out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -121,8 +125,13 @@ def _user(blocks: Any, role: str, where: str) -> list[dict[str, Any]]:
         b = F.as_dict(b, w)
         kind = b.get("type")
         if kind == "tool_result":
-            tools.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id") or ""),
-                          "content": _block_text(b.get("content"), f"{w}.content")})
+            tools.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": str(b.get("tool_use_id") or ""),
+                    "content": _block_text(b.get("content"), f"{w}.content"),
+                }
+            )
         elif kind == "text":
             texts.append(F.get(b, "text", str, f"{w}.", ""))
         elif kind == "image":
@@ -176,8 +185,12 @@ def to_chat(body: dict[str, Any]) -> ChatRequest:
 def parse(body: dict[str, Any]) -> Parsed:
     chat = to_chat(body)
     max_tokens = F.positive_int(body, "max_tokens")
-    requested = {"temperature": F.number(body, "temperature"), "top_p": F.number(body, "top_p"),
-                 "top_k": F.get(body, "top_k", int, ""), "max_tokens": max_tokens}
+    requested = {
+        "temperature": F.number(body, "temperature"),
+        "top_p": F.number(body, "top_p"),
+        "top_k": F.get(body, "top_k", int, ""),
+        "max_tokens": max_tokens,
+    }
     return Parsed(
         chat=chat,
         model=F.get(body, "model", str, "", ""),
@@ -199,8 +212,12 @@ def stop_reason(run: TurnRun) -> str:
 
 
 def _usage(run: TurnRun) -> dict[str, int]:
-    return {"input_tokens": run.prompt_tokens, "output_tokens": run.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    return {
+        "input_tokens": run.prompt_tokens,
+        "output_tokens": run.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
 
 
 def _tool_input(arguments: str) -> Any:
@@ -220,11 +237,18 @@ def response(run: TurnRun) -> bytes:
         content.append({"type": "text", "text": res.content})
     for c in res.tool_calls:
         content.append({"type": "tool_use", "id": c.id, "name": c.name, "input": _tool_input(c.arguments)})
-    return orjson.dumps({
-        "id": F.new_id("msg_"), "type": "message", "role": "assistant", "model": run.parsed.model,
-        "content": content, "stop_reason": stop_reason(run), "stop_sequence": run.stop_sequence,
-        "usage": _usage(run),
-    })
+    return orjson.dumps(
+        {
+            "id": F.new_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": run.parsed.model,
+            "content": content,
+            "stop_reason": stop_reason(run),
+            "stop_sequence": run.stop_sequence,
+            "usage": _usage(run),
+        }
+    )
 
 
 def _event(name: bytes, data: dict[str, Any]) -> bytes:
@@ -248,17 +272,38 @@ class Stream:
         self.msg_id = F.new_id("msg_")
 
     def head(self) -> bytes:
-        msg = {"id": self.msg_id, "type": "message", "role": "assistant", "model": self.run.parsed.model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": self.run.prompt_tokens, "output_tokens": 1,
-                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}}
-        return (_event(b"message_start", {"type": "message_start", "message": msg})
-                + b'event: ping\ndata: {"type":"ping"}\n\n')
+        msg = {
+            "id": self.msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.run.parsed.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self.run.prompt_tokens,
+                "output_tokens": 1,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return (
+            _event(b"message_start", {"type": "message_start", "message": msg})
+            + b'event: ping\ndata: {"type":"ping"}\n\n'
+        )
 
     def _close(self, out: list[bytes]) -> None:
         if self.open == "thinking":
-            out.append(_event(b"content_block_delta", {"type": "content_block_delta", "index": self.index,
-                                                       "delta": {"type": "signature_delta", "signature": SIGNATURE}}))
+            out.append(
+                _event(
+                    b"content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": self.index,
+                        "delta": {"type": "signature_delta", "signature": SIGNATURE},
+                    },
+                )
+            )
         if self.open is not None:
             out.append(_STOP % self.index)
             self.open = None
@@ -268,8 +313,9 @@ class Stream:
         self.index += 1
         self.open = kind
         self.sent_any = True
-        out.append(_event(b"content_block_start", {"type": "content_block_start", "index": self.index,
-                                                   "content_block": block}))
+        out.append(
+            _event(b"content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
+        )
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _event(b"content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
@@ -307,10 +353,16 @@ class Stream:
         if not self.sent_any:  # a message has at least one block
             self._start(out, "text", {"type": "text", "text": ""})
         self._close(out)
-        out.append(_event(b"message_delta", {"type": "message_delta",
-                                             "delta": {"stop_reason": stop_reason(self.run),
-                                                       "stop_sequence": self.run.stop_sequence},
-                                             "usage": _usage(self.run)}))
+        out.append(
+            _event(
+                b"message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(self.run), "stop_sequence": self.run.stop_sequence},
+                    "usage": _usage(self.run),
+                },
+            )
+        )
         out.append(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
         return b"".join(out)
 

@@ -35,9 +35,9 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from legorl.proxy import anthropic, gemini, openai_chat, responses
+from legorl.proxy.context import ProxyContext
 from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
-from legorl.proxy.context import ProxyContext
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import Renderer
 from legorl.proxy.render_cache import Journal, TooLong
@@ -50,9 +50,12 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DIALECTS: dict[str, ModuleType] = {
-    "/v1/chat/completions": openai_chat, "/chat/completions": openai_chat,
-    "/v1/messages": anthropic, "/messages": anthropic,
-    "/v1/responses": responses, "/responses": responses,
+    "/v1/chat/completions": openai_chat,
+    "/chat/completions": openai_chat,
+    "/v1/messages": anthropic,
+    "/messages": anthropic,
+    "/v1/responses": responses,
+    "/responses": responses,
 }
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
@@ -65,8 +68,13 @@ def _dialect_of_path(path: str) -> Dialect | None:
 
 
 async def send_json(send: Send, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON, (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*_JSON, (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -140,7 +148,9 @@ class ProxyApp:
             elif path in ("/v1/models", "/models") and method == "GET":
                 await send_json(send, 200, self._models())
             elif path in ("/health", "/") and method in ("GET", "HEAD"):
-                await send_json(send, 200, orjson.dumps({"status": "ok", "sessions": len(self.ctx.sessions.open_sessions)}))
+                await send_json(
+                    send, 200, orjson.dumps({"status": "ok", "sessions": len(self.ctx.sessions.open_sessions)})
+                )
             elif path.startswith("/legorl/sessions"):
                 await self._admin(method, path, send)
             else:
@@ -153,14 +163,22 @@ class ProxyApp:
             await send_error(send, _dialect_of_path(path), limit_error("max_json_depth", "request nests too deeply"))
         except Exception as e:  # noqa: BLE001 - a bug answers 500 and the server keeps serving
             log.exception("internal error on %s %s", method, scope["path"])
-            await send_error(send, _dialect_of_path(path), ProxyError(500, f"internal error: {type(e).__name__}: {e}",
-                                                                      "internal"))
+            await send_error(
+                send, _dialect_of_path(path), ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal")
+            )
 
     def _models(self) -> bytes:
         name = self.ctx.cfg.served_model
         created = int(self.started_at)
-        entry = {"id": name, "object": "model", "created": created, "owned_by": "legorl", "type": "model",
-                 "display_name": name, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))}
+        entry = {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "legorl",
+            "type": "model",
+            "display_name": name,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        }
         return orjson.dumps({"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name})
 
     async def _admin(self, method: str, path: str, send: Send) -> None:
@@ -168,9 +186,11 @@ class ProxyApp:
         if path == "/legorl/sessions" and method == "GET":
             await send_json(send, 200, orjson.dumps({"sessions": [s.summary() for s in reg.open_sessions.values()]}))
             return
-        sid = path[len("/legorl/sessions/"):]
+        sid = path[len("/legorl/sessions/") :]
         if not sid or not path.startswith("/legorl/sessions/") or method != "DELETE":
-            raise ProxyError(404, f"no route for {method} {path} (DELETE /legorl/sessions/<id> closes one)", "not_found")
+            raise ProxyError(
+                404, f"no route for {method} {path} (DELETE /legorl/sessions/<id> closes one)", "not_found"
+            )
         try:
             s = reg.close(sid)
         except KeyError as e:
@@ -191,8 +211,11 @@ class ProxyApp:
             if not fired:
                 raise
             task.uncancel()
-            raise ProxyError(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
-                                  "(proxy setting `body_timeout_s`)", close=True) from None
+            raise ProxyError(
+                408,
+                f"the request body did not arrive within {cfg.body_timeout_s:g} s (proxy setting `body_timeout_s`)",
+                close=True,
+            ) from None
         finally:
             timer.cancel()
         if not raw:
@@ -201,8 +224,9 @@ class ProxyApp:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
             if "depth limit" in str(e):
-                raise limit_error("max_json_depth", f"request body nests arrays/objects more than "
-                                                    f"{cfg.max_json_depth} levels deep") from None
+                raise limit_error(
+                    "max_json_depth", f"request body nests arrays/objects more than {cfg.max_json_depth} levels deep"
+                ) from None
             raise ProxyError(400, f"request body is not valid JSON: {e}") from None
         if not isinstance(body, dict):
             raise ProxyError(400, f"request body must be a JSON object, got {type(body).__name__}")
@@ -218,8 +242,12 @@ class ProxyApp:
                 except ValueError:
                     raise ProxyError(400, f"bad Content-Length header {v!r}") from None
                 if n > limit:
-                    raise ProxyError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes "
-                                          "(proxy setting `max_body_bytes`)", "too_large")
+                    raise ProxyError(
+                        413,
+                        f"request body of {n} bytes exceeds the limit of {limit} bytes "
+                        "(proxy setting `max_body_bytes`)",
+                        "too_large",
+                    )
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -230,15 +258,26 @@ class ProxyApp:
             if chunk:
                 size += len(chunk)
                 if size > limit:
-                    raise ProxyError(413, f"request body exceeds the limit of {limit} bytes "
-                                          "(proxy setting `max_body_bytes`)", "too_large")
+                    raise ProxyError(
+                        413,
+                        f"request body exceeds the limit of {limit} bytes (proxy setting `max_body_bytes`)",
+                        "too_large",
+                    )
                 chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def _gemini(self, scope: Scope, receive: Receive, send: Send, route: tuple[str, str], method: str,
-                      sid: str | None, from_url: bool) -> None:
+    async def _gemini(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: tuple[str, str],
+        method: str,
+        sid: str | None,
+        from_url: bool,
+    ) -> None:
         """A Gemini API path: the model and the call (generate, stream, count) are in it."""
         model, call = route
         if call not in gemini.METHODS:
@@ -250,11 +289,19 @@ class ProxyApp:
         if call == "countTokens":
             await self._count_tokens(scope, receive, send, sid, from_url, Dialect.GEMINI)
         else:
-            await self._model_call(scope, receive, send, gemini.Call(model, call == "streamGenerateContent"),
-                                   sid, from_url)
+            await self._model_call(
+                scope, receive, send, gemini.Call(model, call == "streamGenerateContent"), sid, from_url
+            )
 
-    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send, sid: str | None, from_url: bool,
-                            dialect: Dialect = Dialect.ANTHROPIC) -> None:
+    async def _count_tokens(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        sid: str | None,
+        from_url: bool,
+        dialect: Dialect = Dialect.ANTHROPIC,
+    ) -> None:
         ctx = self.ctx
         mod = gemini if dialect is Dialect.GEMINI else anthropic
         to_chat = gemini.count_request if dialect is Dialect.GEMINI else anthropic.to_chat
@@ -271,9 +318,9 @@ class ProxyApp:
         await send_json(send, 200, mod.count_tokens_body(n))
 
     # -- model calls ----------------------------------------------------------------------
-    async def _model_call(self, scope: Scope, receive: Receive, send: Send, mod: ModuleType | gemini.Call,
-                          sid: str | None,
-                          from_url: bool) -> None:
+    async def _model_call(
+        self, scope: Scope, receive: Receive, send: Send, mod: ModuleType | gemini.Call, sid: str | None, from_url: bool
+    ) -> None:
         dialect: Dialect = mod.DIALECT
         ctx = self.ctx
         size = 0
@@ -281,6 +328,7 @@ class ProxyApp:
             body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)
             if size > ctx.cfg.offload_bytes:  # parse and tokenise on a thread; cache only if accepted
+
                 def work(r: Renderer) -> tuple[Parsed, list[int]]:
                     p = mod.parse(body)
                     return p, r.render(p.chat, session.state)
@@ -359,8 +407,9 @@ class ProxyApp:
             await self._fail(run, send, dialect, e, started)
         except Exception as e:  # noqa: BLE001 - a bug: keep the turn, end the stream with an error event
             log.exception("internal error in session %s", run.session.id)
-            await self._fail(run, send, dialect, ProxyError(500, f"internal error: {type(e).__name__}: {e}",
-                                                            "internal"), started)
+            await self._fail(
+                run, send, dialect, ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal"), started
+            )
         finally:
             state["done"] = True
             watcher.cancel()

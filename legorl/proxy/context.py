@@ -43,8 +43,9 @@ class ProxyContext:
         hit = self._params.get((max_tokens, stop))
         if hit is None:
             c = self.cfg
-            p = SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=max_tokens,
-                               stop=stop, seed=c.seed)
+            p = SamplingParams(
+                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_tokens=max_tokens, stop=stop, seed=c.seed
+            )
             hit = (p, p.to_dict())
             if len(self._params) > 4096:
                 self._params.clear()

@@ -34,10 +34,22 @@ _OPENAI_TYPES = {
     "internal": "server_error",
 }
 # HTTP status -> Google's canonical error status (https://ai.google.dev/gemini-api/docs/troubleshooting)
-_GOOGLE_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-                  405: "INVALID_ARGUMENT", 408: "DEADLINE_EXCEEDED", 409: "ABORTED", 413: "INVALID_ARGUMENT",
-                  429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL", 502: "UNAVAILABLE",
-                  503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    408: "DEADLINE_EXCEEDED",
+    409: "ABORTED",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
 
 
 class ProxyError(Exception):
@@ -45,8 +57,13 @@ class ProxyError(Exception):
     names what was wrong (and, where useful, the offending field in `param`)."""
 
     def __init__(
-        self, status: int, message: str, kind: str = "invalid_request", code: str | None = None,
-        param: str | None = None, close: bool = False,
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request",
+        code: str | None = None,
+        param: str | None = None,
+        close: bool = False,
     ) -> None:
         super().__init__(message)
         self.close = close  # answer with `connection: close` (the request was not read in full)
@@ -82,8 +99,9 @@ def error_body(dialect: Dialect | None, err: ProxyError) -> bytes:
             {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(err.kind, "api_error"), "message": err.message}}
         )
     if dialect is Dialect.GEMINI:
-        return orjson.dumps({"error": {"code": err.status, "message": err.message,
-                                       "status": _GOOGLE_STATUS.get(err.status, "UNKNOWN")}})
+        return orjson.dumps(
+            {"error": {"code": err.status, "message": err.message, "status": _GOOGLE_STATUS.get(err.status, "UNKNOWN")}}
+        )
     return orjson.dumps(
         {
             "error": {

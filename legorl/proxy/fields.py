@@ -20,14 +20,26 @@ _MISSING = object()
 
 
 def _type_name(t: type | tuple[type, ...]) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-             dict: "an object"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }
     ts = t if isinstance(t, tuple) else (t,)
     return " or ".join(names.get(x, x.__name__) for x in ts if x is not float or int not in ts)
 
 
-def get(obj: dict[str, Any], key: str, types: type | tuple[type, ...], where: str, default: Any = None,
-        required: bool = False) -> Any:
+def get(
+    obj: dict[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    where: str,
+    default: Any = None,
+    required: bool = False,
+) -> Any:
     """obj[key] checked against `types` (bool is never taken for a number); null → default."""
     v = obj.get(key, _MISSING)
     if v is _MISSING or v is None:

@@ -47,10 +47,29 @@ from legorl.types import Dialect, FinishReason
 DIALECT = Dialect.GEMINI
 _PATH = re.compile(r"^/(?:v1beta|v1alpha|v1)/((?:models|tunedModels)/[^:/][^:]*):([A-Za-z]+)$")
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
-_TYPES = {"STRING": "string", "NUMBER": "number", "INTEGER": "integer", "BOOLEAN": "boolean", "ARRAY": "array",
-          "OBJECT": "object", "NULL": "null", "TYPE_UNSPECIFIED": "string"}
-_REFUSED_TOOLS = ("googleSearch", "google_search", "googleSearchRetrieval", "codeExecution", "code_execution",
-                  "urlContext", "url_context", "retrieval", "computerUse", "fileSearch", "googleMaps")
+_TYPES = {
+    "STRING": "string",
+    "NUMBER": "number",
+    "INTEGER": "integer",
+    "BOOLEAN": "boolean",
+    "ARRAY": "array",
+    "OBJECT": "object",
+    "NULL": "null",
+    "TYPE_UNSPECIFIED": "string",
+}
+_REFUSED_TOOLS = (
+    "googleSearch",
+    "google_search",
+    "googleSearchRetrieval",
+    "codeExecution",
+    "code_execution",
+    "urlContext",
+    "url_context",
+    "retrieval",
+    "computerUse",
+    "fileSearch",
+    "googleMaps",
+)
 
 
 def match(path: str) -> tuple[str, str] | None:
@@ -79,8 +98,9 @@ def key_of(query_string: bytes, headers: list[tuple[bytes, bytes]]) -> str | Non
     return None
 
 
-def _g(obj: dict[str, Any], camel: str, snake: str, types: type | tuple[type, ...], where: str,
-       default: Any = None) -> Any:
+def _g(
+    obj: dict[str, Any], camel: str, snake: str, types: type | tuple[type, ...], where: str, default: Any = None
+) -> Any:
     """A field under its JSON name or its proto snake_case name (both are valid REST JSON)."""
     if obj.get(camel) is not None:
         return F.get(obj, camel, types, where, default)
@@ -91,7 +111,7 @@ def _g(obj: dict[str, Any], camel: str, snake: str, types: type | tuple[type, ..
 def _response_text(resp: Any) -> str:
     """A functionResponse's `response` as the text the policy reads."""
     if isinstance(resp, dict) and len(resp) == 1:
-        (k, v), = resp.items()
+        ((k, v),) = resp.items()
         if k in ("output", "result", "content") and isinstance(v, str):
             return v
     if isinstance(resp, str):
@@ -108,18 +128,24 @@ def _model_message(parts: list[Any], where: str) -> dict[str, Any]:
         p = F.as_dict(p, w)
         fc = _g(p, "functionCall", "function_call", dict, f"{w}.")
         if fc is not None:
-            calls.append({
-                "id": F.get(fc, "id", str, f"{w}.functionCall.", "") or F.new_id("call_"),
-                "type": "function",
-                "function": {"name": F.get(fc, "name", str, f"{w}.functionCall.", required=True),
-                             "arguments": _input_json(fc.get("args") or {}, f"{w}.functionCall.args")},
-            })
+            calls.append(
+                {
+                    "id": F.get(fc, "id", str, f"{w}.functionCall.", "") or F.new_id("call_"),
+                    "type": "function",
+                    "function": {
+                        "name": F.get(fc, "name", str, f"{w}.functionCall.", required=True),
+                        "arguments": _input_json(fc.get("args") or {}, f"{w}.functionCall.args"),
+                    },
+                }
+            )
             continue
         text = F.get(p, "text", str, f"{w}.")
         if text is not None:
             (reasoning if F.get(p, "thought", bool, f"{w}.", False) else texts).append(text)
-        elif _g(p, "inlineData", "inline_data", dict, f"{w}.") is not None or \
-                _g(p, "fileData", "file_data", dict, f"{w}.") is not None:
+        elif (
+            _g(p, "inlineData", "inline_data", dict, f"{w}.") is not None
+            or _g(p, "fileData", "file_data", dict, f"{w}.") is not None
+        ):
             texts.append(F.IMAGE_PLACEHOLDER)
         elif not (p.keys() <= {"thoughtSignature", "thought_signature", "thought"}):
             raise F.unsupported(f"{w}: a model part with fields {sorted(p)}", w)
@@ -145,14 +171,15 @@ def _user_messages(parts: list[Any], where: str, calls_by_name: dict[str, list[s
             cid = F.get(fr, "id", str, f"{w}.functionResponse.", "")
             if not cid and calls_by_name.get(name):  # no id: the oldest open call of that name
                 cid = calls_by_name[name].pop(0)
-            tools.append({"role": "tool", "tool_call_id": cid,
-                          "content": _response_text(fr.get("response"))})
+            tools.append({"role": "tool", "tool_call_id": cid, "content": _response_text(fr.get("response"))})
             continue
         text = F.get(p, "text", str, f"{w}.")
         if text is not None:
             texts.append(text)
-        elif _g(p, "inlineData", "inline_data", dict, f"{w}.") is not None or \
-                _g(p, "fileData", "file_data", dict, f"{w}.") is not None:
+        elif (
+            _g(p, "inlineData", "inline_data", dict, f"{w}.") is not None
+            or _g(p, "fileData", "file_data", dict, f"{w}.") is not None
+        ):
             texts.append(F.IMAGE_PLACEHOLDER)
         elif _g(p, "functionCall", "function_call", dict, f"{w}.") is not None:
             raise bad_request(f"{w}.functionCall: only a `model` turn can call a function", param=f"{w}.functionCall")
@@ -248,13 +275,18 @@ def parse_request(body: dict[str, Any], model: str, stream: bool) -> Parsed:
     w = "generationConfig."
     n = _g(cfg, "candidateCount", "candidate_count", int, w, 1)
     if n != 1:
-        raise F.unsupported(f"generationConfig.candidateCount={n} (one candidate per request)",
-                            "generationConfig.candidateCount")
+        raise F.unsupported(
+            f"generationConfig.candidateCount={n} (one candidate per request)", "generationConfig.candidateCount"
+        )
     max_tokens = F.positive_int(cfg, "maxOutputTokens", w) or F.positive_int(cfg, "max_output_tokens", w)
     stop = F.stop_list(cfg, "stopSequences") or F.stop_list(cfg, "stop_sequences")
-    requested = {"temperature": F.number(cfg, "temperature", w), "top_p": _g(cfg, "topP", "top_p", (int, float), w),
-                 "top_k": _g(cfg, "topK", "top_k", (int, float), w), "max_tokens": max_tokens,
-                 "seed": F.get(cfg, "seed", int, w)}
+    requested = {
+        "temperature": F.number(cfg, "temperature", w),
+        "top_p": _g(cfg, "topP", "top_p", (int, float), w),
+        "top_k": _g(cfg, "topK", "top_k", (int, float), w),
+        "max_tokens": max_tokens,
+        "seed": F.get(cfg, "seed", int, w),
+    }
     prefill = msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls")
     return Parsed(
         chat=ChatRequest(msgs, tools, add_generation_prompt=not prefill),
@@ -307,9 +339,12 @@ def finish_reason(run: TurnRun) -> str:
 
 
 def _usage(run: TurnRun) -> dict[str, Any]:
-    return {"promptTokenCount": run.prompt_tokens, "candidatesTokenCount": run.completion_tokens,
-            "totalTokenCount": run.prompt_tokens + run.completion_tokens,
-            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": run.prompt_tokens}]}
+    return {
+        "promptTokenCount": run.prompt_tokens,
+        "candidatesTokenCount": run.completion_tokens,
+        "totalTokenCount": run.prompt_tokens + run.completion_tokens,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": run.prompt_tokens}],
+    }
 
 
 def _tool_args(arguments: str) -> Any:
@@ -328,8 +363,9 @@ def _envelope(run: TurnRun, rid: str, parts: list[dict[str, Any]], final: bool) 
     if final:
         cand["finishReason"] = finish_reason(run)
     out: dict[str, Any] = {"candidates": [cand]}
-    out["usageMetadata"] = _usage(run) if final else {"promptTokenCount": run.prompt_tokens,
-                                                       "totalTokenCount": run.prompt_tokens}
+    out["usageMetadata"] = (
+        _usage(run) if final else {"promptTokenCount": run.prompt_tokens, "totalTokenCount": run.prompt_tokens}
+    )
     out["modelVersion"] = run.parsed.model
     out["responseId"] = rid
     return out

@@ -21,7 +21,15 @@ from __future__ import annotations
 import json
 import re
 
-from legorl.proxy.completion import ParsedCompletion, ReasoningDelta, StreamEvent, TextDelta, ToolCall, call_deltas, new_call_id
+from legorl.proxy.completion import (
+    ParsedCompletion,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCall,
+    call_deltas,
+    new_call_id,
+)
 
 START, MESSAGE = "<|start|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -88,8 +96,9 @@ def parse_harmony(text: str) -> ParsedCompletion:
             reasoning.append(body)
         else:
             content.append(body)
-    return ParsedCompletion("".join(content).strip() if calls else "".join(content),
-                            "\n".join(reasoning) if reasoning else None, calls, bad)
+    return ParsedCompletion(
+        "".join(content).strip() if calls else "".join(content), "\n".join(reasoning) if reasoning else None, calls, bad
+    )
 
 
 class HarmonyStreamParser:
@@ -122,8 +131,12 @@ class HarmonyStreamParser:
         self.buf = ""
         calls = self.calls
         content = "".join(self.content)
-        return events, ParsedCompletion(content.strip() if calls else content,
-                                        "\n".join(self.reasoning) if self.reasoning else None, calls, self.bad)
+        return events, ParsedCompletion(
+            content.strip() if calls else content,
+            "\n".join(self.reasoning) if self.reasoning else None,
+            calls,
+            self.bad,
+        )
 
     def _drain(self, final: bool) -> list[StreamEvent]:
         events: list[StreamEvent] = []
@@ -135,19 +148,19 @@ class HarmonyStreamParser:
                 i = buf.find(MESSAGE)
                 if i < 0:
                     return events
-                self.header, self.buf, self.body, self.emitted = buf[:i], buf[i + len(MESSAGE):], "", 0
+                self.header, self.buf, self.body, self.emitted = buf[:i], buf[i + len(MESSAGE) :], "", 0
                 continue
             ends = [(self.buf.find(e), e) for e in ENDS if e in self.buf]
             if ends:
                 at, end = min(ends)
                 self.body += self.buf[:at]
-                self.buf = self.buf[at + len(end):]
+                self.buf = self.buf[at + len(end) :]
                 events += self._close()
                 continue
             # no end yet: stream what cannot be the start of an end/start token
             hold = 0 if final else _partial(self.buf)
             self.body += self.buf[: len(self.buf) - hold]
-            self.buf = self.buf[len(self.buf) - hold:]
+            self.buf = self.buf[len(self.buf) - hold :]
             events += self._stream()
             return events
 
@@ -159,7 +172,7 @@ class HarmonyStreamParser:
 
     def _stream(self) -> list[StreamEvent]:
         kind = self._kind()
-        piece = self.body[self.emitted:]
+        piece = self.body[self.emitted :]
         if not piece or kind == "call":
             return []
         self.emitted = len(self.body)

@@ -26,8 +26,7 @@ ORJSON_MAX_DEPTH = 254  # deepest nesting orjson.dumps writes (a container at de
 
 def limit_error(limit: str, message: str) -> ProxyError:
     """A 400 naming the exceeded proxy setting (`param` and `code` carry its name)."""
-    return ProxyError(400, f"{message} (proxy limit `{limit}`)", "invalid_request", code="limit_exceeded",
-                      param=limit)
+    return ProxyError(400, f"{message} (proxy limit `{limit}`)", "invalid_request", code="limit_exceeded", param=limit)
 
 
 def depth_within(obj: Any, limit: int) -> bool:
@@ -91,8 +90,9 @@ def check_body(raw: bytes, body: dict[str, Any], max_depth: int, max_string_char
     if len(raw) > max_string_chars:  # a string has at most as many characters as the body has bytes
         n, path = _longest_string(body, max_string_chars)
         if n:
-            raise limit_error("max_string_chars",
-                              f"{path}: a string of {n} characters exceeds the limit of {max_string_chars}")
+            raise limit_error(
+                "max_string_chars", f"{path}: a string of {n} characters exceeds the limit of {max_string_chars}"
+            )
     for key in ("messages", "input", "contents"):
         items = body.get(key)
         if isinstance(items, list) and len(items) > max_messages:
@@ -100,6 +100,7 @@ def check_body(raw: bytes, body: dict[str, Any], max_depth: int, max_string_char
 
 
 # -- serialisation that cannot raise ---------------------------------------------------
+
 
 def _sanitise(obj: Any, depth: int, limit: int) -> Any:
     """A copy of `obj` orjson can write: containers past `limit` become a marker string,

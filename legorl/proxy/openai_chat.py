@@ -21,10 +21,10 @@ from typing import Any
 import orjson
 
 from legorl.proxy import fields as F
+from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.OPENAI_CHAT
@@ -67,14 +67,16 @@ def _tool_calls(raw: Any, where: str) -> list[dict[str, Any]]:
         w = f"{where}[{k}]"
         c = F.as_dict(c, w)
         fn = F.as_dict(c.get("function"), f"{w}.function")
-        calls.append({
-            "id": F.get(c, "id", str, f"{w}.", "") or F.new_id("call_"),
-            "type": "function",
-            "function": {
-                "name": F.get(fn, "name", str, f"{w}.function.", required=True),
-                "arguments": F.json_args(fn.get("arguments"), f"{w}.function.arguments"),
-            },
-        })
+        calls.append(
+            {
+                "id": F.get(c, "id", str, f"{w}.", "") or F.new_id("call_"),
+                "type": "function",
+                "function": {
+                    "name": F.get(fn, "name", str, f"{w}.function.", required=True),
+                    "arguments": F.json_args(fn.get("arguments"), f"{w}.function.arguments"),
+                },
+            }
+        )
     return calls
 
 
@@ -176,14 +178,16 @@ def response(run: TurnRun) -> bytes:
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
             for c in res.tool_calls
         ]
-    return orjson.dumps({
-        "id": F.new_id("chatcmpl-"),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": run.parsed.model,
-        "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason(run)}],
-        "usage": usage(run),
-    })
+    return orjson.dumps(
+        {
+            "id": F.new_id("chatcmpl-"),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": run.parsed.model,
+            "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish_reason(run)}],
+            "usage": usage(run),
+        }
+    )
 
 
 class Stream:
@@ -191,14 +195,21 @@ class Stream:
 
     def __init__(self, run: TurnRun) -> None:
         self.run = run
-        head = {"id": F.new_id("chatcmpl-"), "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": run.parsed.model}
+        head = {
+            "id": F.new_id("chatcmpl-"),
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": run.parsed.model,
+        }
         self.prefix = b"data: " + orjson.dumps(head)[:-1] + b',"choices":[{"index":0,"delta":'
         self.head_json = orjson.dumps(head)[:-1]
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        end = b',"logprobs":null,"finish_reason":null}]}\n\n' if finish is None else (
-            b',"logprobs":null,"finish_reason":"' + finish.encode() + b'"}]}\n\n')
+        end = (
+            b',"logprobs":null,"finish_reason":null}]}\n\n'
+            if finish is None
+            else (b',"logprobs":null,"finish_reason":"' + finish.encode() + b'"}]}\n\n')
+        )
         return self.prefix + orjson.dumps(delta) + end
 
     def head(self) -> bytes:
@@ -212,8 +223,20 @@ class Stream:
             elif type(e) is ReasoningDelta:
                 out.append(self._chunk({"reasoning_content": e.text}))
             elif e.name is not None:  # first delta of a call
-                out.append(self._chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
-                                                         "function": {"name": e.name, "arguments": e.arguments}}]}))
+                out.append(
+                    self._chunk(
+                        {
+                            "tool_calls": [
+                                {
+                                    "index": e.index,
+                                    "id": e.id,
+                                    "type": "function",
+                                    "function": {"name": e.name, "arguments": e.arguments},
+                                }
+                            ]
+                        }
+                    )
+                )
             else:
                 out.append(self._chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.arguments}}]}))
         return b"".join(out)

@@ -31,7 +31,7 @@ class PassthroughApp:
         path: str = scope["path"]
         if path.startswith("/s/"):
             rest = path[3:]
-            path = rest[rest.find("/"):] if "/" in rest else "/"
+            path = rest[rest.find("/") :] if "/" in rest else "/"
         body = b""
         while True:
             msg = await receive()
@@ -48,12 +48,17 @@ class PassthroughApp:
             resp = await self.client.send(req, stream=True)
         except httpx.HTTPError as e:
             err = f'{{"error": {{"message": "upstream {self.upstream} unreachable: {type(e).__name__}", "type": "api_error"}}}}'
-            await send({"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json")]})
+            await send(
+                {"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json")]}
+            )
             await send({"type": "http.response.body", "body": err.encode()})
             return
         try:
-            out_headers = [(k.encode(), v.encode()) for k, v in resp.headers.items()
-                           if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding")]
+            out_headers = [
+                (k.encode(), v.encode())
+                for k, v in resp.headers.items()
+                if k.lower() not in ("content-length", "transfer-encoding", "connection", "content-encoding")
+            ]
             await send({"type": "http.response.start", "status": resp.status_code, "headers": out_headers})
             async for chunk in resp.aiter_bytes():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -109,11 +109,10 @@ class RenderState:
         while len(self._texts) > 8:
             self._texts.popitem(last=False)
 
-    def remember(self, completion_ids: list[int], parsed: ParsedCompletion,
-                 prompt_ids: list[int] | None = None) -> None:
-        key = assistant_key(
-            parsed.content, parsed.reasoning, [(c.name, c.arguments) for c in parsed.tool_calls]
-        )
+    def remember(
+        self, completion_ids: list[int], parsed: ParsedCompletion, prompt_ids: list[int] | None = None
+    ) -> None:
+        key = assistant_key(parsed.content, parsed.reasoning, [(c.name, c.arguments) for c in parsed.tool_calls])
         self.sampled[key] = list(completion_ids)
         hit = self._texts.pop(id(prompt_ids), None) if prompt_ids is not None else None
         if hit is not None and hit[0] is prompt_ids:
@@ -237,9 +236,11 @@ class Renderer:
                 contents = tuple(msgs[k].get("content") or "" for k in range(i, j))
                 ids += self._cached(
                     ("tool", contents),
-                    lambda c=contents: "<|im_start|>user"
-                    + "".join(f"\n<tool_response>\n{x}\n</tool_response>" for x in c)
-                    + "<|im_end|>\n",
+                    lambda c=contents: (
+                        "<|im_start|>user"
+                        + "".join(f"\n<tool_response>\n{x}\n</tool_response>" for x in c)
+                        + "<|im_end|>\n"
+                    ),
                 )
                 i = j
                 continue
@@ -248,9 +249,7 @@ class Renderer:
                 ids += self._assistant(m, state, final_open)
             else:  # user, or a system message after the first
                 content = m.get("content") or ""
-                ids += self._cached(
-                    (role, content), lambda r=role, c=content: f"<|im_start|>{r}\n{c}<|im_end|>\n"
-                )
+                ids += self._cached((role, content), lambda r=role, c=content: f"<|im_start|>{r}\n{c}<|im_end|>\n")
             i += 1
         if req.add_generation_prompt:
             ids += self.gen_prompt

@@ -119,8 +119,11 @@ def bound_renderer(renderer: Any, max_bytes: int) -> bool:
     caches = _caches(renderer)
     if "_cache" not in caches:
         return False
-    budgets = {"_cache": max_bytes - max_bytes // 8, "_tools_cache": max_bytes // 8} if len(caches) > 1 \
+    budgets = (
+        {"_cache": max_bytes - max_bytes // 8, "_tools_cache": max_bytes // 8}
+        if len(caches) > 1
         else {"_cache": max_bytes}
+    )
     for name, cache in caches.items():
         if not isinstance(cache, ByteLRU):
             new = ByteLRU(budgets[name])

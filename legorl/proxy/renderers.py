@@ -41,12 +41,28 @@ def round_trip(tokenizer: Any) -> str:
     `apply_chat_template` (ids) on a conversation with tools, a tool call and its result.
     Raises TemplateError (unknown shape, or a difference) with what to do."""
     r = make_renderer(tokenizer)
-    msgs = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "a.py"}]
-    tools = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                               "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+    msgs = [
+        {"role": "system", "content": "You fix bugs."},
+        {"role": "user", "content": "List the files."},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls"}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+    ]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "bash",
+                "description": "Run a shell command.",
+                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+            },
+        }
+    ]
     shape = getattr(r, "shape", None)
     ours = r.render(ChatRequest(msgs, tools))
     if shape is not None and not (shape.renders_tools and shape.renders_tool_calls):
@@ -61,7 +77,7 @@ def round_trip(tokenizer: Any) -> str:
         k = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
         raise TemplateError(
             f"the proxy's rendering and apply_chat_template differ at token {k}: "
-            f"{tokenizer.decode(ours[k:k + 8])!r} vs {tokenizer.decode(theirs[k:k + 8])!r}; "
+            f"{tokenizer.decode(ours[k : k + 8])!r} vs {tokenizer.decode(theirs[k : k + 8])!r}; "
             "report the template (this shape is not served faithfully)"
         )
     return f"{type(r).__name__} ({getattr(r, 'tool_format', '?')} tool calls, {how}): {len(ours)} ids equal"

@@ -32,11 +32,11 @@ from typing import Any
 import orjson
 
 from legorl.proxy import fields as F
+from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.openai_chat import flatten
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.RESPONSES
@@ -57,7 +57,7 @@ def unseal(blob: Any) -> str | None:
     if not isinstance(blob, str) or not blob.startswith(_BLOB):
         return None
     try:
-        return base64.b64decode(blob[len(_BLOB):], validate=True).decode()
+        return base64.b64decode(blob[len(_BLOB) :], validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return None
 
@@ -93,8 +93,10 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             raw_role = item.get("role")
             role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
             if role is None:
-                raise bad_request(f"{w}.role: {item.get('role')!r} is not one of system, developer, user, assistant",
-                                  param=f"{w}.role")
+                raise bad_request(
+                    f"{w}.role: {item.get('role')!r} is not one of system, developer, user, assistant",
+                    param=f"{w}.role",
+                )
             m: dict[str, Any] = {"role": role, "content": flatten(item.get("content"), f"{w}.content")}
             if role == "assistant" and reasoning is not None:
                 m["reasoning_content"], reasoning = reasoning, None
@@ -102,9 +104,14 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             reasoning = _reasoning_text(item, w)
         elif kind == "function_call":
-            call = {"id": F.get(item, "call_id", str, f"{w}.", required=True), "type": "function",
-                    "function": {"name": F.get(item, "name", str, f"{w}.", required=True),
-                                 "arguments": F.json_args(item.get("arguments"), f"{w}.arguments")}}
+            call = {
+                "id": F.get(item, "call_id", str, f"{w}.", required=True),
+                "type": "function",
+                "function": {
+                    "name": F.get(item, "name", str, f"{w}.", required=True),
+                    "arguments": F.json_args(item.get("arguments"), f"{w}.arguments"),
+                },
+            }
             last = msgs[-1] if msgs else None
             if last is None or last["role"] != "assistant":
                 last = {"role": "assistant", "content": ""}
@@ -114,8 +121,13 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             out = item.get("output")
-            msgs.append({"role": "tool", "tool_call_id": F.get(item, "call_id", str, f"{w}.", ""),
-                         "content": out if isinstance(out, str) else flatten(out, f"{w}.output")})
+            msgs.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": F.get(item, "call_id", str, f"{w}.", ""),
+                    "content": out if isinstance(out, str) else flatten(out, f"{w}.output"),
+                }
+            )
         else:
             raise F.unsupported(f"input item type {kind!r} ({w})", f"{w}.type")
     if not msgs or all(m["role"] == "system" for m in msgs):
@@ -128,9 +140,11 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
     for i, t in enumerate(F.as_list(raw, "tools")):
         t = F.as_dict(t, f"tools[{i}]")
         if t.get("type") != "function":
-            raise F.unsupported(f"tools[{i}].type {t.get('type')!r} (only 'function' tools; hosted tools and "
-                                f"namespaces cannot run on a local policy: turn them off in the client)",
-                                f"tools[{i}].type")
+            raise F.unsupported(
+                f"tools[{i}].type {t.get('type')!r} (only 'function' tools; hosted tools and "
+                f"namespaces cannot run on a local policy: turn them off in the client)",
+                f"tools[{i}].type",
+            )
         fn: dict[str, Any] = {"name": F.get(t, "name", str, f"tools[{i}].", required=True)}
         if t.get("description") is not None:
             fn["description"] = t["description"]
@@ -141,62 +155,90 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 
 def parse(body: dict[str, Any]) -> Parsed:
     if body.get("previous_response_id") is not None:
-        raise F.unsupported("previous_response_id (no response store: send the whole conversation in `input`)",
-                            "previous_response_id")
+        raise F.unsupported(
+            "previous_response_id (no response store: send the whole conversation in `input`)", "previous_response_id"
+        )
     msgs = _messages(body)
     tools = _tools(body["tools"]) if body.get("tools") else []
     max_tokens = F.positive_int(body, "max_output_tokens")
-    requested = {"temperature": F.number(body, "temperature"), "top_p": F.number(body, "top_p"),
-                 "max_tokens": max_tokens}
+    requested = {
+        "temperature": F.number(body, "temperature"),
+        "top_p": F.number(body, "top_p"),
+        "max_tokens": max_tokens,
+    }
     return Parsed(
         chat=ChatRequest(msgs, tools, add_generation_prompt=True),
         model=F.get(body, "model", str, "", ""),
         stream=F.get(body, "stream", bool, "", False),
         max_tokens=max_tokens,
         requested={k: v for k, v in requested.items() if v is not None},
-        options={"instructions": body.get("instructions"), "tools": body.get("tools") or [],
-                 "sealed": ENCRYPTED in (body.get("include") or [])},
+        options={
+            "instructions": body.get("instructions"),
+            "tools": body.get("tools") or [],
+            "sealed": ENCRYPTED in (body.get("include") or []),
+        },
     )
 
 
 def _usage(run: TurnRun) -> dict[str, Any]:
-    return {"input_tokens": run.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": run.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": run.prompt_tokens + run.completion_tokens}
+    return {
+        "input_tokens": run.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": run.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": run.prompt_tokens + run.completion_tokens,
+    }
 
 
 def _envelope(run: TurnRun, rid: str, created: int, output: list[dict[str, Any]], done: bool) -> dict[str, Any]:
     incomplete = done and run.finish_reason is FinishReason.LENGTH
     p = run.params
     return {
-        "id": rid, "object": "response", "created_at": created,
+        "id": rid,
+        "object": "response",
+        "created_at": created,
         "status": ("incomplete" if incomplete else "completed") if done else "in_progress",
-        "error": None, "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "instructions": run.parsed.options.get("instructions"), "max_output_tokens": run.parsed.max_tokens,
-        "model": run.parsed.model, "output": output, "parallel_tool_calls": True,
-        "temperature": p.temperature if p else None, "top_p": p.top_p if p else None,
-        "tool_choice": "auto", "tools": run.parsed.options.get("tools", []), "metadata": {},
-        "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": run.parsed.options.get("instructions"),
+        "max_output_tokens": run.parsed.max_tokens,
+        "model": run.parsed.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "temperature": p.temperature if p else None,
+        "top_p": p.top_p if p else None,
+        "tool_choice": "auto",
+        "tools": run.parsed.options.get("tools", []),
+        "metadata": {},
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "store": False,
         "usage": _usage(run) if done else None,
     }
 
 
 def _reasoning_item(iid: str, text: str, status: str, sealed: bool = False) -> dict[str, Any]:
-    item = {"type": "reasoning", "id": iid, "summary": [], "status": status,
-            "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else []}
+    item = {
+        "type": "reasoning",
+        "id": iid,
+        "summary": [],
+        "status": status,
+        "content": [{"type": "reasoning_text", "text": text}] if status == "completed" else [],
+    }
     if sealed:  # include: ["reasoning.encrypted_content"]
         item["encrypted_content"] = seal(text) if status == "completed" else None
     return item
 
 
 def _message_item(iid: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = (
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    )
     return {"type": "message", "id": iid, "status": status, "role": "assistant", "content": content}
 
 
 def _call_item(iid: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": args,
-            "status": status}
+    return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": args, "status": status}
 
 
 def response(run: TurnRun) -> bytes:
@@ -246,8 +288,9 @@ class Stream:
         base = {"item_id": o["id"], "output_index": idx}
         if o["kind"] == "message":
             part = {"type": "output_text", "text": o["text"], "annotations": [], "logprobs": []}
-            out.append(self._ev("response.output_text.done", {**base, "content_index": 0, "text": o["text"],
-                                                              "logprobs": []}))
+            out.append(
+                self._ev("response.output_text.done", {**base, "content_index": 0, "text": o["text"], "logprobs": []})
+            )
             out.append(self._ev("response.content_part.done", {**base, "content_index": 0, "part": part}))
             item = _message_item(o["id"], o["text"], "completed")
         elif o["kind"] == "reasoning":
@@ -256,8 +299,9 @@ class Stream:
             out.append(self._ev("response.content_part.done", {**base, "content_index": 0, "part": part}))
             item = _reasoning_item(o["id"], o["text"], "completed", self.sealed)
         else:
-            out.append(self._ev("response.function_call_arguments.done",
-                                {**base, "name": o["name"], "arguments": o["text"]}))
+            out.append(
+                self._ev("response.function_call_arguments.done", {**base, "name": o["name"], "arguments": o["text"]})
+            )
             item = _call_item(o["id"], o["call_id"], o["name"], o["text"], "completed")
         out.append(self._ev("response.output_item.done", {"output_index": idx, "item": item}))
         self.items.append(item)
@@ -279,8 +323,12 @@ class Stream:
             part = None
         out.append(self._ev("response.output_item.added", {"output_index": idx, "item": item}))
         if part is not None:
-            out.append(self._ev("response.content_part.added", {"item_id": o["id"], "output_index": idx,
-                                                                "content_index": 0, "part": part}))
+            out.append(
+                self._ev(
+                    "response.content_part.added",
+                    {"item_id": o["id"], "output_index": idx, "content_index": 0, "part": part},
+                )
+            )
         return o
 
     def _text(self, out: list[bytes], text: str) -> None:
@@ -288,8 +336,18 @@ class Stream:
         if o is None or o["kind"] != "message":
             o = self._open(out, "message")
         o["text"] += text
-        out.append(self._ev("response.output_text.delta", {"item_id": o["id"], "output_index": len(self.items),
-                                                           "content_index": 0, "delta": text, "logprobs": []}))
+        out.append(
+            self._ev(
+                "response.output_text.delta",
+                {
+                    "item_id": o["id"],
+                    "output_index": len(self.items),
+                    "content_index": 0,
+                    "delta": text,
+                    "logprobs": [],
+                },
+            )
+        )
 
     def events(self, evs: list[StreamEvent]) -> bytes:
         out: list[bytes] = []
@@ -307,22 +365,33 @@ class Stream:
                 if o is None:
                     o = self._open(out, "reasoning")
                 o["text"] += e.text
-                out.append(self._ev("response.reasoning_text.delta", {"item_id": o["id"],
-                                                                      "output_index": len(self.items),
-                                                                      "content_index": 0, "delta": e.text}))
+                out.append(
+                    self._ev(
+                        "response.reasoning_text.delta",
+                        {"item_id": o["id"], "output_index": len(self.items), "content_index": 0, "delta": e.text},
+                    )
+                )
             elif e.name is not None:
                 self.pending_ws = ""
                 o = self._open(out, "function_call", call_id=e.id, name=e.name)
                 if e.arguments:
                     o["text"] += e.arguments
-                    out.append(self._ev("response.function_call_arguments.delta",
-                                        {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments}))
+                    out.append(
+                        self._ev(
+                            "response.function_call_arguments.delta",
+                            {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments},
+                        )
+                    )
             else:
                 o = self.open
                 assert o is not None
                 o["text"] += e.arguments
-                out.append(self._ev("response.function_call_arguments.delta",
-                                    {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments}))
+                out.append(
+                    self._ev(
+                        "response.function_call_arguments.delta",
+                        {"item_id": o["id"], "output_index": len(self.items), "delta": e.arguments},
+                    )
+                )
         return b"".join(out)
 
     def tail(self) -> bytes:

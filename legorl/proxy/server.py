@@ -24,8 +24,8 @@ from typing import Any
 from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp
-from legorl.proxy.context import ProxyContext
 from legorl.proxy.config import ProxyConfig
+from legorl.proxy.context import ProxyContext
 from legorl.proxy.render import Renderer
 from legorl.proxy.renderers import make_renderer
 from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
@@ -57,8 +57,15 @@ class ProxyServer:
     closed session's trajectory to `out_dir/trajectories.jsonl`."""
 
     def __init__(
-        self, cfg: ProxyConfig, engine: Engine, renderer: Renderer, *, out_dir: Path | None = None,
-        standalone: bool = False, host: str | None = None, port: int | None = None,
+        self,
+        cfg: ProxyConfig,
+        engine: Engine,
+        renderer: Renderer,
+        *,
+        out_dir: Path | None = None,
+        standalone: bool = False,
+        host: str | None = None,
+        port: int | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -92,8 +99,9 @@ class ProxyServer:
     async def start(self) -> None:
         if self.cfg.tune_gc:
             tune_gc()
-        self._server = tcp_server(self.app, self.host, self.port, what="proxy server",
-                                  header_timeout_s=self.cfg.header_timeout_s)
+        self._server = tcp_server(
+            self.app, self.host, self.port, what="proxy server", header_timeout_s=self.cfg.header_timeout_s
+        )
         self.port = self._server.sock.getsockname()[1]
         await self._server.start()
 
@@ -127,10 +135,10 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
     `[engine]` table holds EngineConfig fields (other tables are ignored). Any session id
     is accepted and opened on first use; `DELETE /legorl/sessions/{id}` or shutdown writes
     its trajectory."""
+    from pydantic import ValidationError
+
     from legorl.engine.registry import EngineConfig, make_engine
     from legorl.models import load_tokenizer
-
-    from pydantic import ValidationError
 
     proxy_cfg, engine_raw = _load_config(config_path)
     proxy_cfg.host, proxy_cfg.port = host, port
@@ -154,8 +162,11 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
             await srv.start()
         except OSError as e:  # port in use, address not available: a message, not a traceback
             raise SystemExit(f"legorl proxy: {e}") from None
-        print(f"legorl proxy: serving {engine_kind}:{model} at {srv.base_url} "
-              f"(OpenAI {srv.base_url}/v1, Anthropic {srv.base_url}); recording to {out}", flush=True)
+        print(
+            f"legorl proxy: serving {engine_kind}:{model} at {srv.base_url} "
+            f"(OpenAI {srv.base_url}/v1, Anthropic {srv.base_url}); recording to {out}",
+            flush=True,
+        )
         try:
             await stop.wait()
         finally:

@@ -39,10 +39,12 @@ class SessionPinned:
             cut = rest.find("/")
             path = rest[cut:] if cut >= 0 else "/"
         if path.startswith("/legorl"):
-            body = orjson.dumps({"error": {"message": "management routes are not reachable from a sandbox",
-                                           "type": "permission_error"}})
-            await send({"type": "http.response.start", "status": 403,
-                        "headers": [(b"content-type", b"application/json")]})
+            body = orjson.dumps(
+                {"error": {"message": "management routes are not reachable from a sandbox", "type": "permission_error"}}
+            )
+            await send(
+                {"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"application/json")]}
+            )
             await send({"type": "http.response.body", "body": body})
             return
         scope = dict(scope, path=self.prefix + path, raw_path=(self.prefix + path).encode())

@@ -118,7 +118,9 @@ def share_request(session: Session, turn: Turn) -> None:
     """
     if turn.side_call or not turn.request:
         return
-    prev = next((t for t in reversed(session.turns) if not t.side_call and t.request and t.dialect == turn.dialect), None)
+    prev = next(
+        (t for t in reversed(session.turns) if not t.side_call and t.request and t.dialect == turn.dialect), None
+    )
     if prev is None:
         return
     for key, value in turn.request.items():
@@ -178,8 +180,7 @@ class SessionRegistry:
     MAX_ID_CHARS = 256
     _MAX_CLOSED_IDS = 100_000  # remembered only to word the 'is closed' error
 
-    def __init__(self, standalone: bool = False, recorder: JsonlRecorder | None = None,
-                 idle_s: float = 3600.0) -> None:
+    def __init__(self, standalone: bool = False, recorder: JsonlRecorder | None = None, idle_s: float = 3600.0) -> None:
         self.standalone = standalone
         self.recorder = recorder
         self.idle_s = idle_s

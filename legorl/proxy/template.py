@@ -48,15 +48,24 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from legorl.proxy.completion import ParsedCompletion
 from legorl.proxy.errors import bad_request
 from legorl.proxy.render import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatRequest, RenderState, assistant_key
-from legorl.proxy.completion import ParsedCompletion
 from legorl.proxy.toolcalls import parse_completion
 
 _TAG = "\ue000LEGORL_CONTINUE\ue001"  # marks the continued final message (private-use code points)
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
-_END_TOKENS = ("<|im_end|>", "<|end|>", "<|call|>", "<|return|>", "<|endoftext|>", "<|eot_id|>",
-               "<|user|>", "<|observation|>", "</s>")
+_END_TOKENS = (
+    "<|im_end|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|user|>",
+    "<|observation|>",
+    "</s>",
+)
 
 
 class TemplateError(ValueError):
@@ -180,8 +189,10 @@ class TemplateRenderer:
         tools = req.tools or None
         shape = getattr(self, "shape", None)
         if shape is not None and not shape.renders_tool_calls:
-            msgs = [_calls_as_text(m, self.shim) if m.get("role") == "assistant" and m.get("tool_calls") else m
-                    for m in msgs]
+            msgs = [
+                _calls_as_text(m, self.shim) if m.get("role") == "assistant" and m.get("tool_calls") else m
+                for m in msgs
+            ]
         if shape is not None and tools and not shape.renders_tools:
             msgs = _tools_in_system(msgs, tools, self.shim)
         return msgs, tools
@@ -190,8 +201,9 @@ class TemplateRenderer:
         import jinja2
 
         try:
-            return self._tpl.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen,
-                                    **self._special)
+            return self._tpl.render(
+                messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **self._special
+            )
         except (jinja2.TemplateError, TypeError) as e:  # the template refuses this request (as transformers would)
             raise bad_request(f"the model's chat template cannot render this request: {type(e).__name__}: {e}") from e
 
@@ -308,7 +320,12 @@ class TemplateRenderer:
         """The rendered text; a session resending exactly its previous request (a retry,
         the overhead bench) reuses it: same input, same output."""
         last = state.last_request if state is not None else None
-        if last is not None and last[0] == req.add_generation_prompt and last[1] == req.messages and last[2] == req.tools:
+        if (
+            last is not None
+            and last[0] == req.add_generation_prompt
+            and last[1] == req.messages
+            and last[2] == req.tools
+        ):
             return last[3]
         text = self.render_text(req)
         if state is not None:
@@ -319,7 +336,7 @@ class TemplateRenderer:
         for snap in reversed(state.snapshots):
             if not text.startswith(snap.prompt_text):
                 continue
-            rest = text[len(snap.prompt_text):]
+            rest = text[len(snap.prompt_text) :]
             end = self._reply_end(rest, snap.completion_ids)
             if end is None:
                 continue
@@ -328,8 +345,11 @@ class TemplateRenderer:
             parsed = self.parse(reply[: len(reply) - len(self.tokenizer.convert_ids_to_tokens(stop_id))])
             if _key(parsed) != snap.key:
                 continue
-            sampled = snap.completion_ids if snap.completion_ids and snap.completion_ids[-1] == stop_id \
+            sampled = (
+                snap.completion_ids
+                if snap.completion_ids and snap.completion_ids[-1] == stop_id
                 else [*snap.completion_ids, stop_id]
+            )
             return [*snap.prompt_ids, *sampled, *self.encode_chunks(rest[at:])]
         return None
 
@@ -365,8 +385,12 @@ def _key(p: ParsedCompletion) -> tuple:
 
 # -- probes ---------------------------------------------------------------------------
 _PROBE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe_fn", "description": "d",
-                                                   "parameters": {"type": "object", "properties": {}}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "probe_fn", "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
+]
 
 
 def probe_shape(r: TemplateRenderer) -> TemplateShape:
@@ -385,17 +409,27 @@ def probe_shape(r: TemplateRenderer) -> TemplateShape:
             "unknown chat template shape: add_generation_prompt does not append a generation prompt "
             "after the conversation; the proxy refuses to guess how this model starts a reply"
         )
-    gen = opened[len(closed):]
+    gen = opened[len(closed) :]
     hist = render([*_PROBE, {"role": "assistant", "content": "A"}], False)
-    if "A" not in hist[len(closed):]:
+    if "A" not in hist[len(closed) :]:
         raise TemplateError("unknown chat template shape: an assistant message is not rendered after the prompt")
     renders_tools = "probe_fn" in render(_PROBE, True, _PROBE_TOOLS)
-    call = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "probe_fn", "arguments": {"k": "v"}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "probe_fn", "arguments": {"k": "v"}}}],
+    }
     try:
-        with_call = render([*_PROBE, call, {"role": "tool", "tool_call_id": "c1", "content": "R"},
-                            ], True, _PROBE_TOOLS)
-        renders_calls = "probe_fn" in with_call[len(render(_PROBE, False, _PROBE_TOOLS)):]
+        with_call = render(
+            [
+                *_PROBE,
+                call,
+                {"role": "tool", "tool_call_id": "c1", "content": "R"},
+            ],
+            True,
+            _PROBE_TOOLS,
+        )
+        renders_calls = "probe_fn" in with_call[len(render(_PROBE, False, _PROBE_TOOLS)) :]
     except TemplateError:
         renders_calls = False
     family = detect_family(src)
@@ -408,8 +442,13 @@ def probe_shape(r: TemplateRenderer) -> TemplateShape:
             )
         family = "hermes"  # no tool support in the template: our shim writes hermes blocks
     stripped = gen.rstrip("\n")
-    return TemplateShape(family=family, gen_prompt=gen, starts_in_reasoning=stripped.endswith("<think>"),
-                         renders_tools=renders_tools, renders_tool_calls=renders_calls)
+    return TemplateShape(
+        family=family,
+        gen_prompt=gen,
+        starts_in_reasoning=stripped.endswith("<think>"),
+        renders_tools=renders_tools,
+        renders_tool_calls=renders_calls,
+    )
 
 
 _ARGS_CACHE: dict[str, Any] = {}
@@ -462,8 +501,11 @@ class ToolsShim:
     def block(self, tools: list[dict[str, Any]]) -> str:
         if self.system:
             return self.system.replace("{tools}", json.dumps([t.get("function", t) for t in tools], ensure_ascii=False))
-        return TOOLS_PREAMBLE + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + \
-            TOOLS_POSTAMBLE.removesuffix("<|im_end|>\n")
+        return (
+            TOOLS_PREAMBLE
+            + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+            + TOOLS_POSTAMBLE.removesuffix("<|im_end|>\n")
+        )
 
     def calls_text(self, calls: list[dict[str, Any]]) -> str:
         objs = []

@@ -78,8 +78,14 @@ def line(name: str, op: str) -> str:
 
 def apply_op(op: str, a: int, b: int) -> int:
     return {
-        "+": a + b, "-": a - b, "*": a * b, "//": a // b, "%": a % b,
-        "**": a**b, "^": a ^ b, "<<": a << b,
+        "+": a + b,
+        "-": a - b,
+        "*": a * b,
+        "//": a // b,
+        "%": a % b,
+        "**": a**b,
+        "^": a ^ b,
+        "<<": a << b,
     }[op]
 
 

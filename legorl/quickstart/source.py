@@ -69,15 +69,24 @@ def _fast_import_stream(tasks: list[family.QuickTask]) -> bytes:
 
 
 def _build(dest: Path, functions_per_task: int, train: int, heldout: int) -> None:
-    splits = {"train": family.tasks("train", train, functions_per_task),
-              "heldout": family.tasks("heldout", heldout, functions_per_task)}  # fmt: skip
+    splits = {
+        "train": family.tasks("train", train, functions_per_task),
+        "heldout": family.tasks("heldout", heldout, functions_per_task),
+    }
     every = [t for ts in splits.values() for t in ts]
     repo = dest / REPO_NAME
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    subprocess.run(["git", "init", "-q", str(repo)], check=True, env=env, timeout=60)  # not bare: images check out from it
+    subprocess.run(
+        ["git", "init", "-q", str(repo)], check=True, env=env, timeout=60
+    )  # not bare: images check out from it
     marks = dest / "marks"
-    subprocess.run(["git", "-C", str(repo), "fast-import", "--quiet", f"--export-marks={marks}"],
-                   input=_fast_import_stream(every), check=True, env=env, timeout=600)  # fmt: skip
+    subprocess.run(
+        ["git", "-C", str(repo), "fast-import", "--quiet", f"--export-marks={marks}"],
+        input=_fast_import_stream(every),
+        check=True,
+        env=env,
+        timeout=600,
+    )
     sha = {int(m[1:]): c for m, c in (line.split() for line in marks.read_text().splitlines())}
     marks.unlink()
     with open(dest / TASKS_NAME, "w") as f:
@@ -86,12 +95,24 @@ def _build(dest: Path, functions_per_task: int, train: int, heldout: int) -> Non
             for t in ts:
                 i += 1
                 row = t.to_task(split)
-                f.write(json.dumps({
-                    "instance_id": row.instance_id, "repo": row.repo, "base_commit": sha[i],
-                    "problem_statement": row.problem_statement, "patch": row.patch, "test_patch": "",
-                    "FAIL_TO_PASS": row.FAIL_TO_PASS, "PASS_TO_PASS": row.PASS_TO_PASS,
-                    "repo_path": REPO_NAME, "test_cmd": family.GRADE_CMD, "split": split,
-                }) + "\n")  # fmt: skip
+                f.write(
+                    json.dumps(
+                        {
+                            "instance_id": row.instance_id,
+                            "repo": row.repo,
+                            "base_commit": sha[i],
+                            "problem_statement": row.problem_statement,
+                            "patch": row.patch,
+                            "test_patch": "",
+                            "FAIL_TO_PASS": row.FAIL_TO_PASS,
+                            "PASS_TO_PASS": row.PASS_TO_PASS,
+                            "repo_path": REPO_NAME,
+                            "test_cmd": family.GRADE_CMD,
+                            "split": split,
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def ensure_task_file(root: Path, cfg: CalcTasksSection) -> Path:

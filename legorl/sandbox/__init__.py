@@ -54,6 +54,17 @@ def open_backend(name: str, store: ImageStore | None = None) -> LocalBackend | D
 
 
 __all__ = [
-    "BACKENDS", "Backend", "DiffError", "EnvSpec", "ExecResult", "ImageNotFound", "ImageRef", "ImageStore",
-    "Limits", "Sandbox", "SandboxError", "SandboxSpec", "open_backend",
+    "BACKENDS",
+    "Backend",
+    "DiffError",
+    "EnvSpec",
+    "ExecResult",
+    "ImageNotFound",
+    "ImageRef",
+    "ImageStore",
+    "Limits",
+    "Sandbox",
+    "SandboxError",
+    "SandboxSpec",
+    "open_backend",
 ]

@@ -47,7 +47,15 @@ import time
 HDR = struct.Struct(">II")
 MAX_JSON = 1 << 20
 PR_SET_CHILD_SUBREAPER = 36
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGALRM, signal.SIGTERM, signal.SIGCHLD, signal.SIGINT, signal.SIGHUP)
+_DEFAULT_SIGNALS = (
+    signal.SIGPIPE,
+    signal.SIGXFSZ,
+    signal.SIGALRM,
+    signal.SIGTERM,
+    signal.SIGCHLD,
+    signal.SIGINT,
+    signal.SIGHUP,
+)
 
 
 class _Stop(Exception):
@@ -137,10 +145,17 @@ def _shepherd(req, out_w, err_w, st_w):
     # Every other fd of ours is close-on-exec (PEP 446), so the command gets 0-2 only.
     try:
         pid = os.posix_spawn(
-            "/bin/sh", ["/bin/sh", "-c", req["cmd"]], req["env"],
-            file_actions=[(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                          (os.POSIX_SPAWN_DUP2, err_w, 2)],
-            setsid=True, setsigmask=(), setsigdef=_DEFAULT_SIGNALS,
+            "/bin/sh",
+            ["/bin/sh", "-c", req["cmd"]],
+            req["env"],
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, devnull, 0),
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+            ],
+            setsid=True,
+            setsigmask=(),
+            setsigdef=_DEFAULT_SIGNALS,
         )
     except OSError as e:
         os.write(st_w, json.dumps({"error": "cannot start /bin/sh: " + e.strerror, "errno": e.errno}).encode())
@@ -206,7 +221,14 @@ class Init:
         self.send(fields, payload)
 
     def fail(self, rid, err):
-        self.send({"id": rid, "ok": False, "error": str(getattr(err, "strerror", None) or err), "errno": getattr(err, "errno", None) or 0})
+        self.send(
+            {
+                "id": rid,
+                "ok": False,
+                "error": str(getattr(err, "strerror", None) or err),
+                "errno": getattr(err, "errno", None) or 0,
+            }
+        )
 
     # -- requests ---------------------------------------------------------------------
     def handle(self, req, payload):
@@ -457,6 +479,8 @@ def synthetic_sys(target, mount):
         with open(target + "/devices/system/cpu/" + name, "w") as f:
             f.write(text)
     mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
 CAP_SYS_CHROOT, CAP_SYS_ADMIN, PR_CAPBSET_DROP, PR_SET_DUMPABLE = 18, 21, 24, 4
 PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 38, 39
 
@@ -507,7 +531,10 @@ def enter_private_root(disk_mb, keep):
     root = rw + "/root"
     # Named by file descriptor, as the local backend does: the mount table shows them as given.
     fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in (lower, rw + "/upper", rw + "/work")]
-    opts = "lowerdir=/proc/self/fd/%d,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d,redirect_dir=off,metacopy=off,index=off" % tuple(fds)
+    opts = (
+        "lowerdir=/proc/self/fd/%d,upperdir=/proc/self/fd/%d,workdir=/proc/self/fd/%d,redirect_dir=off,metacopy=off,index=off"
+        % tuple(fds)
+    )
     try:
         mount("overlay", root, "overlay", 0, opts)
     finally:

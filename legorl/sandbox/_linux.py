@@ -84,7 +84,9 @@ def pivot_root(new_root: str, put_old: str) -> None:
 
 
 def prctl(option: int, arg2: int = 0) -> int:
-    ret = _libc.prctl(ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    ret = _libc.prctl(
+        ctypes.c_int(option), ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+    )
     return _check(ret, f"prctl({option}, {arg2})")
 
 

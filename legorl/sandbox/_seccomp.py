@@ -41,20 +41,48 @@ X32_SYSCALL_BIT = 0x40000000
 
 # name: (x86_64, aarch64); None where the arch has no such call
 DENY: dict[str, tuple[int, int | None]] = {
-    "keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
-    "bpf": (321, 280), "perf_event_open": (298, 241), "userfaultfd": (323, 282),
-    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
-    "kexec_load": (246, 104), "kexec_file_load": (320, 294),
-    "init_module": (175, 105), "finit_module": (313, 273), "delete_module": (176, 106),
-    "acct": (163, 89), "swapon": (167, 224), "swapoff": (168, 225), "reboot": (169, 142),
-    "syslog": (103, 116), "quotactl": (179, 60), "quotactl_fd": (443, 443),
-    "nfsservctl": (180, 42), "lookup_dcookie": (212, 18),
-    "mount": (165, 40), "umount2": (166, 39), "pivot_root": (155, 41),
-    "move_mount": (429, 429), "open_tree": (428, 428), "fsopen": (430, 430), "fsconfig": (431, 431),
-    "fsmount": (432, 432), "fspick": (433, 433), "mount_setattr": (442, 442),
-    "unshare": (272, 97), "setns": (308, 268), "open_by_handle_at": (304, 265),
-    "settimeofday": (164, 170), "clock_settime": (227, 112), "clock_adjtime": (305, 266), "adjtimex": (159, 171),
-    "iopl": (172, None), "ioperm": (173, None),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "bpf": (321, 280),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "acct": (163, 89),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "reboot": (169, 142),
+    "syslog": (103, 116),
+    "quotactl": (179, 60),
+    "quotactl_fd": (443, 443),
+    "nfsservctl": (180, 42),
+    "lookup_dcookie": (212, 18),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "move_mount": (429, 429),
+    "open_tree": (428, 428),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "open_by_handle_at": (304, 265),
+    "settimeofday": (164, 170),
+    "clock_settime": (227, 112),
+    "clock_adjtime": (305, 266),
+    "adjtimex": (159, 171),
+    "iopl": (172, None),
+    "ioperm": (173, None),
 }
 SYS_CLONE = (56, 220)
 SYS_CLONE3 = (435, 435)
@@ -149,8 +177,13 @@ def install() -> None:
     """Install FILTER on the calling thread (needs no_new_privs); raises OSError if it cannot."""
     if FILTER is None:
         raise OSError(95, f"no seccomp filter for machine {os.uname().machine!r} ({struct.calcsize('P') * 8}-bit)")
-    ret = _libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(_fprog),
-                      ctypes.c_ulong(0), ctypes.c_ulong(0))
+    ret = _libc.prctl(
+        ctypes.c_int(PR_SET_SECCOMP),
+        ctypes.c_ulong(SECCOMP_MODE_FILTER),
+        ctypes.byref(_fprog),
+        ctypes.c_ulong(0),
+        ctypes.c_ulong(0),
+    )
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")

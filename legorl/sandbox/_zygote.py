@@ -44,7 +44,9 @@ import sys
 
 # Started as `legorl-sandbox -I -S -` with this file on stdin, so that nothing in a sandbox's
 # /proc/1/cmdline names a host path; the directory of the helpers comes in the environment.
-sys.path.insert(0, os.environ.get("LEGORL_SANDBOX_DIR") or os.path.dirname(os.path.abspath(globals().get("__file__", "."))))
+sys.path.insert(
+    0, os.environ.get("LEGORL_SANDBOX_DIR") or os.path.dirname(os.path.abspath(globals().get("__file__", ".")))
+)
 
 import _init  # noqa: E402
 import _linux as L  # noqa: E402
@@ -82,8 +84,14 @@ def _setup_dev(root):
     for name, major, minor in DEVICES:
         os.mknod(dev + "/" + name, 0o666 | 0o020000, os.makedev(major, minor))
         os.chmod(dev + "/" + name, 0o666)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"), ("core", "/proc/kcore")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+        ("ptmx", "pts/ptmx"),
+        ("core", "/proc/kcore"),
+    ):
         os.symlink(target, dev + "/" + name)
     os.mkdir(dev + "/pts")
     L.mount("devpts", dev + "/pts", "devpts", L.MS_NOSUID | L.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")

@@ -236,7 +236,7 @@ class Cgroups:
         for base in self.bases.values():
             for d in base.glob(PREFIX + "*"):
                 try:
-                    owner = d.name[len(PREFIX):].split("-", 1)[0]
+                    owner = d.name[len(PREFIX) :].split("-", 1)[0]
                     gone = owner.isdigit() and not os.path.exists(f"/proc/{owner}")
                     if not gone and now - d.stat().st_mtime < min_age_s:
                         continue

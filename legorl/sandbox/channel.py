@@ -124,7 +124,9 @@ class InitChannel:
         except TimeoutError as e:
             raise SandboxError(f"sandbox init did not start within {timeout_s:.0f} s") from e
 
-    def send_nowait(self, msg: dict[str, Any], payload: bytes = b"") -> tuple[int, asyncio.Future[tuple[dict[str, Any], bytes]]]:
+    def send_nowait(
+        self, msg: dict[str, Any], payload: bytes = b""
+    ) -> tuple[int, asyncio.Future[tuple[dict[str, Any], bytes]]]:
         """Send a request now (in order); returns its id and the future of its reply."""
         rid = next(self._ids)
         msg = {**msg, "id": rid}
@@ -147,7 +149,9 @@ class InitChannel:
         if fut is not None and not fut.done():
             fut.cancel()
 
-    async def request(self, msg: dict[str, Any], payload: bytes = b"", timeout_s: float = 30.0) -> tuple[dict[str, Any], bytes]:
+    async def request(
+        self, msg: dict[str, Any], payload: bytes = b"", timeout_s: float = 30.0
+    ) -> tuple[dict[str, Any], bytes]:
         _, fut = self.send_nowait(msg, payload)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
@@ -231,7 +235,14 @@ class ChannelSandbox:
         limit = output_limit or self.spec.limits.output_bytes
         full_env = {**BASE_ENV, **self.spec.env, **(env or {})}
         before = self._counters()
-        req = {"op": "exec", "cmd": cmd, "cwd": cwd or self.spec.workdir, "env": full_env, "timeout": timeout_s, "limit": limit}
+        req = {
+            "op": "exec",
+            "cmd": cmd,
+            "cwd": cwd or self.spec.workdir,
+            "env": full_env,
+            "timeout": timeout_s,
+            "limit": limit,
+        }
         t0 = time.monotonic()
         rid, fut = self.channel.send_nowait(req)
         try:
@@ -247,13 +258,23 @@ class ChannelSandbox:
         except ChannelClosed:
             after = self._counters()
             if after.host_oom_since(before):
-                raise SandboxLost(f"sandbox {self.id}: killed by an out-of-memory killer outside its own limit", HOST_OOM) from None
+                raise SandboxLost(
+                    f"sandbox {self.id}: killed by an out-of-memory killer outside its own limit", HOST_OOM
+                ) from None
             if after.oom_kills > before.oom_kills:
-                return ExecResult(-9, "", "sandbox: killed by the out-of-memory killer", duration_s=time.monotonic() - t0, oom_killed=True)
+                return ExecResult(
+                    -9,
+                    "",
+                    "sandbox: killed by the out-of-memory killer",
+                    duration_s=time.monotonic() - t0,
+                    oom_killed=True,
+                )
             raise
         after = self._counters()
         if after.host_oom_since(before):  # not the agent's doing: its command must not count against it
-            raise SandboxLost(f"sandbox {self.id}: a process was killed by an out-of-memory killer outside its own limit", HOST_OOM)
+            raise SandboxLost(
+                f"sandbox {self.id}: a process was killed by an out-of-memory killer outside its own limit", HOST_OOM
+            )
         oom = after.oom_kills > before.oom_kills
         pids = after.pids_max_hits > before.pids_max_hits
         if not head.get("ok"):
@@ -261,7 +282,9 @@ class ChannelSandbox:
             return ExecResult(126, "", msg, duration_s=time.monotonic() - t0, oom_killed=oom, pids_limited=pids)
         out_len = int(head["out_len"])
         out, err = payload[:out_len], payload[out_len:]
-        disk_full = 0 <= int(head.get("disk_free", -1)) < DISK_FULL_BYTES or any(t in out or t in err for t in _ENOSPC_TEXT)
+        disk_full = 0 <= int(head.get("disk_free", -1)) < DISK_FULL_BYTES or any(
+            t in out or t in err for t in _ENOSPC_TEXT
+        )
         return ExecResult(
             exit_code=int(head["exit"]),
             stdout=out.decode(errors="replace"),

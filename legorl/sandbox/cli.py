@@ -43,8 +43,16 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON object p
     refs = store.ls()
     if as_json:
         for r in refs:
-            typer.echo(json.dumps({"key": r.key, "kind": r.kind, "parent": r.parent, **{
-                k: r.meta.get(k) for k in ("size_bytes", "build_s", "created", "commit", "source_commit")}}))
+            typer.echo(
+                json.dumps(
+                    {
+                        "key": r.key,
+                        "kind": r.kind,
+                        "parent": r.parent,
+                        **{k: r.meta.get(k) for k in ("size_bytes", "build_s", "created", "commit", "source_commit")},
+                    }
+                )
+            )
         return
     if not refs:
         typer.echo(f"no images in {store.layers} (build the base with `legorl images build`)")
@@ -52,8 +60,10 @@ def ls_cmd(as_json: bool = typer.Option(False, "--json", help="One JSON object p
     typer.echo(f"{'KEY':<18}{'KIND':<6}{'PARENT':<18}{'SIZE':>10}{'BUILD':>9}  CREATED")
     for r in refs:
         created = datetime.datetime.fromtimestamp(r.meta.get("created", 0)).strftime("%Y-%m-%d %H:%M")
-        typer.echo(f"{r.key[:16]:<18}{r.kind:<6}{(r.parent or '-')[:16]:<18}"
-                   f"{_human(r.meta.get('size_bytes', 0)):>10}{r.meta.get('build_s', 0):>8.1f}s  {created}")
+        typer.echo(
+            f"{r.key[:16]:<18}{r.kind:<6}{(r.parent or '-')[:16]:<18}"
+            f"{_human(r.meta.get('size_bytes', 0)):>10}{r.meta.get('build_s', 0):>8.1f}s  {created}"
+        )
 
 
 @app.command()
@@ -70,13 +80,20 @@ def build(
 
     async def run() -> None:
         ref = await ensure_base(store, suite=suite, mirror=mirror)
-        typer.echo(f"base {ref.key} ({_human(ref.meta.get('size_bytes', 0))}, built in {ref.meta.get('build_s', 0):.0f} s)")
+        typer.echo(
+            f"base {ref.key} ({_human(ref.meta.get('size_bytes', 0))}, built in {ref.meta.get('build_s', 0):.0f} s)"
+        )
         if requirements is not None:
             if not requirements.is_file():
                 _fail(f"--requirements {requirements} is not a file")
-            reqs = tuple(line.strip() for line in requirements.read_text().splitlines()
-                         if line.strip() and not line.lstrip().startswith("#"))
-            ref = await ensure_env(store, ref, EnvSpec(pip=reqs, wheel_dirs=tuple(str(w) for w in wheels), download=download))
+            reqs = tuple(
+                line.strip()
+                for line in requirements.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")
+            )
+            ref = await ensure_env(
+                store, ref, EnvSpec(pip=reqs, wheel_dirs=tuple(str(w) for w in wheels), download=download)
+            )
             typer.echo(f"env {ref.key}")
         if docker:
             from legorl.sandbox.docker_images import ensure_docker_image

@@ -165,8 +165,10 @@ class DockerBackend(BackendLifecycle):
             "Cmd": ["/usr/bin/python3", "-I", "-S", "-c", BOOT],
             "Hostname": "sandbox",
             "WorkingDir": "/",
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    "LEGORL_INIT_CONFIG=" + json.dumps(config)],
+            "Env": [
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LEGORL_INIT_CONFIG=" + json.dumps(config),
+            ],
             "OpenStdin": True,
             "StdinOnce": True,
             "AttachStdin": True,
@@ -211,14 +213,22 @@ class DockerBackend(BackendLifecycle):
             stream.write(b"%010d" % len(INIT_SRC) + INIT_SRC + b"%010d" % len(SECCOMP_SRC) + SECCOMP_SRC)
             await self._call("POST", f"/containers/{cid}/start")
             pid = int((await self._call("GET", f"/containers/{cid}/json")).json()["State"]["Pid"])
-            channel = InitChannel(stream.stdout, stream.write, max_payload=MAX_FILE + 2 * spec.limits.output_bytes + (64 << 20))
+            channel = InitChannel(
+                stream.stdout, stream.write, max_payload=MAX_FILE + 2 * spec.limits.output_bytes + (64 << 20)
+            )
             try:
                 await channel.ready(START_TIMEOUT_S)
             except SandboxError as e:
                 raise SandboxError(f"{e}; container said: {stream.stderr_tail()}") from e
             sandbox = ChannelSandbox(
-                sid, spec, channel, netns_path=f"/proc/{pid}/ns/net", counters=lambda: counters_for_pid(pid),
-                cleanup=cleanup, commit_aliases=aliases, lost=lambda: self._lost_cause(cid),
+                sid,
+                spec,
+                channel,
+                netns_path=f"/proc/{pid}/ns/net",
+                counters=lambda: counters_for_pid(pid),
+                cleanup=cleanup,
+                commit_aliases=aliases,
+                lost=lambda: self._lost_cause(cid),
             )
             await sandbox.set_proxy(spec.proxy_socket)
         except BaseException:

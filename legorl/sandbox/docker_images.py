@@ -37,8 +37,11 @@ _known: dict[str, list[str]] = {}  # tag -> layer diff ids, for this process
 async def _docker(*args: str, stdin: bytes | None = None, timeout_s: float = 600) -> str:
     try:
         proc = await asyncio.create_subprocess_exec(
-            DOCKER, *args, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            DOCKER,
+            *args,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
     except FileNotFoundError as e:
         raise SandboxError("the docker CLI is not installed (run scripts/setup_sandbox.sh)") from e
@@ -91,7 +94,14 @@ async def _import_base(ref: ImageRef) -> None:
     )
     changes = [a for e in IMAGE_ENV for a in ("--change", f"ENV {e.replace('=', ' ', 1)}")]
     imp = await asyncio.create_subprocess_exec(
-        DOCKER, "import", *changes, "-", ref.docker_tag, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        DOCKER,
+        "import",
+        *changes,
+        "-",
+        ref.docker_tag,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     assert tar.stdout is not None and imp.stdin is not None
     while chunk := await tar.stdout.read(1 << 20):
@@ -181,11 +191,13 @@ async def _load_layer(store: ImageStore, ref: ImageRef, parent_layers: list[str]
         cfg_name = hashlib.sha256(cfg_bytes).hexdigest() + ".json"
         # Layers Docker already has are named but not shipped: `docker load` skips any layer
         # whose chain it already holds.
-        manifest = [{
-            "Config": cfg_name,
-            "RepoTags": [ref.docker_tag],
-            "Layers": [f"{d.split(':', 1)[1]}/layer.tar" for d in parent_layers] + ["new/layer.tar"],
-        }]
+        manifest = [
+            {
+                "Config": cfg_name,
+                "RepoTags": [ref.docker_tag],
+                "Layers": [f"{d.split(':', 1)[1]}/layer.tar" for d in parent_layers] + ["new/layer.tar"],
+            }
+        ]
         archive = Path(tmp) / "image.tar"
 
         def pack() -> None:

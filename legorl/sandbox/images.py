@@ -168,7 +168,9 @@ class ImageStore:
     def commit_aliases(self, key: str) -> dict[str, str]:
         """Upstream base commit -> the commit that stands for it in the image's repository."""
         return {
-            r.meta["source_commit"]: r.meta["commit"] for r in self.chain(key) if r.kind == "task" and "commit" in r.meta
+            r.meta["source_commit"]: r.meta["commit"]
+            for r in self.chain(key)
+            if r.kind == "task" and "commit" in r.meta
         }
 
     def ls(self) -> list[ImageRef]:
@@ -212,8 +214,14 @@ class ImageStore:
                     extra = await build(tmp)
                     build_s = time.monotonic() - t0
                     meta = {
-                        "key": key, "kind": kind, "parent": parent, "recipe": recipe, "created": time.time(),
-                        "build_s": round(build_s, 3), "size_bytes": tree_size(tmp / "rootfs"), **extra,
+                        "key": key,
+                        "kind": kind,
+                        "parent": parent,
+                        "recipe": recipe,
+                        "created": time.time(),
+                        "build_s": round(build_s, 3),
+                        "size_bytes": tree_size(tmp / "rootfs"),
+                        **extra,
                     }
                     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
                     os.rename(tmp, self.layers / key)
@@ -278,7 +286,8 @@ class ImageStore:
         else:
             now = time.time()
             doomed = {
-                r.key for r in refs
+                r.key
+                for r in refs
                 if r.kind in kinds and (older_than_s is None or now - r.meta.get("created", 0) > older_than_s)
             }
         changed = True

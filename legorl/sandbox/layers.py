@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from legorl.sandbox.base import Limits, SandboxSpec
-from legorl.sandbox.images import BASE_PACKAGES, RECIPE_VERSION, EnvSpec, ImageRef, ImageStore, dir_fingerprint, remove_tree
+from legorl.sandbox.images import (
+    BASE_PACKAGES,
+    RECIPE_VERSION,
+    EnvSpec,
+    ImageRef,
+    ImageStore,
+    dir_fingerprint,
+    remove_tree,
+)
 from legorl.sandbox.local import LocalBackend
 
 log = logging.getLogger(__name__)
@@ -86,8 +94,15 @@ def build_base(dest: Path, suite: str, mirror: str | None, packages: tuple[str, 
     mirror = mirror or host_mirror()
     debs.mkdir(parents=True, exist_ok=True)
     rootfs = dest / "rootfs"
-    cmd = ["debootstrap", "--variant=minbase", f"--cache-dir={debs}", "--include=" + ",".join(packages),
-           suite, str(rootfs), mirror]
+    cmd = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--cache-dir={debs}",
+        "--include=" + ",".join(packages),
+        suite,
+        str(rootfs),
+        mirror,
+    ]
     log.info("building the base image: %s", " ".join(cmd))
     _run(cmd, "debootstrap", 3600, log_path=dest / "build.log")
     # Nothing of the host may stay in the image: debootstrap copies resolv.conf/hostname.
@@ -99,16 +114,27 @@ def build_base(dest: Path, suite: str, mirror: str | None, packages: tuple[str, 
     # Like the official python images: pip may install into the system (no network anyway).
     for marker in rootfs.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
         marker.unlink()
-    for junk in [*rootfs.glob("var/cache/apt/*.bin"), *rootfs.glob("var/lib/apt/lists/*_*"),
-                 *rootfs.glob("var/cache/apt/archives/*.deb")]:
+    for junk in [
+        *rootfs.glob("var/cache/apt/*.bin"),
+        *rootfs.glob("var/lib/apt/lists/*_*"),
+        *rootfs.glob("var/cache/apt/archives/*.deb"),
+    ]:
         junk.unlink()
-    py = _run(["chroot", str(rootfs), "python3", "-c", "import sys; print(sys.version.split()[0])"], "python3 check", 60)
+    py = _run(
+        ["chroot", str(rootfs), "python3", "-c", "import sys; print(sys.version.split()[0])"], "python3 check", 60
+    )
     return {"suite": suite, "mirror": mirror, "packages": list(packages), "python": py.strip()}
 
 
 async def _build_in_sandbox(
-    store: ImageStore, parent: ImageRef, dest: Path, mounts: dict[str, str], limits: Limits,
-    steps: list[tuple[str, str, str]], timeout_s: float, files: dict[str, bytes] | None = None,
+    store: ImageStore,
+    parent: ImageRef,
+    dest: Path,
+    mounts: dict[str, str],
+    limits: Limits,
+    steps: list[tuple[str, str, str]],
+    timeout_s: float,
+    files: dict[str, bytes] | None = None,
 ) -> None:
     """Run `steps` (what, cwd, command) in a sandbox whose upper dir is dest/rootfs."""
     work = dest / "work"
@@ -160,7 +186,13 @@ async def build_env(store: ImageStore, parent: ImageRef, dest: Path, spec: EnvSp
     if spec.pip:
         files["/tmp/legorl-requirements.txt"] = ("\n".join(spec.pip) + "\n").encode()
         links = " ".join(f"--find-links {WHEELS_AT}/{i}" for i in range(len(wheel_dirs)))
-        steps.append(("pip install", "/", f"python3 -m pip install --no-index --no-cache-dir {links} -r /tmp/legorl-requirements.txt"))
+        steps.append(
+            (
+                "pip install",
+                "/",
+                f"python3 -m pip install --no-index --no-cache-dir {links} -r /tmp/legorl-requirements.txt",
+            )
+        )
     steps += [("env command", "/", c) for c in spec.run]
     await _build_in_sandbox(store, parent, dest, mounts, spec.limits, steps, spec.timeout_s, files)
     return {"pip": list(spec.pip), "run": list(spec.run)}
@@ -168,8 +200,12 @@ async def build_env(store: ImageStore, parent: ImageRef, dest: Path, spec: EnvSp
 
 def _git(repo: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 600) -> str:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    return _run(["git", "-c", "safe.directory=*", "-C", str(repo), *args], f"git {args[0]}", timeout_s,
-                env={**clean, **(env or {})})
+    return _run(
+        ["git", "-c", "safe.directory=*", "-C", str(repo), *args],
+        f"git {args[0]}",
+        timeout_s,
+        env={**clean, **(env or {})},
+    )
 
 
 def resolve_commit(repo: Path, rev: str) -> tuple[str, str]:
@@ -190,8 +226,15 @@ def _safe_rel(path: str) -> str:
 
 
 async def build_task(
-    store: ImageStore, parent: ImageRef, dest: Path, source: Path, commit: str, hide: list[str],
-    repo_dir: str, setup: list[str], setup_timeout_s: float,
+    store: ImageStore,
+    parent: ImageRef,
+    dest: Path,
+    source: Path,
+    commit: str,
+    hide: list[str],
+    repo_dir: str,
+    setup: list[str],
+    setup_timeout_s: float,
 ) -> dict[str, Any]:
     """The repository at `commit` with `hide` removed, as a fresh one-commit repository."""
     repo = dest / "rootfs" / repo_dir.strip("/")
@@ -212,18 +255,43 @@ async def build_task(
             hidden.append(h)
     fmt = "%an%x00%ae%x00%ad%x00%cn%x00%ce%x00%cd%x00%B"
     an, ae, ad, cn, ce, cd, msg = _git(source, "log", "-1", "--date=raw", f"--format={fmt}", commit).split("\x00", 6)
-    ident = {"GIT_AUTHOR_NAME": an, "GIT_AUTHOR_EMAIL": ae, "GIT_AUTHOR_DATE": ad,
-             "GIT_COMMITTER_NAME": cn, "GIT_COMMITTER_EMAIL": ce, "GIT_COMMITTER_DATE": cd}
+    ident = {
+        "GIT_AUTHOR_NAME": an,
+        "GIT_AUTHOR_EMAIL": ae,
+        "GIT_AUTHOR_DATE": ad,
+        "GIT_COMMITTER_NAME": cn,
+        "GIT_COMMITTER_EMAIL": ce,
+        "GIT_COMMITTER_DATE": cd,
+    }
     _git(repo, "init", "-q", "--template=", "-b", "main")
     _git(repo, "add", "-A", "-f", ".")
-    _git(repo, "-c", "commit.gpgsign=false", "commit", "-q", "--no-verify", "--allow-empty", "-m", msg.strip() or "base", env=ident)
+    _git(
+        repo,
+        "-c",
+        "commit.gpgsign=false",
+        "commit",
+        "-q",
+        "--no-verify",
+        "--allow-empty",
+        "-m",
+        msg.strip() or "base",
+        env=ident,
+    )
     if setup:
         steps = [("task setup", repo_dir, c) for c in setup]
         # Build artefacts must not show up as the agent's changes: ignore what setup added,
         # and fold what it changed in tracked files into the base commit.
         steps.append(("task setup (record)", repo_dir, _RECORD_SETUP))
-        await _build_in_sandbox(store, parent, dest, {}, Limits(memory_mb=4096, pids=2048, cpus=2.0, disk_mb=8192),
-                                steps, setup_timeout_s, {})
+        await _build_in_sandbox(
+            store,
+            parent,
+            dest,
+            {},
+            Limits(memory_mb=4096, pids=2048, cpus=2.0, disk_mb=8192),
+            steps,
+            setup_timeout_s,
+            {},
+        )
         amend = ["-c", "commit.gpgsign=false", "commit", "-q", "--amend", "--no-verify", "--allow-empty", "-C", "HEAD"]
         if _git(repo, "status", "--porcelain", "--untracked-files=no").strip():
             _git(repo, "add", "-u")
@@ -237,8 +305,14 @@ async def build_task(
     _git(repo, "config", "user.name", "agent")
     _git(repo, "config", "user.email", "agent@sandbox.invalid")
     new_commit = _git(repo, "rev-parse", "HEAD").strip()
-    return {"commit": new_commit, "source_commit": commit, "repo_dir": repo_dir, "hidden": hidden,
-            "setup": list(setup), "source": str(source)}
+    return {
+        "commit": new_commit,
+        "source_commit": commit,
+        "repo_dir": repo_dir,
+        "hidden": hidden,
+        "setup": list(setup),
+        "source": str(source),
+    }
 
 
 # The setup commands' new files go to .git/info/exclude, anchored with a leading "/".

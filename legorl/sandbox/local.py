@@ -254,8 +254,14 @@ class LocalBackend(BackendLifecycle):
         try:
             await channel.ready(START_TIMEOUT_S)
             sandbox = ChannelSandbox(
-                sid, spec, channel, netns_path=f"/proc/{pid}/ns/net", counters=cg.counters, cleanup=cleanup,
-                commit_aliases=commit_aliases, lost=lambda: zygote.lost_cause(sid),
+                sid,
+                spec,
+                channel,
+                netns_path=f"/proc/{pid}/ns/net",
+                counters=cg.counters,
+                cleanup=cleanup,
+                commit_aliases=commit_aliases,
+                lost=lambda: zygote.lost_cause(sid),
             )
             await sandbox.set_proxy(spec.proxy_socket)
         except BaseException:

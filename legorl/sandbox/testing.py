@@ -36,10 +36,22 @@ class DemoRepo:
 
 def _git(repo: Path, *args: str, date: str = "1700000000 +0000") -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_AUTHOR_NAME="Dev", GIT_AUTHOR_EMAIL="dev@example.invalid", GIT_AUTHOR_DATE=date,
-               GIT_COMMITTER_NAME="Dev", GIT_COMMITTER_EMAIL="dev@example.invalid", GIT_COMMITTER_DATE=date)
-    out = subprocess.run(["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args],
-                         cwd=repo, env=env, capture_output=True, text=True, check=True)
+    env.update(
+        GIT_AUTHOR_NAME="Dev",
+        GIT_AUTHOR_EMAIL="dev@example.invalid",
+        GIT_AUTHOR_DATE=date,
+        GIT_COMMITTER_NAME="Dev",
+        GIT_COMMITTER_EMAIL="dev@example.invalid",
+        GIT_COMMITTER_DATE=date,
+    )
+    out = subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 

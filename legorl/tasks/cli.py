@@ -65,7 +65,9 @@ def validate(
     limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
     concurrency: int = typer.Option(2, help="Tasks checked at once."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per task."),
-    repos_dir: Optional[Path] = typer.Option(None, help="Directory of repositories (owner__name: clone or bundle) for rows without repo_path."),
+    repos_dir: Optional[Path] = typer.Option(
+        None, help="Directory of repositories (owner__name: clone or bundle) for rows without repo_path."
+    ),
     skip_invalid: bool = typer.Option(False, help="Report invalid rows and check the rest (default: refuse the file)."),
 ) -> None:
     """Oracle check: the gold patch must resolve each task, the empty patch must not."""
@@ -78,9 +80,9 @@ def validate(
             _fail(str(exc.args[0]))
     if limit is not None:
         selected = selected[:limit]
+    from legorl.sandbox import open_backend
     from legorl.sandbox.base import SandboxError
     from legorl.tasks.image import TaskImages
-    from legorl.sandbox import open_backend
     from legorl.tasks.validate import TaskCheck, check_tasks
 
     def show(res: TaskCheck) -> None:
@@ -88,7 +90,9 @@ def validate(
             typer.echo(json.dumps(res.to_json()))
         else:
             mark = "ok  " if res.ok else "FAIL"
-            typer.echo(f"{mark} {res.instance_id}  ({res.seconds:.1f} s)" + "".join(f"\n     {p}" for p in res.problems))
+            typer.echo(
+                f"{mark} {res.instance_id}  ({res.seconds:.1f} s)" + "".join(f"\n     {p}" for p in res.problems)
+            )
 
     async def run() -> list[TaskCheck]:
         backend = open_backend(sandbox)
@@ -116,10 +120,13 @@ def generate(
     work: Path = typer.Option(Path("/tmp/legorl-taskgen"), help="Scratch directory (sdists, unpacked trees)."),
     seed: int = typer.Option(0, help="Seed for the order mutations are tried in."),
     max_attempts: int = typer.Option(400, help="Mutants tried per project at most."),
-    sandbox: str = typer.Option("none", help="Keep only tasks that pass the oracle check on this backend (local, docker) or 'none'."),
+    sandbox: str = typer.Option(
+        "none", help="Keep only tasks that pass the oracle check on this backend (local, docker) or 'none'."
+    ),
 ) -> None:
     """Generate real tasks by injecting bugs into real projects' source distributions."""
-    from legorl.tasks.generator.build import GenConfig, generate as gen
+    from legorl.tasks.generator.build import GenConfig
+    from legorl.tasks.generator.build import generate as gen
     from legorl.tasks.generator.projects import PROJECTS
 
     names = project or list(PROJECTS)
@@ -139,8 +146,8 @@ def generate(
 
 def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # type: ignore[type-arg]
     """The rows whose tasks pass the oracle check on `sandbox` (others are reported and dropped)."""
-    from legorl.tasks.image import TaskImages
     from legorl.sandbox import open_backend
+    from legorl.tasks.image import TaskImages
     from legorl.tasks.validate import check_tasks
 
     tmp = out / ".candidates.jsonl"
@@ -195,9 +202,9 @@ def rollout_command(
     from legorl.harness.command import CommandHarness
     from legorl.loop.config import SandboxSection
     from legorl.rollout import run_rollout
+    from legorl.sandbox import open_backend
     from legorl.sandbox.base import SandboxError
     from legorl.tasks.image import TaskImages
-    from legorl.sandbox import open_backend
 
     async def run() -> dict:  # type: ignore[type-arg]
         backend = open_backend(sandbox)

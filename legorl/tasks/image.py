@@ -53,7 +53,11 @@ def materialize_repo(repo_path: str | Path, cache_root: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         proc = subprocess.run(
-            ["git", "clone", "-q", "--no-checkout", str(src), str(tmp)], capture_output=True, text=True, env=env, timeout=600
+            ["git", "clone", "-q", "--no-checkout", str(src), str(tmp)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
         )
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -123,8 +127,12 @@ class TaskImages:
                 from legorl.tasks.generator.native import wheels_dir
 
                 if not wheels_dir().is_dir():
-                    raise FileNotFoundError(f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh")
-                base = await ensure_env(self.store, base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),)))
+                    raise FileNotFoundError(
+                        f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh"
+                    )
+                base = await ensure_env(
+                    self.store, base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),))
+                )
             repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
             setup = [task.env_setup] if task.env_setup.strip() else []
             ref = await ensure_task(self.store, base, repo, task.base_commit, setup=setup)

@@ -50,13 +50,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _test_list(row: dict[str, Any], name: str, errs: list[str], where: str, nonempty: bool, pytest_ids: bool = True) -> list[str]:
+def _test_list(
+    row: dict[str, Any], name: str, errs: list[str], where: str, nonempty: bool, pytest_ids: bool = True
+) -> list[str]:
     value = row.get(name)
     if isinstance(value, str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            errs.append(f"{where}: field {name!r}: expected a list of pytest node ids or a JSON-encoded list, got {_short(value)}")
+            errs.append(
+                f"{where}: field {name!r}: expected a list of pytest node ids or a JSON-encoded list, got {_short(value)}"
+            )
             return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         errs.append(f"{where}: field {name!r}: expected a list of strings, got {_short(value)}")
@@ -65,7 +69,9 @@ def _test_list(row: dict[str, Any], name: str, errs: list[str], where: str, none
         errs.append(f"{where}: field {name!r}: expected at least one test (the tests that decide the task)")
     bad = [v for v in value if "::" not in v] if pytest_ids else []
     if bad:
-        errs.append(f"{where}: field {name!r}: expected pytest node ids like 'tests/test_x.py::test_y', got {_short(bad[0])}")
+        errs.append(
+            f"{where}: field {name!r}: expected pytest node ids like 'tests/test_x.py::test_y', got {_short(bad[0])}"
+        )
     return list(value)
 
 
@@ -89,7 +95,9 @@ def _test_command(row: dict[str, Any], where: str, errs: list[str]) -> str:
 
         cmd = official.eval_test_cmd(row["eval_script"])
         if cmd is None:
-            errs.append(f"{where}: field 'eval_script': no test command between {official.START!r} and {official.END!r}")
+            errs.append(
+                f"{where}: field 'eval_script': no test command between {official.START!r} and {official.END!r}"
+            )
         return cmd or ""
     return ""
 
@@ -161,25 +169,37 @@ def task_from_dict(
             errs.append(f"{where}: {exc}")
             return None
         if parser is None:
-            errs.append(f"{where}: no official log parser for repository {row['repo']!r} (log_parser {log_parser!r}); "
-                        "the runner's log cannot be read")
+            errs.append(
+                f"{where}: no official log parser for repository {row['repo']!r} (log_parser {log_parser!r}); "
+                "the runner's log cannot be read"
+            )
             return None
         log_parser = parser
         if native.runner == "django":
             lost = [t for t in f2p + p2p if not any(django_label_covers(lb, t) for lb in native.labels)]
             if lost:
-                errs.append(f"{where}: field 'test_cmd': {len(lost)} FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels {native.labels}: {lost[:3]}")
+                errs.append(
+                    f"{where}: field 'test_cmd': {len(lost)} FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels {native.labels}: {lost[:3]}"
+                )
         elif not any(lb.endswith(".py") for lb in native.labels):
             errs.append(f"{where}: field 'test_cmd': bin/test must name the task's test files (got {native.labels})")
     if not row["instance_id"].strip():
         errs.append(f"{where}: field 'instance_id': expected a non-empty id")
     if not _HEX.match(row["base_commit"]):
-        errs.append(f"{where}: field 'base_commit': expected a hex commit id (7-40 hex digits), got {_short(row['base_commit'])}")
+        errs.append(
+            f"{where}: field 'base_commit': expected a hex commit id (7-40 hex digits), got {_short(row['base_commit'])}"
+        )
     if "diff --git" not in row["patch"]:
-        errs.append(f"{where}: field 'patch': expected the gold fix as a git diff ('diff --git ...'), got {_short(row['patch'])}")
+        errs.append(
+            f"{where}: field 'patch': expected the gold fix as a git diff ('diff --git ...'), got {_short(row['patch'])}"
+        )
     if row["test_patch"].strip() and "diff --git" not in row["test_patch"]:
-        errs.append(f"{where}: field 'test_patch': expected a git diff or an empty string, got {_short(row['test_patch'])}")
-    probe = Task(row["instance_id"], row["repo"], row["base_commit"], "", "", row["test_patch"], f2p, p2p, test_cmd=test_cmd)
+        errs.append(
+            f"{where}: field 'test_patch': expected a git diff or an empty string, got {_short(row['test_patch'])}"
+        )
+    probe = Task(
+        row["instance_id"], row["repo"], row["base_commit"], "", "", row["test_patch"], f2p, p2p, test_cmd=test_cmd
+    )
     if native is None:
         for problem in selection_problems(probe):  # the tests grading would run must be the task's
             errs.append(f"{where}: field 'test_cmd': {problem}")
@@ -250,7 +270,9 @@ def load_tasks(
                 del errs[n_errs:]
             continue
         if task.instance_id in seen:
-            errs.append(f"{where}: field 'instance_id': {task.instance_id!r} already used on line {seen[task.instance_id]}")
+            errs.append(
+                f"{where}: field 'instance_id': {task.instance_id!r} already used on line {seen[task.instance_id]}"
+            )
             continue
         seen[task.instance_id] = lineno
         tasks.append(task)

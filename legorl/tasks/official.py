@@ -38,7 +38,9 @@ def _harness() -> tuple[Any, Any, Any]:
     """(constants, log_parsers, types) modules of the installed swebench package."""
     spec = importlib.util.find_spec("swebench")
     if spec is None or not spec.submodule_search_locations:
-        raise OfficialUnavailable(f"the swebench package is not installed (run scripts/setup_swebench.sh; pinned {PINNED})")
+        raise OfficialUnavailable(
+            f"the swebench package is not installed (run scripts/setup_swebench.sh; pinned {PINNED})"
+        )
     if "swebench.harness" not in sys.modules:  # skip its __init__ (docker, modal, datasets)
         pkg = types.ModuleType("swebench.harness")
         pkg.__path__ = [p + "/harness" for p in spec.submodule_search_locations]
@@ -76,8 +78,16 @@ def parser(name: str) -> Callable[[str, Any], dict[str, str]]:
 def parse_log(name: str, log: str, instance_id: str, repo: str, f2p: list[str], p2p: list[str]) -> dict[str, str]:
     """{test: PASSED/FAILED/ERROR/SKIPPED/XFAIL} as the official parser reads `log`."""
     _, _, tmod = _harness()
-    spec = tmod.TestSpec(instance_id=instance_id, image="", eval_script_list=[], repo=repo, version="",
-                         FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, log_parser=name)
+    spec = tmod.TestSpec(
+        instance_id=instance_id,
+        image="",
+        eval_script_list=[],
+        repo=repo,
+        version="",
+        FAIL_TO_PASS=f2p,
+        PASS_TO_PASS=p2p,
+        log_parser=name,
+    )
     return dict(parser(name)(log, spec))
 
 

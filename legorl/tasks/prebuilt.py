@@ -84,8 +84,12 @@ def _export(image_id: str, rootfs: Path, source: Path) -> dict[str, Any]:
         raise PrebuiltImageError(f"docker create {image_id} failed")
     try:
         exp = subprocess.Popen([DOCKER, "export", cid], stdout=subprocess.PIPE)
-        tar = subprocess.run(["tar", "-x", "-C", str(rootfs), "--numeric-owner", "--exclude=dev/*"], stdin=exp.stdout,
-                             capture_output=True, timeout=1800)
+        tar = subprocess.run(
+            ["tar", "-x", "-C", str(rootfs), "--numeric-owner", "--exclude=dev/*"],
+            stdin=exp.stdout,
+            capture_output=True,
+            timeout=1800,
+        )
         exp.wait(timeout=60)
         if exp.returncode != 0 or tar.returncode != 0:
             raise PrebuiltImageError(f"docker export {image_id} failed: {tar.stderr.decode()[-400:]}")

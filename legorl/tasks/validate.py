@@ -68,7 +68,9 @@ async def check_task(task: Task, backend: Backend, images: TaskImages, cfg: Grad
     try:
         image = await images.for_task(task)
     except (SandboxError, ValueError, RuntimeError, OSError, KeyError) as exc:  # a finding about this task, not a crash
-        return TaskCheck(task.instance_id, False, [f"image: {type(exc).__name__}: {exc}"], seconds=time.monotonic() - t0)
+        return TaskCheck(
+            task.instance_id, False, [f"image: {type(exc).__name__}: {exc}"], seconds=time.monotonic() - t0
+        )
     gold = await grade(task, task.patch, backend, image, cfg)
     empty = await grade(task, "", backend, image, cfg)
     problems = judge(task, gold, empty)

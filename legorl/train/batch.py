@@ -137,8 +137,9 @@ def pack(
 
 
 def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit) -> MicroBatch:
-    cols: dict[str, list[torch.Tensor]] = {k: [] for k in
-        ("ids", "pos", "tgt", "mask", "lp", "adv", "unit", "traj", "ver", "replay")}  # fmt: skip
+    cols: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("ids", "pos", "tgt", "mask", "lp", "adv", "unit", "traj", "ver", "replay")
+    }
     lengths: list[int] = []
     next_unit = 0
     any_replay = any(seg.routed_experts is not None for _, t, _ in items for seg in t.segments)

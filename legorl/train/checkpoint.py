@@ -97,10 +97,16 @@ def save_checkpoint(
             tmp.mkdir(parents=True)
             lm.save_pretrained(tmp / "model", state_dict=weights, safe_serialization=True)
             torch.save(
-                {"optimizer": optim, "scheduler": scheduler.state_dict(), "step": step, "version": version,
-                 "data_state": data_state, "config": config},
+                {
+                    "optimizer": optim,
+                    "scheduler": scheduler.state_dict(),
+                    "step": step,
+                    "version": version,
+                    "data_state": data_state,
+                    "config": config,
+                },
                 tmp / "trainer.pt",
-            )  # fmt: skip
+            )
         except Exception as e:  # a full disk (OSError, SafetensorError): nothing half-written stays behind
             shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointWriteError(f"cannot write checkpoint {final}: {e}") from e
@@ -203,12 +209,17 @@ def load_weights(lm: nn.Module, path: str | Path) -> Path:
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"{path}: cannot be loaded as a model: {e}") from None
     missing, extra = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-    shapes = [f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}" for k, v in ours.items()
-              if k in theirs and theirs[k].shape != v.shape]  # fmt: skip
+    shapes = [
+        f"{k} {tuple(theirs[k].shape)} vs {tuple(v.shape)}"
+        for k, v in ours.items()
+        if k in theirs and theirs[k].shape != v.shape
+    ]
     if missing or extra or shapes:
-        parts = [f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
-                 f"{len(extra)} unexpected (e.g. {extra[0]})" if extra else "",
-                 f"{len(shapes)} of another shape (e.g. {shapes[0]})" if shapes else ""]  # fmt: skip
+        parts = [
+            f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
+            f"{len(extra)} unexpected (e.g. {extra[0]})" if extra else "",
+            f"{len(shapes)} of another shape (e.g. {shapes[0]})" if shapes else "",
+        ]
         raise ValueError(f"{path} does not match the model: weights " + ", ".join(p for p in parts if p))
     lm.load_state_dict(theirs, strict=True)
     return path

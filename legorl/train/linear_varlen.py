@@ -80,8 +80,11 @@ def _segmented_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any,
             err = float((out.detach() - want).abs().max() / want.abs().max().clamp(min=1e-12))
             _fused_ok[key] = err < 2e-2
             if not _fused_ok[key]:
-                log.warning("fused packed %s differs from per-segment forwards (max rel. err %.3g): "
-                            "using per-segment forwards", key[0], err)  # fmt: skip
+                log.warning(
+                    "fused packed %s differs from per-segment forwards (max rel. err %.3g): using per-segment forwards",
+                    key[0],
+                    err,
+                )
                 return per_segment_forward(self, hidden_states, bounds, *args, **rest)
         return out
     return per_segment_forward(self, hidden_states, bounds, *args, **rest)
@@ -100,10 +103,7 @@ def per_segment_forward(
     forward = type(layer).forward
     if len(bounds) == 2:
         return forward(layer, hidden_states, *args, attention_mask=None, **kwargs)
-    outs = [
-        forward(layer, hidden_states[:, s:e], *args, attention_mask=None, **kwargs)
-        for s, e in pairwise(bounds)
-    ]
+    outs = [forward(layer, hidden_states[:, s:e], *args, attention_mask=None, **kwargs) for s, e in pairwise(bounds)]
     return torch.cat(outs, dim=1)
 
 
@@ -125,9 +125,14 @@ def fused_packed_forward(layer: nn.Module, h_1_N_H: torch.Tensor, bounds: list[i
     b, a = layer.in_proj_b(h_1_N_H), layer.in_proj_a(h_1_N_H)
     weight = layer.conv1d.weight.squeeze(1)
     conv_1_C_N = torch.cat(
-        [ns.causal_conv1d_fn(qkv_1_C_N[:, :, s:e].contiguous(), weight, layer.conv1d.bias, activation=layer.activation)
-         for s, e in segments], dim=2,
-    )  # fmt: skip
+        [
+            ns.causal_conv1d_fn(
+                qkv_1_C_N[:, :, s:e].contiguous(), weight, layer.conv1d.bias, activation=layer.activation
+            )
+            for s, e in segments
+        ],
+        dim=2,
+    )
     query, key, value = torch.split(conv_1_C_N.transpose(1, 2), [layer.key_dim, layer.key_dim, layer.value_dim], dim=-1)
     query = query.reshape(1, n, -1, layer.head_k_dim)
     key = key.reshape(1, n, -1, layer.head_k_dim)
@@ -137,15 +142,36 @@ def fused_packed_forward(layer: nn.Module, h_1_N_H: torch.Tensor, bounds: list[i
     rule = ns.torch_chunk_gated_delta_rule
     try:
         cu = torch.tensor(bounds, dtype=torch.long, device=h_1_N_H.device)
-        out, _ = rule(query, key, value, g=g, beta=beta, initial_state=None, output_final_state=False,
-                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu)  # fmt: skip
+        out, _ = rule(
+            query,
+            key,
+            value,
+            g=g,
+            beta=beta,
+            initial_state=None,
+            output_final_state=False,
+            use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu,
+        )
     except ValueError as exc:  # the torch fallback refuses cu_seqlens: run the rule per segment
         if "packed sequences" not in str(exc):
             raise
         out = torch.cat(
-            [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], initial_state=None,
-                  output_final_state=False, use_qk_l2norm_in_kernel=True)[0] for s, e in segments], dim=1,
-        )  # fmt: skip
+            [
+                rule(
+                    query[:, s:e],
+                    key[:, s:e],
+                    value[:, s:e],
+                    g=g[:, s:e],
+                    beta=beta[:, s:e],
+                    initial_state=None,
+                    output_final_state=False,
+                    use_qk_l2norm_in_kernel=True,
+                )[0]
+                for s, e in segments
+            ],
+            dim=1,
+        )
     out = layer.norm(out.reshape(-1, layer.head_v_dim), z.reshape(-1, layer.head_v_dim)).reshape(1, n, -1)
     return layer.out_proj(out)
 

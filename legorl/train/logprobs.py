@@ -135,9 +135,11 @@ class PolicyModel(nn.Module):
         legorl_varlen / flash_attention_2 skip cross-segment attention; sdpa and eager
         derive a block mask from the position-id resets instead)."""
         out = self.lm.get_decoder()(
-            input_ids=input_ids_B_S, position_ids=position_ids_B_S, use_cache=False,
+            input_ids=input_ids_B_S,
+            position_ids=position_ids_B_S,
+            use_cache=False,
             **varlen_kwargs(lengths, input_ids_B_S.device),
-        )  # fmt: skip
+        )
         return out.last_hidden_state
 
     def _hidden_routed(
@@ -173,9 +175,13 @@ class PolicyModel(nn.Module):
         idx_M = (mb.mask_N > 0).nonzero().squeeze(1)
         weight_V_H = self.lm.get_output_embeddings().weight
         logprobs_M, entropy_M = chunked_logprobs(
-            hidden_N_H[idx_M], weight_V_H, mb.targets_N[idx_M],
-            temperature=opts.temperature, chunk=opts.chunk, fp32=opts.lm_head_fp32,
-        )  # fmt: skip
+            hidden_N_H[idx_M],
+            weight_V_H,
+            mb.targets_N[idx_M],
+            temperature=opts.temperature,
+            chunk=opts.chunk,
+            fp32=opts.lm_head_fp32,
+        )
         logprobs_N = logprobs_M.new_zeros(mb.num_tokens).index_copy(0, idx_M, logprobs_M)
         entropy_N = entropy_M.new_zeros(mb.num_tokens).index_copy(0, idx_M, entropy_M)
         return LogprobOutput(logprobs_N, entropy_N, used, natural)

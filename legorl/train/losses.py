@@ -250,5 +250,8 @@ def grpo_loss(
 dr_grpo_loss = functools.partial(grpo_loss, aggregation="token_sum_norm")
 
 LOSSES: dict[str, Callable[..., tuple[torch.Tensor, LossMetrics]]] = {
-    "gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss,
+    "gspo": gspo_loss,
+    "gspo_token": gspo_token_loss,
+    "grpo": grpo_loss,
+    "dr_grpo": dr_grpo_loss,
 }

@@ -72,16 +72,23 @@ def rollouts(
             reward = toy_reward(s.completion_ids, args.target_tokens)
             rewards.append(reward)
             seg = Segment(
-                turn_indices=[0], token_ids=prompt + s.completion_ids,
+                turn_indices=[0],
+                token_ids=prompt + s.completion_ids,
                 loss_mask=[0] * len(prompt) + [1] * len(s.completion_ids),
                 logprobs=[0.0] * len(prompt) + s.logprobs,
-                policy_versions=[version], routed_experts=s.routed_experts,
-            )  # fmt: skip
+                policy_versions=[version],
+                routed_experts=s.routed_experts,
+            )
             outcome = Outcome(reward, Status.RESOLVED)
             trajs.append(
-                Trajectory(f"{position + p}-{g}", [seg], AlignmentStats(), instance_id=f"prompt-{position + p}",
-                           outcome=outcome)
-            )  # fmt: skip
+                Trajectory(
+                    f"{position + p}-{g}",
+                    [seg],
+                    AlignmentStats(),
+                    instance_id=f"prompt-{position + p}",
+                    outcome=outcome,
+                )
+            )
     return trajs, sum(rewards) / len(rewards)
 
 
@@ -113,8 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = TrainerConfig(model=args.model, lr=args.lr, loss=args.loss, temperature=args.temperature, seed=args.seed,
-                        checkpoint_dir=args.checkpoint_dir, max_grad_norm=1.0)  # fmt: skip
+    cfg = TrainerConfig(
+        model=args.model,
+        lr=args.lr,
+        loss=args.loss,
+        temperature=args.temperature,
+        seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir,
+        max_grad_norm=1.0,
+    )
     return asyncio.run(run(cfg, args))
 
 
@@ -143,9 +157,14 @@ async def _loop(trainer: Trainer, sampler: LocalSampler, cfg: TrainerConfig, arg
             sampler.lm, position, args, version=sampler.policy_version, temperature=cfg.temperature
         )
         metrics = await trainer.train_step(trajs, data_state={"position": position + args.prompts_per_step})
-        row = {"step": trainer.step_count, "reward": reward, "loss": metrics.get("train/loss"),
-               "params": params_digest(trainer.state_dict_for_engines()), "seconds": round(time.perf_counter() - t0, 3),
-               **{k: v for k, v in metrics.items() if k.startswith(("train/", "groups/"))}}  # fmt: skip
+        row = {
+            "step": trainer.step_count,
+            "reward": reward,
+            "loss": metrics.get("train/loss"),
+            "params": params_digest(trainer.state_dict_for_engines()),
+            "seconds": round(time.perf_counter() - t0, 3),
+            **{k: v for k, v in metrics.items() if k.startswith(("train/", "groups/"))},
+        }
         print(json.dumps(row), flush=True)
         if out:
             out.write(json.dumps(row) + "\n")

@@ -43,10 +43,16 @@ class MismatchStats:
         self.sums += torch.stack(
             [
                 torch.tensor(float(t.numel()), dtype=torch.float64),
-                pr.sum(), pt.sum(), (pr * pr).sum(), (pt * pt).sum(), (pr * pt).sum(),
-                (pt - pr).abs().sum(), delta.abs().sum(), (delta.exp() - 1 - delta).sum(),
+                pr.sum(),
+                pt.sum(),
+                (pr * pr).sum(),
+                (pt * pt).sum(),
+                (pr * pt).sum(),
+                (pt - pr).abs().sum(),
+                delta.abs().sum(),
+                (delta.exp() - 1 - delta).sum(),
             ]
-        )  # fmt: skip
+        )
         self.max_abs_dp = max(self.max_abs_dp, float((pt - pr).abs().max()))
         self.max_abs_dlogp = max(self.max_abs_dlogp, float(delta.abs().max()))
 

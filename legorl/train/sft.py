@@ -85,8 +85,12 @@ def sft(
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm))
         opt.step()
         if step % log_every == 0 or step == cfg.steps - 1:
-            last = {"sft/loss": loss_sum, "sft/grad_norm": grad_norm, "sft/lr": lr_at(step, cfg),
-                    "sft/elapsed_s": time.perf_counter() - t0}  # fmt: skip
+            last = {
+                "sft/loss": loss_sum,
+                "sft/grad_norm": grad_norm,
+                "sft/lr": lr_at(step, cfg),
+                "sft/elapsed_s": time.perf_counter() - t0,
+            }
             if log is not None:
                 log(step, last)
     for g, lr in zip(opt.param_groups, saved_lrs, strict=True):

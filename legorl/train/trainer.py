@@ -102,14 +102,23 @@ class Trainer:
             shard(self.policy, list(self.lm.get_decoder().layers), compute_dtype=compute)
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=c.lr, betas=c.betas, eps=c.adam_eps,
-            weight_decay=c.weight_decay, fused=fused or None, foreach=None if fused else True,
-        )  # fmt: skip
+            self.policy.parameters(),
+            lr=c.lr,
+            betas=c.betas,
+            eps=c.adam_eps,
+            weight_decay=c.weight_decay,
+            fused=fused or None,
+            foreach=None if fused else True,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.opts = LogprobOptions(
-            temperature=c.temperature, chunk=c.logprob_chunk, lm_head_fp32=c.lm_head_fp32,
-            packing=c.packing, routing_replay=c.routing_replay, router_fp32=c.router_fp32,
-        )  # fmt: skip
+            temperature=c.temperature,
+            chunk=c.logprob_chunk,
+            lm_head_fp32=c.lm_head_fp32,
+            packing=c.packing,
+            routing_replay=c.routing_replay,
+            router_fp32=c.router_fp32,
+        )
         self.weight_sync = weight_sync
         self.step_count = 0  # batches trained
         self.version = 0  # policy version of the current weights (+1 per step)
@@ -129,13 +138,19 @@ class Trainer:
         """Group-normalised advantages of a batch, as this trainer's config computes them."""
         c = self.cfg
         return compute_advantages(
-            trajectories, scale_by_std=bool(c.scale_advantage_by_std), eps=c.advantage_eps,
+            trajectories,
+            scale_by_std=bool(c.scale_advantage_by_std),
+            eps=c.advantage_eps,
             zero_variance=c.zero_variance_groups,
-        )  # fmt: skip
+        )
 
     def step(
-        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None,
-        advantages: Advantages | None = None, checkpoint: bool = True,
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        data_state: dict[str, Any] | None = None,
+        advantages: Advantages | None = None,
+        checkpoint: bool = True,
     ) -> dict[str, float]:
         """Train on one batch; returns the step's metrics (identical on every rank).
         `advantages`: computed once by the caller (who also stored them); else computed here.
@@ -214,15 +229,30 @@ class Trainer:
             else:  # one optimizer step per batch: this forward *is* π_old
                 old_N = out.logprobs_N.detach()
             weights_N, wstats = correction_weights(
-                old_N, mb.rollout_logprobs_N, mb.mask_N, mb.unit_ids_N, mb.num_units,
-                mode=c.correction, level=c.correction_level, tis_cap=c.tis_cap,
-                mis_low=c.mis_low, mis_high=c.mis_high,
-            )  # fmt: skip
+                old_N,
+                mb.rollout_logprobs_N,
+                mb.mask_N,
+                mb.unit_ids_N,
+                mb.num_units,
+                mode=c.correction,
+                level=c.correction_level,
+                tis_cap=c.tis_cap,
+                mis_low=c.mis_low,
+                mis_high=c.mis_high,
+            )
             loss, lmetrics = loss_fn(
-                out.logprobs_N, old_N, mb.advantages_N, mb.mask_N, mb.unit_ids_N, mb.num_units,
-                clip_low=c.clip_low, clip_high=c.clip_high, weights_N=weights_N,
-                aggregation=c.aggregation, norm=norm,
-            )  # fmt: skip
+                out.logprobs_N,
+                old_N,
+                mb.advantages_N,
+                mb.mask_N,
+                mb.unit_ids_N,
+                mb.num_units,
+                clip_low=c.clip_low,
+                clip_high=c.clip_high,
+                weights_N=weights_N,
+                aggregation=c.aggregation,
+                norm=norm,
+            )
             self._backward(loss, mb)
             acc.add_loss(float(loss.detach()), lmetrics, wstats)
         grad_norm = self._clip()
@@ -262,7 +292,10 @@ class Trainer:
             await self.weight_sync.push(self.lm, state, self.version)
 
     async def train_step(
-        self, trajectories: Sequence[Trajectory], *, data_state: dict[str, Any] | None = None,
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        data_state: dict[str, Any] | None = None,
         advantages: Advantages | None = None,
     ) -> dict[str, float]:
         """`step` off the event loop, then `sync_weights`."""
@@ -275,10 +308,18 @@ class Trainer:
         if not directory:
             raise ValueError("no checkpoint directory: set trainer.checkpoint_dir or pass one")
         return ckpt.save_checkpoint(
-            directory, lm=self.lm, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
-            step=self.step_count, version=self.version, data_state=self.data_state,
-            config=self.cfg.model_dump(mode="json"), rank=self.dist.rank, keep=self.cfg.keep_checkpoints,
-        )  # fmt: skip
+            directory,
+            lm=self.lm,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            step=self.step_count,
+            version=self.version,
+            data_state=self.data_state,
+            config=self.cfg.model_dump(mode="json"),
+            rank=self.dist.rank,
+            keep=self.cfg.keep_checkpoints,
+        )
 
     def load_checkpoint(self, path: str | Path) -> None:
         """Restore from a `step_XXXXXXXX` directory, or the newest one inside `path`."""
@@ -289,9 +330,13 @@ class Trainer:
                 raise FileNotFoundError(f"no complete checkpoint in {path}")
             path = found
         state = ckpt.load_checkpoint(
-            path, lm=self.lm, policy=self.policy, optimizer=self.optimizer, scheduler=self.scheduler,
+            path,
+            lm=self.lm,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
             rank=self.dist.rank,
-        )  # fmt: skip
+        )
         self.step_count, self.version, self.data_state = state["step"], state["version"], state["data_state"]
 
 
@@ -335,10 +380,19 @@ class _Accumulator:
                 *routing_mismatch(out.natural_N_L_K.cpu(), rec, valid),
             )
         self.sums += torch.tensor(
-            [float(ent.sum()), float(mask.sum()), float(ver[known].sum()), float(known.sum()),
-             float(route[0]), float(route[1]), float(route[2]), float(mb.num_tokens), 0.0],
+            [
+                float(ent.sum()),
+                float(mask.sum()),
+                float(ver[known].sum()),
+                float(known.sum()),
+                float(route[0]),
+                float(route[1]),
+                float(route[2]),
+                float(mb.num_tokens),
+                0.0,
+            ],
             dtype=torch.float64,
-        )  # fmt: skip
+        )
         if bool(known.any()):
             self._min_ver = min(self._min_ver, int(ver[known].min()))
 

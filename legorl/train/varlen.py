@@ -58,11 +58,17 @@ def varlen_attention(
         return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     outs = [
         sdpa_attention_forward(
-            module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-            dropout=dropout, scaling=scaling, **kwargs,
+            module,
+            query[:, :, s:e],
+            key[:, :, s:e],
+            value[:, :, s:e],
+            None,
+            dropout=dropout,
+            scaling=scaling,
+            **kwargs,
         )[0]
         for s, e in zip(bounds[:-1], bounds[1:], strict=True)
-    ]  # fmt: skip
+    ]
     return torch.cat(outs, dim=1), None  # (1, N, heads, head_dim)
 
 
@@ -82,8 +88,10 @@ def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):
     """The model's own eager attention (sinks, sliding window), per segment when packed."""
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
     if eager is None:
-        raise ValueError(f"legorl_varlen: {type(module).__name__} needs its eager attention (sinks or a window), "
-                         "but its module defines no eager_attention_forward; use attn_implementation = 'eager'")  # fmt: skip
+        raise ValueError(
+            f"legorl_varlen: {type(module).__name__} needs its eager attention (sinks or a window), "
+            "but its module defines no eager_attention_forward; use attn_implementation = 'eager'"
+        )
     window = kwargs.pop("sliding_window", None)
     kwargs.pop("is_causal", None)
     bounds = cu.tolist() if cu is not None and query.shape[2] == key.shape[2] else [0, key.shape[2]]

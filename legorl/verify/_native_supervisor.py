@@ -39,7 +39,9 @@ GRACE_S = 0.5
 
 
 def _load_base():
-    spec = importlib.util.spec_from_file_location("_lg_supervisor", os.path.join(os.path.dirname(os.path.abspath(__file__)), "base.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_lg_supervisor", os.path.join(os.path.dirname(os.path.abspath(__file__)), "base.py")
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -47,7 +49,11 @@ def _load_base():
 
 base = _load_base()
 base.WATCH_ATTRS = dict(base.WATCH_ATTRS, builtins=("open", "__import__", "exec", "compile"))
-base.WATCH_MODULES = base.WATCH_MODULES + ("unittest.runner", "unittest.suite", "unittest.loader")  # the result classes that print the log
+base.WATCH_MODULES = base.WATCH_MODULES + (
+    "unittest.runner",
+    "unittest.suite",
+    "unittest.loader",
+)  # the result classes that print the log
 
 
 def kind_of(exc, skip_names=("SkipTest", "Skipped", "Skip")):
@@ -92,7 +98,7 @@ def child(cfg, key, rec_w, log_w, go_r):
             data = "".join(pending).encode()
             del pending[:]
             while data:
-                data = data[write(rec_w, data):]
+                data = data[write(rec_w, data) :]
 
     runner = cfg["runner"]
     repo = cfg["repo"].rstrip("/") + "/"
@@ -126,9 +132,13 @@ def child(cfg, key, rec_w, log_w, go_r):
                 ph = phases.pop(id(self), {})
                 cls = type(self)
                 m = getattr(self, "_testMethodName", "?")
-                send("test", id="%s (%s.%s.%s)" % (m, cls.__module__, cls.__qualname__, m),
-                     legacy="%s (%s.%s)" % (m, cls.__module__, cls.__qualname__), phases=ph,
-                     xfail=bool(getattr(getattr(self, m, None), "__unittest_expecting_failure__", False)))
+                send(
+                    "test",
+                    id="%s (%s.%s.%s)" % (m, cls.__module__, cls.__qualname__, m),
+                    legacy="%s (%s.%s)" % (m, cls.__module__, cls.__qualname__),
+                    phases=ph,
+                    xfail=bool(getattr(getattr(self, m, None), "__unittest_expecting_failure__", False)),
+                )
 
         for name, when in (("_callSetUp", "setup"), ("_callTestMethod", "call"), ("_callTearDown", "teardown")):
             wrappers[name] = phase(name, when)
@@ -154,15 +164,24 @@ def child(cfg, key, rec_w, log_w, go_r):
             return test
 
         def exec_(source, globals=None, locals=None, *a, **kw):
-            r = real_exec(source, globals, locals, *a, **kw) if locals is not None else real_exec(source, globals, *a, **kw)
+            r = (
+                real_exec(source, globals, locals, *a, **kw)
+                if locals is not None
+                else real_exec(source, globals, *a, **kw)
+            )
             file = globals.get("__file__") if isinstance(globals, dict) else None
             if file in test_files:
                 import inspect
 
                 for name, val in list(globals.items()):
-                    if (name.startswith("test_") and inspect.isfunction(val) and not inspect.isgeneratorfunction(val)
-                            and getattr(val, "__code__", None) is not None and val.__code__.co_filename == file):
-                        globals[name] = record(val, file[len(repo):])
+                    if (
+                        name.startswith("test_")
+                        and inspect.isfunction(val)
+                        and not inspect.isgeneratorfunction(val)
+                        and getattr(val, "__code__", None) is not None
+                        and val.__code__.co_filename == file
+                    ):
+                        globals[name] = record(val, file[len(repo) :])
             return r
 
         wrappers["exec"] = exec_
@@ -277,7 +296,7 @@ def main():
             pass
     after = base.digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
-    tests_changed = sorted(p[len(root):] for p in guard if after[p] != guarded[p])
+    tests_changed = sorted(p[len(root) :] for p in guard if after[p] != guarded[p])
     records, bad = [], 0
     for line in bytes(bufs[rec_r]).split(b"\n"):
         if not line:

@@ -59,6 +59,7 @@ def plant(spec):
     if len(names) < 2:
         raise LookupError("no free canary name in %s" % spec["rel"])
     import ast  # here, not at the top: it runs while the child imports pytest
+
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -162,7 +163,9 @@ def changed_since(snap, sys_modules, repo, started_ns):
         if len(key) == 3 and key[2] == "__dict__":
             if isinstance(cur, type) and frozenset(vars(cur)) != old:
                 now = vars(cur)
-                odd = [k for k in set(now) - old if (callable(now[k]) or hasattr(now[k], "__get__")) and not theirs(now[k])]
+                odd = [
+                    k for k in set(now) - old if (callable(now[k]) or hasattr(now[k], "__get__")) and not theirs(now[k])
+                ]
                 odd += ["-" + k for k in old - set(now)]
                 if odd:
                     changed.append("%s.%s{%s}" % (key[0], key[1], ",".join(sorted(odd))))
@@ -184,7 +187,7 @@ def _where(func, repo):
     code = getattr(func, "__code__", None) or getattr(func, "f_code", None)
     fn = code.co_filename if code else ""
     if fn.startswith(repo):
-        return fn[len(repo):] if not fn.endswith("/conftest.py") else None
+        return fn[len(repo) :] if not fn.endswith("/conftest.py") else None
     if code is not None and not fn.startswith("<frozen") and (fn.startswith("<") or not os.path.exists(fn)):
         return "<generated>"
     return None
@@ -202,8 +205,12 @@ def foreign_hooks(pm, repo, registered_from):
                 where = _where(impl.function, repo)
                 if where:
                     is_obj = type(impl.plugin).__name__ != "module"
-                    found[(name, where)] = {"hook": name, "file": where, "object": is_obj,
-                                            "registered_from": registered_from.get(id(impl.plugin), [])}
+                    found[(name, where)] = {
+                        "hook": name,
+                        "file": where,
+                        "object": is_obj,
+                        "registered_from": registered_from.get(id(impl.plugin), []),
+                    }
     return [found[k] for k in sorted(found)]
 
 
@@ -280,8 +287,14 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             return dumps(dict(fields, k=kind, n=seq[0]))
         ph = ",".join('"%s":"%s"' % kv for kv in fields["phases"].items())
         return '{"k":"test","n":%d,"id":%s,"phases":{%s},"function":%s,"inner":%s,"xfail":%s,"runtest":%s}' % (
-            seq[0], encode_str(fields["id"]), ph, flag[fields["function"]], flag[fields["inner"]],
-            flag[bool(fields["xfail"])], flag[fields["runtest"]])
+            seq[0],
+            encode_str(fields["id"]),
+            ph,
+            flag[fields["function"]],
+            flag[fields["inner"]],
+            flag[bool(fields["xfail"])],
+            flag[fields["runtest"]],
+        )
 
     def send(kind, **fields):
         # Records go out in batches (each write wakes the supervisor: ~0.1 ms), and at the
@@ -339,7 +352,9 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 self.tracer = tracer
                 target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)  # noqa: B004 - the class attribute, as Python calls it
                 where = _where(_func(target), repo)
-                self.tracers.add(where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?")))
+                self.tracers.add(
+                    where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?"))
+                )
             try:
                 result = func(**args)
             except BaseException as exc:
@@ -403,7 +418,11 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
 
     def own_changes():
         now = vars(_Recorder)
-        bad = [k for k, (v, c) in own.items() if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c]
+        bad = [
+            k
+            for k, (v, c) in own.items()
+            if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c
+        ]
         known = ("phases", "inner", "registered_from", "tracer", "tracers")
         bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in known]
         return ["recorder." + k for k in sorted(bad)]
@@ -560,7 +579,7 @@ def main():
             pass
     after = digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
-    tests_changed = sorted(p[len(root):] for p in guard if after[p] != guarded[p])
+    tests_changed = sorted(p[len(root) :] for p in guard if after[p] != guarded[p])
     records, bad = [], 0
     for line in bytes(bufs[rec_r]).split(b"\n"):
         if not line:

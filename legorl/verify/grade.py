@@ -42,7 +42,14 @@ from legorl.verify.native import judge_native, plan_native
 from legorl.verify.patch import filter_diff, split_diff
 from legorl.verify.protect import Category, classify, test_files_of
 from legorl.verify.runner import SETUP_FAILED, TestCmdError, parse_summary, plan_run
-from legorl.verify.runners import RUNNER_FILES, NativeCommand, django_class, django_label_covers, django_test_file, native_command
+from legorl.verify.runners import (
+    RUNNER_FILES,
+    NativeCommand,
+    django_class,
+    django_label_covers,
+    django_test_file,
+    native_command,
+)
 from legorl.verify.selection import covers, select_tests
 from legorl.verify.verdict import TAMPER, RunEvidence, judge
 
@@ -174,10 +181,14 @@ async def _exec(sb: Sandbox, step: str, cmd: str, cfg: GradeConfig) -> str:
 
 def _outcome(status: Status, flags: list[str], tests: dict[str, str], evidence: dict[str, Any]) -> Outcome:
     flags = list(dict.fromkeys(flags))
-    return Outcome(reward=1.0 if status is Status.RESOLVED else 0.0, status=status, flags=flags, tests=tests, evidence=evidence)
+    return Outcome(
+        reward=1.0 if status is Status.RESOLVED else 0.0, status=status, flags=flags, tests=tests, evidence=evidence
+    )
 
 
-async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: dict[str, str] | None = None) -> Outcome:
+async def grade_in(
+    sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: dict[str, str] | None = None
+) -> Outcome:
     """One grading attempt in a fresh sandbox `sb`. Raises GraderFault/SandboxError on infra faults.
 
     `state["step"]` tells the caller how far it got (`"tests"` while the agent's code runs).
@@ -244,20 +255,34 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
     ev["restored"] = sorted(remove + restore)
     await sb.write_file(f"{w}/remove", "".join(p + "\0" for p in remove).encode("utf-8", "surrogateescape"))
     await sb.write_file(f"{w}/restore", "".join(p + "\0" for p in restore).encode("utf-8", "surrogateescape"))
-    res = await sb.exec(_RESTORE.format(w=shlex.quote(w), git=_GIT, pre=pre), timeout_s=cfg.step_timeout_s, cwd=cfg.repo_dir)
+    res = await sb.exec(
+        _RESTORE.format(w=shlex.quote(w), git=_GIT, pre=pre), timeout_s=cfg.step_timeout_s, cwd=cfg.repo_dir
+    )
     if res.exit_code in (96, 97):  # only the agent's path games make rm/checkout of its own changes fail
         ev["restore_error"] = res.stderr.strip()[-800:]
-        return _outcome(Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED, flags + [TAMPER, "restore_failed"], missing_all, ev)
+        return _outcome(
+            Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED,
+            flags + [TAMPER, "restore_failed"],
+            missing_all,
+            ev,
+        )
     if res.exit_code != 0 or not _marker(res.stdout, "FINAL"):
         raise GraderFault("restore", f"exit {res.exit_code}: {res.stderr.strip()[-800:]}")
     left = [p for _, p in _name_status(await sb.read_file(f"{w}/changed2")) if classify(p, extra) is not None]
     if left:
         ev["unrestored"] = left
-        return _outcome(Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED, flags + [TAMPER, "restore_incomplete"], missing_all, ev)
+        return _outcome(
+            Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED,
+            flags + [TAMPER, "restore_incomplete"],
+            missing_all,
+            ev,
+        )
 
     # 3. the task's tests; one that applies to the untouched tree but not after the agent's
     # diff was broken by the agent (e.g. a file where the test patch needs a directory)
-    tp = await sb.exec(_TEST_PATCH.format(w=shlex.quote(w), git=_GIT, pre=pre), timeout_s=cfg.step_timeout_s, cwd=cfg.repo_dir)
+    tp = await sb.exec(
+        _TEST_PATCH.format(w=shlex.quote(w), git=_GIT, pre=pre), timeout_s=cfg.step_timeout_s, cwd=cfg.repo_dir
+    )
     if tp.exit_code == 98 and not tp.timed_out:
         ev["test_patch_error"] = (tp.stderr or tp.stdout).strip()[-800:]
         return _outcome(Status.FAILED, flags + ["test_patch_conflict"], missing_all, ev)
@@ -277,7 +302,9 @@ async def grade_in(sb: Sandbox, task: Task, diff: str, cfg: GradeConfig, state: 
         raise GraderFault("select", str(exc)) from None
     host, like = canary_host(task, sel.directives)
     guard = guarded_files([*extra, *sel.directives])
-    plan = plan_run(cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard, wanted=wanted)
+    plan = plan_run(
+        cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard, wanted=wanted
+    )
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
     await _exec(sb, "runner", "mkdir -p " + " ".join(shlex.quote(d) for d in sorted(dirs)), cfg)
@@ -344,8 +371,16 @@ def native_canary_host(task: Task, cmd: NativeCommand) -> tuple[str | None, list
 
 
 async def _grade_native(
-    sb: Sandbox, task: Task, cmd: NativeCommand, cfg: GradeConfig, w: str, extra: list[str],
-    flags: list[str], ev: dict[str, Any], state: dict[str, str], t0: float,
+    sb: Sandbox,
+    task: Task,
+    cmd: NativeCommand,
+    cfg: GradeConfig,
+    w: str,
+    extra: list[str],
+    flags: list[str],
+    ev: dict[str, Any],
+    state: dict[str, str],
+    t0: float,
 ) -> Outcome:
     """Step 4 for a native runner (`native.py`): the official parser reads the log, the
     recorder's records confirm it, the canaries vouch for the run."""
@@ -386,7 +421,11 @@ async def _grade_native(
     except OSError:
         ev["report"] = "missing"
     try:
-        parsed = official.parse_log(parser, log, task.instance_id, task.repo, task.FAIL_TO_PASS, task.PASS_TO_PASS) if log else None
+        parsed = (
+            official.parse_log(parser, log, task.instance_id, task.repo, task.FAIL_TO_PASS, task.PASS_TO_PASS)
+            if log
+            else None
+        )
     except Exception as exc:  # the official parser choked on a log: ours to look at, never the agent's reward
         raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
     ev["log_parser"] = parser
@@ -447,7 +486,11 @@ def canary_host(task: Task, directives: list[str]) -> tuple[str | None, list[str
     for tid in task.FAIL_TO_PASS + task.PASS_TO_PASS:
         file = tid.split("::", 1)[0]
         if file.endswith(".py") and any(covers(d, tid) for d in directives) and not any("::" in d for d in directives):
-            names = [t.split("::")[-1].split("[", 1)[0] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS if t.startswith(file + "::")]
+            names = [
+                t.split("::")[-1].split("[", 1)[0]
+                for t in task.FAIL_TO_PASS + task.PASS_TO_PASS
+                if t.startswith(file + "::")
+            ]
             return file, names
     return None, []
 
@@ -467,10 +510,14 @@ async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeC
         if control is not None:  # the machinery works: the agent's code took the sandbox down
             return Outcome(0.0, Status.FAILED, flags=["grader_sandbox_killed"], evidence={"errors": errors})
         errors.append(f"control: {cerr}")
-    return Outcome(0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": Status.GRADER_ERROR.value, "errors": errors})
+    return Outcome(
+        0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": Status.GRADER_ERROR.value, "errors": errors}
+    )
 
 
-async def _attempt(task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig) -> tuple[Outcome | None, str, str]:
+async def _attempt(
+    task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig
+) -> tuple[Outcome | None, str, str]:
     """(outcome, "", "") or (None, error text, step that failed)."""
     try:
         sb = await backend.start(SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir))

@@ -31,8 +31,11 @@ from legorl.verify.verdict import TAMPER, Verdict, recorded_status
 
 NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")
 OFFICIAL_STATUS = {
-    "PASSED": TestStatus.PASSED, "FAILED": TestStatus.FAILED, "ERROR": TestStatus.ERROR,
-    "SKIPPED": TestStatus.SKIPPED, "XFAIL": TestStatus.XFAILED,
+    "PASSED": TestStatus.PASSED,
+    "FAILED": TestStatus.FAILED,
+    "ERROR": TestStatus.ERROR,
+    "SKIPPED": TestStatus.SKIPPED,
+    "XFAIL": TestStatus.XFAILED,
 }
 
 
@@ -52,20 +55,32 @@ def _camel(word: str) -> str:
 def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str]) -> tuple[str, str, str, str]:
     """(pass block, fail block, pass class, fail class): a TestCase each, shaped like the file's."""
     bases = sorted({c for c in like_classes if c.isidentifier()}) or ["Tests"]
-    words = rng.sample(["Basic", "Edge", "Nested", "Default", "Order", "Mixed", "Simple", "Repeat", "Unicode", "Copy"], 2)
+    words = rng.sample(
+        ["Basic", "Edge", "Nested", "Default", "Order", "Mixed", "Simple", "Repeat", "Unicode", "Copy"], 2
+    )
     out = []
     for i, must_pass in enumerate((True, False)):
         cls = f"{rng.choice(bases).removesuffix('Tests').removesuffix('Test')}{words[i]}Tests"
         body = canary_source(must_pass, rng).split("\n", 1)[1]  # the body lines of the plain test
-        body = body.replace("    assert sorted(values) == ", "    self.assertEqual(sorted(values), ").rstrip("\n") + ")\n"
+        body = (
+            body.replace("    assert sorted(values) == ", "    self.assertEqual(sorted(values), ").rstrip("\n") + ")\n"
+        )
         body = "\n".join("    " + ln if ln else ln for ln in body.splitlines())
         out.append((f"class {cls}(__import__('unittest').TestCase):\n    def {{name}}(self):\n{body}\n", cls))
     return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
 def plan_native(
-    repo: str, cmd: NativeCommand, python: str, tmp_root: str, plant_in: str | None, like: list[str],
-    like_classes: list[str], guard: list[str], wanted: list[str], test_files: list[str],
+    repo: str,
+    cmd: NativeCommand,
+    python: str,
+    tmp_root: str,
+    plant_in: str | None,
+    like: list[str],
+    like_classes: list[str],
+    guard: list[str],
+    wanted: list[str],
+    test_files: list[str],
 ) -> NativePlan:
     """A supervised run of `cmd` in `repo`, canaries planted in `plant_in` (repo-relative)."""
     rng = secrets.SystemRandom()
@@ -77,17 +92,34 @@ def plan_native(
         if cmd.runner == "django":
             p, f, pc, fc = _django_blocks(rng, like_classes)
             mod = plant_in.removeprefix("tests/").removesuffix(".py").replace("/", ".")
-            plant.update(pass_=p, fail=f, ids={"pass": f"{{name}} ({mod}.{pc}.{{name}})", "fail": f"{{name}} ({mod}.{fc}.{{name}})"})
+            plant.update(
+                pass_=p,
+                fail=f,
+                ids={"pass": f"{{name}} ({mod}.{pc}.{{name}})", "fail": f"{{name}} ({mod}.{fc}.{{name}})"},
+            )
         else:
-            plant.update(pass_=canary_source(True, rng), fail=canary_source(False, rng), ids={"pass": "{name}", "fail": "{name}"})
+            plant.update(
+                pass_=canary_source(True, rng), fail=canary_source(False, rng), ids={"pass": "{name}", "fail": "{name}"}
+            )
         plant["pass"] = plant.pop("pass_")
     nonce, key = secrets.token_hex(16), secrets.token_hex(32)
     cfg_path = f"{work}/{secrets.token_hex(8)}.json"
-    config = json.dumps({
-        "repo": repo, "runner": cmd.recorder, "script": cmd.script, "args": cmd.args, "warnings": cmd.warnings,
-        "log": f"{work}/test.log", "nonce": nonce, "key": key, "plant": plant, "guard": guard, "wanted": wanted,
-        "test_files": test_files,
-    })
+    config = json.dumps(
+        {
+            "repo": repo,
+            "runner": cmd.recorder,
+            "script": cmd.script,
+            "args": cmd.args,
+            "warnings": cmd.warnings,
+            "log": f"{work}/test.log",
+            "nonce": nonce,
+            "key": key,
+            "plant": plant,
+            "guard": guard,
+            "wanted": wanted,
+            "test_files": test_files,
+        }
+    )
     env = ["env", "-i", f"PATH={SAFE_PATH}", f"HOME={work}/home", f"TMPDIR={work}/tmp", "LANG=C.UTF-8"]
     command = (
         f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && cd {shlex.quote(repo)} && "
@@ -107,8 +139,13 @@ def _norm(status: TestStatus) -> str:
 
 
 def judge_native(
-    wanted: list[str], official: dict[str, str] | None, summary: dict[str, Any] | None, tags: int,
-    log_sha256: str | None, exit_code: int, timed_out: bool,
+    wanted: list[str],
+    official: dict[str, str] | None,
+    summary: dict[str, Any] | None,
+    tags: int,
+    log_sha256: str | None,
+    exit_code: int,
+    timed_out: bool,
 ) -> Verdict:
     """Per-test statuses from the official parse confirmed by the records; flags; `resolved`."""
     flags: list[str] = []
@@ -154,7 +191,9 @@ def judge_native(
                 ev.setdefault("unconfirmed", []).append(t)
             return TestStatus.MISSING
         seen = recorded_status(rec)
-        ok = seen is TestStatus.PASSED or (status is TestStatus.XFAILED and (seen is TestStatus.XFAILED or rec.get("xfail")))
+        ok = seen is TestStatus.PASSED or (
+            status is TestStatus.XFAILED and (seen is TestStatus.XFAILED or rec.get("xfail"))
+        )
         if not ok:
             flags.extend([TAMPER, "report_contradicted"])
             ev.setdefault("contradicted", {})[t] = {"log": status.value, "raised": seen.value}
@@ -163,8 +202,11 @@ def judge_native(
 
     tests = {t: confirmed(t).value for t in wanted}
     agree = [t for t in wanted if _norm(parsed.get(t, TestStatus.MISSING)) == _norm(ours(t))]
-    ev["parser_agreement"] = {"agree": len(agree), "total": len(wanted),
-                              "disagree": {t: [parsed.get(t, TestStatus.MISSING).value, ours(t).value] for t in wanted if t not in agree}}
+    ev["parser_agreement"] = {
+        "agree": len(agree),
+        "total": len(wanted),
+        "disagree": {t: [parsed.get(t, TestStatus.MISSING).value, ours(t).value] for t in wanted if t not in agree},
+    }
     can = s.get("canaries") or {}
     c_pass_id, c_fail_id = str(can.get("pass", "")), str(can.get("fail", ""))
     c_pass = confirmed(c_pass_id) if c_pass_id else TestStatus.MISSING
@@ -172,7 +214,11 @@ def judge_native(
     ev["canary"] = {"pass": c_pass.value, "fail": c_fail.value}
     all_ok = bool(wanted) and all(TestStatus(v).ok for v in tests.values())
     fail_rec = records.get(c_fail_id)
-    if c_fail.ok or c_fail is TestStatus.SKIPPED or (fail_rec is not None and recorded_status(fail_rec) is not TestStatus.FAILED):
+    if (
+        c_fail.ok
+        or c_fail is TestStatus.SKIPPED
+        or (fail_rec is not None and recorded_status(fail_rec) is not TestStatus.FAILED)
+    ):
         flags += [TAMPER, "report_inconsistent"]
     if exit_code == 0 and not timed_out:
         flags += [TAMPER, "report_inconsistent"]  # a run holding a failing canary exited 0
@@ -181,12 +227,31 @@ def judge_native(
         if all_ok:
             flags += [TAMPER, "session_incomplete"]
     ran_others = any(t in records for t in wanted)
-    if c_pass_id and c_pass_id not in records and c_fail_id not in records and c_pass_id not in parsed and ran_others and end and TAMPER not in flags:
+    if (
+        c_pass_id
+        and c_pass_id not in records
+        and c_fail_id not in records
+        and c_pass_id not in parsed
+        and ran_others
+        and end
+        and TAMPER not in flags
+    ):
         return Verdict(tests=tests, flags=[], evidence=ev, fault="canaries absent")
-    integrity = summary is not None and end is not None and c_pass is TestStatus.PASSED and c_fail in (TestStatus.FAILED, TestStatus.ERROR) and exit_code != 0
+    integrity = (
+        summary is not None
+        and end is not None
+        and c_pass is TestStatus.PASSED
+        and c_fail in (TestStatus.FAILED, TestStatus.ERROR)
+        and exit_code != 0
+    )
     if all_ok and not integrity:
         flags += [TAMPER, "report_inconsistent"]
     if s.get("stray_processes"):
         flags.append("stray_processes")
     ev["records"] = len({id(r) for r in records.values()})
-    return Verdict(tests=tests, flags=list(dict.fromkeys(flags)), evidence=ev, resolved=all_ok and integrity and TAMPER not in flags)
+    return Verdict(
+        tests=tests,
+        flags=list(dict.fromkeys(flags)),
+        evidence=ev,
+        resolved=all_ok and integrity and TAMPER not in flags,
+    )

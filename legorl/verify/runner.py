@@ -35,8 +35,26 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SUPERVISOR = Path(__file__).with_name("_supervisor.py")
 SETUP_FAILED = 86  # the supervisor's exit status when it could not prepare the run (keep in sync with it)
 CANARY_WORDS = (
-    "basic", "empty", "nested", "default", "roundtrip", "unicode", "large", "negative", "twice", "order",
-    "none", "single", "mixed", "repeat", "edge", "simple", "multiple", "kwargs", "copy", "types",
+    "basic",
+    "empty",
+    "nested",
+    "default",
+    "roundtrip",
+    "unicode",
+    "large",
+    "negative",
+    "twice",
+    "order",
+    "none",
+    "single",
+    "mixed",
+    "repeat",
+    "edge",
+    "simple",
+    "multiple",
+    "kwargs",
+    "copy",
+    "types",
 )
 
 _CANARY_FILE = """\

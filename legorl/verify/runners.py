@@ -30,12 +30,22 @@ RUNNER_FILES = {
     "sympy": ("bin/test", "sympy/testing/runtests.py", "sympy/testing/pytest.py", "sympy/utilities/runtests.py"),
 }
 _REFUSED = {
-    "django": {"--failfast": "stops at the first failure", "--bisect": "bisects instead of running",
-               "--pair": "runs pairs instead of the tests", "--pdb": "drops into a debugger",
-               "--selenium": "needs browsers", "--debug-sql": "changes the output the parser reads",
-               "-b": "buffers the output the parser reads", "--buffer": "buffers the output the parser reads"},
-    "sympy": {"--pdb": "drops into a debugger", "-x": "stops at the first failure",
-              "--subprocess": "runs the tests out of the recorder's sight", "--parallel": "splits the run"},
+    "django": {
+        "--failfast": "stops at the first failure",
+        "--bisect": "bisects instead of running",
+        "--pair": "runs pairs instead of the tests",
+        "--pdb": "drops into a debugger",
+        "--selenium": "needs browsers",
+        "--debug-sql": "changes the output the parser reads",
+        "-b": "buffers the output the parser reads",
+        "--buffer": "buffers the output the parser reads",
+    },
+    "sympy": {
+        "--pdb": "drops into a debugger",
+        "-x": "stops at the first failure",
+        "--subprocess": "runs the tests out of the recorder's sight",
+        "--parallel": "splits the run",
+    },
 }
 
 
@@ -71,12 +81,16 @@ def native_command(test_cmd: str) -> NativeCommand | None:
     while words and _ENV.match(words[0]):
         k, _, v = words.pop(0).partition("=")
         if k not in ALLOWED_ENV:
-            raise TestCmdError(f"test_cmd sets {k}, which grading cannot pass to the runner (allowed: {', '.join(sorted(ALLOWED_ENV))})")
+            raise TestCmdError(
+                f"test_cmd sets {k}, which grading cannot pass to the runner (allowed: {', '.join(sorted(ALLOWED_ENV))})"
+            )
         env[k] = v
     if not words:
         raise TestCmdError(f"test_cmd names no command: {test_cmd!r}")
     first = words[0]
-    if first in ("pytest", "py.test") or (len(words) >= 3 and first.startswith("python") and words[1:3] == ["-m", "pytest"]):
+    if first in ("pytest", "py.test") or (
+        len(words) >= 3 and first.startswith("python") and words[1:3] == ["-m", "pytest"]
+    ):
         if env:
             raise TestCmdError("test_cmd: environment assignments are only supported for native runners")
         return None
@@ -103,7 +117,12 @@ def native_command(test_cmd: str) -> NativeCommand | None:
             continue
         if w.startswith("-"):
             opts.append(w)
-            if runner == "django" and "=" not in w and name in ("--settings", "--tag", "--exclude-tag", "-k") and i + 1 < len(rest):
+            if (
+                runner == "django"
+                and "=" not in w
+                and name in ("--settings", "--tag", "--exclude-tag", "-k")
+                and i + 1 < len(rest)
+            ):
                 opts.append(rest[i + 1])
                 i += 1
         else:

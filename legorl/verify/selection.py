@@ -30,11 +30,41 @@ from legorl.verify.runner import TestCmdError, parse_test_cmd
 # pytest options that take a separate value (`-k expr`, `--tb short`); their value is not a path.
 VALUE_OPTIONS = frozenset(
     {
-        "-k", "-m", "-o", "-c", "-W", "-r", "--tb", "--deselect", "--ignore", "--ignore-glob", "--rootdir",
-        "--confcutdir", "--override-ini", "--maxfail", "--durations", "--durations-min", "--log-level",
-        "--log-format", "--log-date-format", "--log-cli-level", "--log-file", "--log-file-level", "--basetemp",
-        "--import-mode", "--capture", "--color", "--code-highlight", "--assert", "--show-capture",
-        "--junit-prefix", "--doctest-glob", "--doctest-report", "--inifile", "--config-file", "--verbosity",
+        "-k",
+        "-m",
+        "-o",
+        "-c",
+        "-W",
+        "-r",
+        "--tb",
+        "--deselect",
+        "--ignore",
+        "--ignore-glob",
+        "--rootdir",
+        "--confcutdir",
+        "--override-ini",
+        "--maxfail",
+        "--durations",
+        "--durations-min",
+        "--log-level",
+        "--log-format",
+        "--log-date-format",
+        "--log-cli-level",
+        "--log-file",
+        "--log-file-level",
+        "--basetemp",
+        "--import-mode",
+        "--capture",
+        "--color",
+        "--code-highlight",
+        "--assert",
+        "--show-capture",
+        "--junit-prefix",
+        "--doctest-glob",
+        "--doctest-report",
+        "--inifile",
+        "--config-file",
+        "--verbosity",
     }
 )
 # Options grading cannot honour: they stop at the first failure (the grader's must-fail
@@ -58,7 +88,22 @@ REFUSED_OPTIONS = {
     "-n": "pytest-xdist is not loaded when grading",
     "--numprocesses": "pytest-xdist is not loaded when grading",
 }
-NON_TEST_SUFFIXES = (".json", ".png", ".csv", ".txt", ".md", ".rst", ".jpg", ".jpeg", ".pkl", ".yml", ".yaml", ".toml", ".cfg", ".ini")
+NON_TEST_SUFFIXES = (
+    ".json",
+    ".png",
+    ".csv",
+    ".txt",
+    ".md",
+    ".rst",
+    ".jpg",
+    ".jpeg",
+    ".pkl",
+    ".yml",
+    ".yaml",
+    ".toml",
+    ".cfg",
+    ".ini",
+)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,9 @@ def recorded_status(rec: dict[str, Any]) -> TestStatus:
     return TestStatus.MISSING
 
 
-def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidence, agent_files: frozenset[str] = frozenset()) -> Verdict:
+def judge(
+    wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidence, agent_files: frozenset[str] = frozenset()
+) -> Verdict:
     """Per-test statuses, flags and evidence; `resolved` only when every channel agrees.
 
     `agent_files`: the repository paths the agent's diff changed or added. Hook
@@ -186,7 +188,9 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
     absent = all(r is None for r in c_recs) and canary_pass not in report and canary_fail not in report and ran > 0
     unset = all(r is not None and (r.get("phases") or {}).get("setup") == "failed" for r in c_recs) and set_up > 0
     if (absent or unset) and end is not None and run.report is not None and TAMPER not in flags:
-        return Verdict(tests=tests, flags=[], evidence=ev, fault=f"canaries {'absent' if absent else 'errored in setup'}")
+        return Verdict(
+            tests=tests, flags=[], evidence=ev, fault=f"canaries {'absent' if absent else 'errored in setup'}"
+        )
     integrity = (
         run.report is not None
         and run.summary is not None
@@ -201,4 +205,9 @@ def judge(wanted: list[str], canary_pass: str, canary_fail: str, run: RunEvidenc
         flags.append("stray_processes")  # detached processes outlived the run; killed before the report was read
         ev["stray_processes"] = summary["stray_processes"]
     ev["records"] = len(records)
-    return Verdict(tests=tests, flags=list(dict.fromkeys(flags)), evidence=ev, resolved=all_ok and integrity and TAMPER not in flags)
+    return Verdict(
+        tests=tests,
+        flags=list(dict.fromkeys(flags)),
+        evidence=ev,
+        resolved=all_ok and integrity and TAMPER not in flags,
+    )

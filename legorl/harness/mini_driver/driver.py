@@ -94,11 +94,18 @@ def run_one(job: dict[str, Any]) -> None:
     try:
         cfg = _merge(config(job["config"]), job.get("overrides") or {})
         model_cfg = dict(cfg.get("model", {}))
-        model_cfg["model_kwargs"] = {**model_cfg.get("model_kwargs", {}), "api_base": job["api_base"],
-                                     "api_key": "legorl"}
+        model_cfg["model_kwargs"] = {
+            **model_cfg.get("model_kwargs", {}),
+            "api_base": job["api_base"],
+            "api_key": "legorl",
+        }
         model = get_model(job["model"], model_cfg)
-        env_cfg = {**cfg.get("environment", {}), "environment_class": ENV_CLASS, "cwd": job["cwd"],
-                   "rollout_id": job["id"]}
+        env_cfg = {
+            **cfg.get("environment", {}),
+            "environment_class": ENV_CLASS,
+            "cwd": job["cwd"],
+            "rollout_id": job["id"],
+        }
         env = get_environment(env_cfg)
         agent = DefaultAgent(model, env, **cfg.get("agent", {}))
         result = agent.run(job["task"])

@@ -43,19 +43,33 @@ class SandboxEnvironment(LocalEnvironment):
         limit = timeout or self.config.timeout
         if _send is None:
             raise RuntimeError("SandboxEnvironment used outside the LEGO-RL warm driver")
-        reply = _send({"op": "exec", "id": self.config.rollout_id, "command": command,
-                       "cwd": cwd or self.config.cwd, "env": self.config.env, "timeout": limit}).get()
+        reply = _send(
+            {
+                "op": "exec",
+                "id": self.config.rollout_id,
+                "command": command,
+                "cwd": cwd or self.config.cwd,
+                "env": self.config.env,
+                "timeout": limit,
+            }
+        ).get()
         if reply.get("error"):
             # the sandbox is gone (the rollout ended or the machinery failed): as an
             # exception, like a subprocess that cannot be started
-            output = {"output": "", "returncode": -1,
-                      "exception_info": f"An error occurred while executing the command: {reply['error']}",
-                      "extra": {"exception_type": "SandboxError", "exception": reply["error"]}}
+            output = {
+                "output": "",
+                "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {reply['error']}",
+                "extra": {"exception_type": "SandboxError", "exception": reply["error"]},
+            }
         elif reply.get("timed_out"):
             msg = f"Command '{command}' timed out after {limit} seconds"  # subprocess.TimeoutExpired's text
-            output = {"output": reply.get("output", ""), "returncode": -1,
-                      "exception_info": f"An error occurred while executing the command: {msg}",
-                      "extra": {"exception_type": "TimeoutExpired", "exception": msg}}
+            output = {
+                "output": reply.get("output", ""),
+                "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {msg}",
+                "extra": {"exception_type": "TimeoutExpired", "exception": msg},
+            }
         else:
             output = {"output": reply.get("output", ""), "returncode": int(reply["returncode"]), "exception_info": ""}
         self._check_finished(output)

@@ -98,8 +98,9 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
         return await call(store.metrics, [k for k in keys.split(",") if k] or None, since_id)
 
     @app.get("/api/alerts")
-    async def alerts(since_id: Annotated[int, Query(ge=0)] = 0,
-                     limit: Annotated[int, Query(ge=1, le=5000)] = 500) -> list[dict[str, Any]]:
+    async def alerts(
+        since_id: Annotated[int, Query(ge=0)] = 0, limit: Annotated[int, Query(ge=1, le=5000)] = 500
+    ) -> list[dict[str, Any]]:
         return await call(store.alerts, since_id, limit)
 
     @app.get("/api/events")
@@ -112,14 +113,32 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
 
     @app.get("/api/trajectories")
     async def trajectories(
-        status: str | None = None, harness: str | None = None, task: str | None = None,
-        step: int | None = None, min_reward: float | None = None, max_reward: float | None = None,
-        flag: str | None = None, q: str | None = None, cursor: int | None = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 50, order: str = "desc",
+        status: str | None = None,
+        harness: str | None = None,
+        task: str | None = None,
+        step: int | None = None,
+        min_reward: float | None = None,
+        max_reward: float | None = None,
+        flag: str | None = None,
+        q: str | None = None,
+        cursor: int | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+        order: str = "desc",
     ) -> dict[str, Any]:
-        return await call(store.list_trajectories, status=status or None, harness=harness or None,
-                          task=task or None, step=step, min_reward=min_reward, max_reward=max_reward,
-                          flag=flag or None, q=q, cursor=cursor, limit=limit, order=order)
+        return await call(
+            store.list_trajectories,
+            status=status or None,
+            harness=harness or None,
+            task=task or None,
+            step=step,
+            min_reward=min_reward,
+            max_reward=max_reward,
+            flag=flag or None,
+            q=q,
+            cursor=cursor,
+            limit=limit,
+            order=order,
+        )
 
     @app.get("/api/trajectories/{session_id}")
     async def trajectory(session_id: str) -> dict[str, Any]:
@@ -145,8 +164,9 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
         return {"step": step, "tasks": await call(store.task_stats, step)}
 
     @app.get("/api/compare")
-    async def compare(a_step: int | None = None, b_step: int | None = None, a_run: str | None = None,
-                      b_run: str | None = None) -> dict[str, Any]:
+    async def compare(
+        a_step: int | None = None, b_step: int | None = None, a_run: str | None = None, b_run: str | None = None
+    ) -> dict[str, Any]:
         a = await call(other_store(a_run).task_stats, a_step)
         b = await call(other_store(b_run).task_stats, b_step)
         return compare_tasks(a, b)
@@ -181,8 +201,9 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
                     idle = 0.0
                 await asyncio.sleep(poll_interval)
 
-        return StreamingResponse(gen(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
@@ -196,16 +217,16 @@ class UIServerThread:
     """The UI served from a background thread of this process (a training process can
     watch itself; tests and the bench use it). `port=0` picks a free port; see `.url`."""
 
-    def __init__(self, run_dir: Path | str, host: str = "127.0.0.1", port: int = 0,
-                 poll_interval: float = 0.5) -> None:
+    def __init__(self, run_dir: Path | str, host: str = "127.0.0.1", port: int = 0, poll_interval: float = 0.5) -> None:
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.url = f"http://{host}:{self._sock.getsockname()[1]}/"
-        config = uvicorn.Config(make_ui_app(run_dir, poll_interval=poll_interval), log_level="warning",
-                                timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            make_ui_app(run_dir, poll_interval=poll_interval), log_level="warning", timeout_graceful_shutdown=1
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 

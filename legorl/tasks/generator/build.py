@@ -68,9 +68,7 @@ class Accepted:
 
 def _git(repo: Path, *args: str, stdin: bytes | None = None, env: dict[str, str] | None = None) -> str:
     full_env = {**os.environ, **_GIT_ENV, **(env or {})}
-    proc = subprocess.run(
-        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, env=full_env, timeout=120
-    )
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, env=full_env, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed: {proc.stderr.decode(errors='replace')}")
     return proc.stdout.decode()
@@ -125,7 +123,9 @@ def find_bugs(spec: ProjectSpec, tree: Path, cfg: GenConfig) -> list[Accepted]:
             found = _try_mutant(spec, tree, m, args, stable, cfg, timeout_s)
             if cfg.log:
                 f2p = len(found.fail_to_pass) if found else 0
-                print(f"[{spec.slug}] {attempts:3d} {m.kind:11s} {m.function:32s} {'KEEP f2p=' + str(f2p) if found else ''}")
+                print(
+                    f"[{spec.slug}] {attempts:3d} {m.kind:11s} {m.function:32s} {'KEEP f2p=' + str(f2p) if found else ''}"
+                )
             if found is not None:
                 per_function[(m.path, m.function)] += 1
                 accepted.append(found)
@@ -153,7 +153,9 @@ def _try_mutant(
     return None
 
 
-def write_project_tasks(spec: ProjectSpec, tree: Path, accepted: list[Accepted], out_dir: Path, cfg: GenConfig) -> list[dict]:
+def write_project_tasks(
+    spec: ProjectSpec, tree: Path, accepted: list[Accepted], out_dir: Path, cfg: GenConfig
+) -> list[dict]:
     """Commit each task to a scratch repository, bundle it, return the JSONL rows."""
     scratch = out_dir / f".{spec.slug}.git-scratch"
     if scratch.exists():

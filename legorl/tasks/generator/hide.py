@@ -40,7 +40,9 @@ def hide_tests(source: str, test_ids: list[str]) -> str | None:
             found.add((node.name,))
         elif isinstance(node, ast.ClassDef):
             methods = [
-                n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and (node.name, n.name) in wanted
+                n
+                for n in node.body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and (node.name, n.name) in wanted
             ]
             if not methods:
                 continue

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path

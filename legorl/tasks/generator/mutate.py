@@ -26,13 +26,31 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 _BINOP_SWAP = {
-    "+": "-", "-": "+", "*": "//", "/": "*", "//": "*", "%": "//",
-    "&": "|", "|": "&", "^": "&", "<<": ">>", ">>": "<<", "**": "*",
-}  # fmt: skip
+    "+": "-",
+    "-": "+",
+    "*": "//",
+    "/": "*",
+    "//": "*",
+    "%": "//",
+    "&": "|",
+    "|": "&",
+    "^": "&",
+    "<<": ">>",
+    ">>": "<<",
+    "**": "*",
+}
 _CMP_SWAP = {
-    "<": "<=", "<=": "<", ">": ">=", ">=": ">", "==": "!=", "!=": "==",
-    "in": "not in", "not in": "in", "is": "is not", "is not": "is",
-}  # fmt: skip
+    "<": "<=",
+    "<=": "<",
+    ">": ">=",
+    ">=": ">",
+    "==": "!=",
+    "!=": "==",
+    "in": "not in",
+    "not in": "in",
+    "is": "is not",
+    "is not": "is",
+}
 _BINOP_RE = re.compile(r"\*\*|//|<<|>>|[-+*/%&|^@]")
 _AUG_RE = re.compile(r"(\*\*|//|<<|>>|[-+*/%&|^@])=")
 _CMP_RE = re.compile(r"\bnot\s+in\b|\bis\s+not\b|\bin\b|\bis\b|==|!=|<=|>=|<|>")
@@ -169,7 +187,7 @@ def mutations_of(path: str, source: bytes) -> list[Mutation]:
                         add("const_flip", fn, node, off.start(node), off.end(node), str(not node.value))
                 elif type(node.value) is int and text.isdigit():
                     n = node.value
-                    for m in ([1] if n == 0 else [n + 1, n - 1]):
+                    for m in [1] if n == 0 else [n + 1, n - 1]:
                         add("off_by_one", fn, node, off.start(node), off.end(node), str(m))
             elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
                 inner = source[off.start(node.operand) : off.end(node.operand)].decode("utf-8", errors="replace")

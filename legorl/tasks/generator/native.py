@@ -116,21 +116,61 @@ class NativeProject:
 
 NATIVE_PROJECTS = {
     "django": NativeProject(
-        "django", "5.2.8", "django/django",
-        keep=("django", "tests/runtests.py", "tests/test_sqlite.py", "tests/urls.py", "tests/utils_tests/__init__.py",
-              "tests/utils_tests/test_text.py", "LICENSE", "README.rst"),
-        source="django/utils/text.py", tests="tests/utils_tests/test_text.py", label="utils_tests.test_text",
-        functions=("capfirst", "get_valid_filename", "get_text_list", "normalize_newlines", "phone2numeric", "slugify",
-                   "camel_case_to_spaces", "unescape_string_literal", "wrap"),
+        "django",
+        "5.2.8",
+        "django/django",
+        keep=(
+            "django",
+            "tests/runtests.py",
+            "tests/test_sqlite.py",
+            "tests/urls.py",
+            "tests/utils_tests/__init__.py",
+            "tests/utils_tests/test_text.py",
+            "LICENSE",
+            "README.rst",
+        ),
+        source="django/utils/text.py",
+        tests="tests/utils_tests/test_text.py",
+        label="utils_tests.test_text",
+        functions=(
+            "capfirst",
+            "get_valid_filename",
+            "get_text_list",
+            "normalize_newlines",
+            "phone2numeric",
+            "slugify",
+            "camel_case_to_spaces",
+            "unescape_string_literal",
+            "wrap",
+        ),
         requirements=("asgiref==3.13.0", "sqlparse==0.6.1"),
     ),
     "sympy": NativeProject(
-        "sympy", "1.14.0", "sympy/sympy",
+        "sympy",
+        "1.14.0",
+        "sympy/sympy",
         keep=("sympy", "LICENSE", "README.md", "isympy.py"),
-        source="sympy/utilities/iterables.py", tests="sympy/utilities/tests/test_iterables.py",
+        source="sympy/utilities/iterables.py",
+        tests="sympy/utilities/tests/test_iterables.py",
         label="sympy/utilities/tests/test_iterables.py",
-        functions=("flatten", "group", "unflatten", "reshape", "rotate_left", "rotate_right", "runs", "sift", "common_prefix",
-                   "common_suffix", "minlex", "has_dups", "has_variety", "uniq", "ibin", "partitions"),
+        functions=(
+            "flatten",
+            "group",
+            "unflatten",
+            "reshape",
+            "rotate_left",
+            "rotate_right",
+            "runs",
+            "sift",
+            "common_prefix",
+            "common_suffix",
+            "minlex",
+            "has_dups",
+            "has_variety",
+            "uniq",
+            "ibin",
+            "partitions",
+        ),
         requirements=("mpmath==1.3.0",),
     ),
 }
@@ -165,7 +205,7 @@ def unpack(p: NativeProject, dest: Path) -> Path:
     with tarfile.open(_sdist(p)) as tf:
         members = []
         for m in tf.getmembers():
-            rel = m.name[len(top):] if m.name.startswith(top) else ""
+            rel = m.name[len(top) :] if m.name.startswith(top) else ""
             if rel and any(rel == k or rel.startswith(k + "/") for k in p.keep) and "__pycache__" not in rel:
                 m.name = rel
                 members.append(m)
@@ -215,11 +255,15 @@ def _pytest_like(p: NativeProject, test_id: str) -> str:
     return f"{p.tests}::{test_id}"
 
 
-def build_native_tasks(name: str, count: int = 2, max_f2p: int = 6, python: str | None = None, out_root: Path | None = None) -> Path:
+def build_native_tasks(
+    name: str, count: int = 2, max_f2p: int = 6, python: str | None = None, out_root: Path | None = None
+) -> Path:
     """The task file of `count` tasks of a native-runner project (built once, then cached)."""
     p = NATIVE_PROJECTS[name]
-    key = hashlib.sha256(json.dumps([RECIPE, p.__dict__, count, max_f2p, official.PINNED], sort_keys=True, default=list).encode()
-                         + hashlib.sha256(_sdist(p).read_bytes()).digest()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps([RECIPE, p.__dict__, count, max_f2p, official.PINNED], sort_keys=True, default=list).encode()
+        + hashlib.sha256(_sdist(p).read_bytes()).digest()
+    ).hexdigest()[:16]
     out = (out_root or swebench_cache() / "tasks") / f"{p.slug}-{key}"
     if (out / "tasks.jsonl").is_file():
         return out / "tasks.jsonl"
@@ -284,18 +328,28 @@ def _build(p: NativeProject, tmp: Path, count: int, max_f2p: int, python: str | 
             _git(repo, "update-index", "--cacheinfo", f"{mode},{blob},{path}", env=env)
         else:
             base_tree = _git(repo, "write-tree", env=env).strip()
-            commit = _git(repo, "commit-tree", base_tree, stdin=f"{p.name} {p.version} (source distribution)\n".encode()).strip()
+            commit = _git(
+                repo, "commit-tree", base_tree, stdin=f"{p.name} {p.version} (source distribution)\n".encode()
+            ).strip()
             iid = f"{p.name}__{p.name}-{m.key}"
             _git(repo, "update-ref", f"refs/heads/{iid}", commit)
-            rows.append({
-                "instance_id": iid, "repo": p.repo, "base_commit": commit, "version": p.version,
-                "problem_statement": f"Tests of {p.label} fail: {', '.join(f2p[:3])}. The bug is in {p.source}.",
-                "patch": _git(repo, "diff-tree", "-p", "--no-color", base_tree, clean_tree, "--", p.source),
-                "test_patch": _git(repo, "diff-tree", "-p", "--no-color", base_tree, clean_tree, "--", p.tests),
-                "FAIL_TO_PASS": json.dumps(f2p), "PASS_TO_PASS": json.dumps(p2p),  # JSON-encoded, as on the hub
-                "environment_setup_commit": commit, "test_cmd": p.test_cmd(), "requirements": list(p.requirements),
-                "log_parser": official.parser_name(p.repo),
-            })
+            rows.append(
+                {
+                    "instance_id": iid,
+                    "repo": p.repo,
+                    "base_commit": commit,
+                    "version": p.version,
+                    "problem_statement": f"Tests of {p.label} fail: {', '.join(f2p[:3])}. The bug is in {p.source}.",
+                    "patch": _git(repo, "diff-tree", "-p", "--no-color", base_tree, clean_tree, "--", p.source),
+                    "test_patch": _git(repo, "diff-tree", "-p", "--no-color", base_tree, clean_tree, "--", p.tests),
+                    "FAIL_TO_PASS": json.dumps(f2p),
+                    "PASS_TO_PASS": json.dumps(p2p),  # JSON-encoded, as on the hub
+                    "environment_setup_commit": commit,
+                    "test_cmd": p.test_cmd(),
+                    "requirements": list(p.requirements),
+                    "log_parser": official.parser_name(p.repo),
+                }
+            )
     if len(rows) < count:
         raise RuntimeError(f"{p.slug}: only {len(rows)} of {count} mutants of {p.source} were caught by {p.tests}")
     (tmp / "repos").mkdir()
