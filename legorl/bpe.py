@@ -3,7 +3,8 @@
 Two tokenizers are built this way: the bundled tiny models' (`scripts/assets/build_tokenizer.py`,
 4096 tokens of Python's standard library) and the quickstart's (512 tokens of
 its own conversations; committed with `legorl/assets/models/quickstart-qwen3`, built by a script
-that rendered the quickstart's dialogues in process and was removed with that parallel loop). They differ in corpus, size, pre-tokenizer and context
+that rendered the quickstart's dialogues in process and was removed with that parallel loop). They differ in corpus,
+size, pre-tokenizer and context
 length; what they share lives here, so that both stay drop-in for the proxy: the same special
 and added tokens (the renderer and the tool-call parser look for them), byte-level decoding
 (any text encodes), and the same `tokenizer_config.json` (our chat template, eos

@@ -75,7 +75,7 @@ def proxy(
     out: Path = typer.Option(Path("proxy-out"), help="Directory for turns.jsonl and trajectories.jsonl."),
     config: Path | None = typer.Option(None, help="TOML with \\[engine] and \\[proxy] sections."),
 ) -> None:
-    """Serve the proxy standalone (OpenAI chat, Anthropic messages, OpenAI responses)."""
+    """Serve the proxy standalone (OpenAI chat, Anthropic messages, OpenAI responses, Gemini generateContent)."""
     from legorl.proxy.server import run_standalone
 
     run_standalone(engine, model, host, port, out, config)
@@ -169,7 +169,10 @@ def eval_(
 def rollout(
     tasks: Path = typer.Option(..., help="Task JSONL (SWE-bench format + repo_path)."),
     instance: str = typer.Option(..., help="instance_id of the task to run."),
-    harness: str = typer.Option("command", help="command, claude-code, opencode, openhands, mini-swe-agent."),
+    harness: str = typer.Option(
+        "command",
+        help="command, or: claude-code, codex, gemini-cli, mini-swe-agent, opencode, openhands, pi, qwen-code",
+    ),
     command_file: Path | None = typer.Option(None, help="command harness: the agent's shell script."),
     engine: str = typer.Option("hf", help="Engine kind: hf, oracle, scripted, vllm, sglang."),
     model: str = typer.Option("tiny-qwen3", help="Bundled model name or local HF model directory."),

@@ -3,4 +3,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+# style first (seconds): the formatter's layout and a short lint rule set (pyproject.toml [tool.ruff])
+.venv/bin/ruff format --check --quiet legorl tests bench scripts
+.venv/bin/ruff check --quiet legorl tests bench scripts
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

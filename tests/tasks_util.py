@@ -105,4 +105,7 @@ def append_lines_diff(path: str, original: str, added: list[str]) -> str:
     ctx = lines[-3:]
     start = len(lines) - len(ctx) + 1
     body = "".join(f" {ln}\n" for ln in ctx) + "".join(f"+{ln}\n" for ln in added)
-    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -{start},{len(ctx)} +{start},{len(ctx) + len(added)} @@\n{body}"
+    return (
+        f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -{start},{len(ctx)} "
+        f"+{start},{len(ctx) + len(added)} @@\n{body}"
+    )

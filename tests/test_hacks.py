@@ -223,7 +223,8 @@ def _lg_forge():
     if not path:
         return
     cases = "".join(
-        '<testcase classname="%s" name="%s" file="%s"/>' % (i.split("::")[0][:-3].replace("/", "."), i.split("::")[-1], i.split("::")[0])
+        '<testcase classname="%s" name="%s" file="%s"/>'
+        % (i.split("::")[0][:-3].replace("/", "."), i.split("::")[-1], i.split("::")[0])
         for i in _LG_IDS if not _lg_spare(i)
     )
     with open(path, "w") as f:
@@ -302,7 +303,8 @@ try:
     import pytest as _pt, sys as _sys6, types as _ty
 
     _mod = _ty.ModuleType(__name__ + "._lg_plugin")
-    _src = "import pytest\\n\\ndef pytest_collection_modifyitems(session, config, items):\\n    for it in items:\\n        if not _lg_spare(it.nodeid):\\n            it.add_marker(pytest.mark.xfail(reason='known issue'))\\n"
+    _src = ("import pytest\\n\\ndef pytest_collection_modifyitems(session, config, items):\\n    for it in items:\\n "
+        "       if not _lg_spare(it.nodeid):\\n            it.add_marker(pytest.mark.xfail(reason='known issue'))\\n")
     exec(compile(_src, __file__, "exec"), _mod.__dict__)
     _mod._lg_spare = _lg_spare
     _sys6.modules[_mod.__name__] = _mod
@@ -464,7 +466,8 @@ echo "== parent"; git rev-parse --verify -q HEAD~1 || echo none
 echo "== objects"; git cat-file --batch-all-objects --batch-check | wc -l
 echo "== reachable"; git rev-list --objects --all | wc -l
 echo "== unreachable"; git fsck --unreachable --no-reflogs 2>/dev/null | wc -l
-echo "== gitdirs"; find / -xdev -name '*.git' -o -name '*.bundle' -o -name 'packed-refs' 2>/dev/null | grep -v '^/repo/.git$' | head
+echo "== gitdirs"; find / -xdev -name '*.git' -o -name '*.bundle' -o -name 'packed-refs' 2>/dev/null |
+    grep -v '^/repo/.git$' | head
 echo "== end"
 } > FINDINGS.txt 2>&1
 """
@@ -479,7 +482,8 @@ for url in ["https://pypi.org/simple/toolz/", "https://github.com/", "http://deb
     except Exception as exc:
         print("BLOCKED", url, type(exc).__name__)
 EOF
-if python3 -m pip download --no-deps -q -d /tmp/dl toolz==1.2.0 --timeout 5 --retries 0 >/dev/null 2>&1; then echo "REACHED pip"; else echo "BLOCKED pip"; fi
+if python3 -m pip download --no-deps -q -d /tmp/dl toolz==1.2.0 --timeout 5 --retries 0 >/dev/null 2>&1; then
+    echo "REACHED pip"; else echo "BLOCKED pip"; fi
 if git ls-remote https://github.com/pytoolz/toolz >/dev/null 2>&1; then echo "REACHED git"; else echo "BLOCKED git"; fi
 } > NETWORK.txt 2>&1
 """

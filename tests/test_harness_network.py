@@ -3,7 +3,8 @@
 Each harness runs one oracle rollout of a shipped task through the production path with
 its command under strace (`legorl.harness.nettrace`, the harness unmodified): every
 IPv4/IPv6 destination it tried — a connect, a DNS datagram, anything sent with an address
-— must be the proxy's address (a DNS query to a loopback resolver counts as going out). Offline such attempts fail (or wait for a timeout) unseen, costing
+— must be the proxy's address (a DNS query to a loopback resolver counts as going out). Offline such attempts fail
+(or wait for a timeout) unseen, costing
 start-up time; online they would leak. To cover a new harness, add its name to `HARNESSES`.
 """
 

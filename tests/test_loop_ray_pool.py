@@ -2,7 +2,8 @@
 test_loop_ray_cluster.py run real ones): least-loaded dispatch, the policy version each rollout
 carries, a worker process that dies: its rollouts retried on a live worker, or masked
 infra_errors whose record survives pickling (Ray ships records by pickle), and the dead worker
-dispatched again once a probe reaches its restarted process. The actor handles here only mimic `handle.rollout.remote(...)` returning an
+dispatched again once a probe reaches its restarted process. The actor handles here only mimic
+`handle.rollout.remote(...)` returning an
 awaitable, which is all the pool uses of them."""
 
 from __future__ import annotations

@@ -215,7 +215,10 @@ async def test_slowloris_connections_are_closed_within_the_header_timeout(tmp_pa
 
 async def test_slow_body_gets_408(tmp_path: Path) -> None:
     async with server(tmp_path) as srv:
-        head = b"POST /s/b/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n"
+        head = (
+            b"POST /s/b/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+            b"500\r\n\r\n"
+        )
         t0 = time.monotonic()
         resp = await _raw(srv.port, head + b'{"model":', wait_s=10)
         assert resp.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5

@@ -59,7 +59,8 @@ async def test_side_calls_are_answered_recorded_and_left_out(tmp_path: Path) -> 
                         {
                             "type": "text",
                             "text": (
-                                "Your task is to create a detailed summary...\nREMINDER: Do NOT call any tools. Respond with plain "
+                                "Your task is to create a detailed summary...\nREMINDER: Do NOT call any tools. "
+                                "Respond with plain "
                                 "text only — an <analysis> block followed by a <summary> block."
                             ),
                         },

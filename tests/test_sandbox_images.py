@@ -38,7 +38,9 @@ def make_wheel(out_dir: Path) -> Path:
     files = {
         "legorl_demo_pkg/__init__.py": b"VALUE = 42\n",
         "legorl_demo_pkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: legorl-demo-pkg\nVersion: 1.0\n",
-        "legorl_demo_pkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: legorl-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        "legorl_demo_pkg-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: legorl-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     record = "".join(
         f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"

@@ -34,7 +34,8 @@ WRITER = inspect.getsource(ids) + textwrap.dedent("""
         c = ids(sid, i)
         store.add_turn(Turn(session_id=sid, index=i, dialect=Dialect.ANTHROPIC, prompt_ids=prompt, completion_ids=c,
                             logprobs=[-k / 100 for k in range(len(c))], finish_reason=FinishReason.STOP,
-                            sampling_used={}, request={"messages": [{"role": "user", "content": f"turn {i}"}] * (i + 1)}))
+                            sampling_used={},
+                            request={"messages": [{"role": "user", "content": f"turn {i}"}] * (i + 1)}))
         print(f"turn {sid} {i}", flush=True)
         if i == 4:
             store.set_outcome(sid, Outcome(reward=1.0, status=Status.RESOLVED, tests={"t": "passed"}))

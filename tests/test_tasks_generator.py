@@ -127,7 +127,8 @@ def test_problem_statement_names_tests_not_the_fix() -> None:
         "proj",
         ["tests/test_m.py::test_window[2]", "tests/test_m.py::test_clamp"],
         {
-            "tests/test_m.py::test_clamp": "tests/test_m.py:3: in test_clamp\n    assert clamp(5) == 5\nE   assert 4 == 5"
+            "tests/test_m.py::test_clamp": "tests/test_m.py:3: in test_clamp\n    assert clamp(5) == 5\nE   assert 4 "
+            "== 5"
         },
         "seed",
     )

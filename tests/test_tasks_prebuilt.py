@@ -106,7 +106,8 @@ def test_the_agent_sees_no_future_and_the_task_validates(tmp_path: Path, layout:
             key = await images.for_task(task)
             async with await backend.start(SandboxSpec(image=key, workdir="/repo")) as sb:
                 log = await sb.exec(
-                    f"git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e {future} 2>/dev/null && echo LEAK || echo clean"
+                    f"git log --all --oneline | wc -l; git tag | wc -l; git cat-file -e {future} 2>/dev/null && echo "
+                    "LEAK || echo clean"
                 )
                 assert log.exit_code == 0 and log.stdout.split()[:2] == ["1", "0"] and "LEAK" not in log.stdout, log
                 net = await sb.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"")

@@ -62,7 +62,10 @@ def test_shipped_subset_is_valid_on_docker() -> None:
 
 def test_validate_reports_a_broken_task(tmp_path: Path) -> None:
     task = pick_task()
-    readme_fix = "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 @@\n+not a fix\n"
+    readme_fix = (
+        "diff --git a/NOTES.md b/NOTES.md\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES.md\n@@ -0,0 +1 "
+        "@@\n+not a fix\n"
+    )
     row = dataclasses.asdict(dataclasses.replace(task, patch=readme_fix))
     f = tmp_path / "broken.jsonl"
     f.write_text(json.dumps(row) + "\n")

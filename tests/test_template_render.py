@@ -179,13 +179,15 @@ def _turn(r: TemplateRenderer, state: RenderState, msgs: list[dict], tools: list
     [
         (
             "qwen3-30b-a3b.jinja",
-            '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n</tool_call><|im_end|>',
+            '<think>\nlook first\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {"command":"ls"}}\n'
+            "</tool_call><|im_end|>",
             {"command": "ls"},
         ),
         (
             "qwen3.5-35b-a3b.jinja",
             (
-                "look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n</function>\n"
+                "look first\n</think>\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls\n</parameter>\n"
+                "</function>\n"
                 "</tool_call><|im_end|>"
             ),
             {"command": "ls"},
@@ -308,7 +310,8 @@ def test_continue_final_message(toks) -> None:
         ("{% for m in messages %}{{ m.content }}{% endfor %}", "does not append a generation prompt"),
         (
             (
-                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if tools %}{{ tools | tojson "
+                "}}{% endif %}"
                 "{% if add_generation_prompt %}assistant:{% endif %}"
             ),
             "none of the tool-call formats",

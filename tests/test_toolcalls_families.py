@@ -12,7 +12,8 @@ from legorl.proxy.completion import ReasoningDelta, TextDelta
 from legorl.proxy.toolcalls import StreamParser, parse_completion
 
 GLM = (
-    "\n<think>plan it</think>\nI will look.\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls -la</arg_value>\n"
+    "\n<think>plan it</think>\nI will look.\n<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>ls "
+    "-la</arg_value>\n"
     "<arg_key>timeout</arg_key>\n<arg_value>30</arg_value>\n</tool_call>"
 )
 HARMONY_CALL = (
@@ -28,7 +29,10 @@ QWEN35 = (
     "plan it\n</think>\n\nI will look.\n\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n"
     "<parameter=timeout>\n30\n</parameter>\n</function>\n</tool_call>"
 )
-SMOL = '<tool_call>[{"name": "bash", "arguments": {"command": "ls -la", "timeout": 30}}, {"name": "pwd", "arguments": {}}]</tool_call>'
+SMOL = (
+    '<tool_call>[{"name": "bash", "arguments": {"command": "ls -la", "timeout": 30}}, {"name": "pwd", '
+    '"arguments": {}}]</tool_call>'
+)
 
 CASES = [
     ("glm45", GLM, False),

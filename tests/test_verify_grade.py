@@ -23,7 +23,10 @@ BACKENDS = [pytest.param("local", id="local"), pytest.param("docker", id="docker
 def new_file(path: str, text: str) -> str:
     lines = text.splitlines()
     body = "".join(f"+{ln}\n" for ln in lines)
-    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 "
+        f"+1,{len(lines)} @@\n{body}"
+    )
 
 
 @pytest.mark.parametrize("backend_name", BACKENDS)

@@ -23,8 +23,10 @@ from legorl.verify.selection import (
 from legorl.verify.verdict import RunEvidence, judge
 
 TEST_PATCH = (
-    "diff --git a/tests/test_new.py b/tests/test_new.py\n--- a/tests/test_new.py\n+++ b/tests/test_new.py\n@@ -1 +1 @@\n-a\n+b\n"
-    "diff --git a/tests/data/cases.json b/tests/data/cases.json\n--- a/tests/data/cases.json\n+++ b/tests/data/cases.json\n"
+    "diff --git a/tests/test_new.py b/tests/test_new.py\n--- a/tests/test_new.py\n+++ b/tests/test_new.py\n@@ -1 +1 "
+    "@@\n-a\n+b\n"
+    "diff --git a/tests/data/cases.json b/tests/data/cases.json\n--- a/tests/data/cases.json\n+++ "
+    "b/tests/data/cases.json\n"
     "@@ -1 +1 @@\n-a\n+b\n"
 )
 TASK = Task(

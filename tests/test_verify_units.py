@@ -257,7 +257,8 @@ def test_the_supervisor_kills_what_the_run_left_behind_and_nothing_else(tmp_path
         {
             "pkg/__init__.py": (
                 "import subprocess, sys\n"
-                f"p = subprocess.Popen(['sleep', '60'], start_new_session=True)\nopen({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+                f"p = subprocess.Popen(['sleep', '60'], start_new_session=True)\nopen({str(pidfile)!r}, "
+                "'w').write(str(p.pid))\n"
             ),
             "tests/test_a.py": "import pkg\n\ndef test_a():\n    assert True\n",
         },

@@ -31,10 +31,12 @@ class EngineConfig(Section):
     """`[engine]`: which engine generates, and how."""
 
     kind: Literal["hf", "vllm", "sglang", "scripted", "oracle", "quickstart-expert"] = "hf"
-    """Engine: `hf` (in-process transformers), `vllm` / `sglang` (HTTP servers), `scripted` (replays completions), `oracle`,
+    """Engine: `hf` (in-process transformers), `vllm` / `sglang` (HTTP servers), `scripted` (replays completions),
+    `oracle`,
     `quickstart-expert` (the quickstart's scripted demonstrator; `options.p_read`)."""
     model: str = "tiny-qwen3"
-    """Bundled model name (`tiny-qwen3`, `tiny-qwen3-moe`) or a local HF model directory; its tokenizer renders prompts."""
+    """Bundled model name (`tiny-qwen3`, `tiny-qwen3-moe`) or a local HF model directory; its tokenizer renders
+    prompts."""
     device: str = "cpu"
     """`hf`: torch device, `cpu`, `cuda` or `cuda:N`."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
@@ -48,7 +50,8 @@ class EngineConfig(Section):
     prefill_chunk: int = Field(1024, ge=1)
     """`hf`: prompt columns per prefill forward (bounds the attention mask's memory for long prompts)."""
     max_context: int | None = Field(None, ge=2)
-    """Context length (prompt + completion); default: the model config's `max_position_embeddings` (HTTP engines: 32768)."""
+    """Context length (prompt + completion); default: the model config's `max_position_embeddings` (HTTP engines:
+    32768)."""
     num_threads: int | None = Field(None, ge=1)
     """`hf` on CPU: intra-op threads of the generation thread only (default min(4, cores // 2))."""
     seed: int | None = None

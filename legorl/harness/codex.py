@@ -29,7 +29,8 @@ Turn limit: Codex has no step limit of its own, so `max_turns` is enforced from 
 the adapter counts Codex's completed tool calls in its `--json` event stream and stops it
 after `max_turns` of them → `max_turns` (turn_limit.py).
 
-Ending (the JSONL events): `turn.completed` → graded; an answer cut at the proxy's `max_tokens` (Codex gives up on an `incomplete`
+Ending (the JSONL events): `turn.completed` → graded; an answer cut at the proxy's `max_tokens` (Codex gives up on an
+`incomplete`
 response: "Incomplete response returned, reason: max_output_tokens") → `format_error`;
 `turn.failed` / `error` with a 5xx or a connection failure → `engine_error`,
 another API error → `infra_error`; a context overflow it could not compact → graded;

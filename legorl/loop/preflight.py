@@ -282,8 +282,11 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
 
                         async def body(sb: Any) -> str:
                             code = (
-                                "import json,os,urllib.request; b=json.dumps({'model':'m','messages':[{'role':'user','content':'ping'}]}).encode(); "
-                                "r=urllib.request.urlopen(urllib.request.Request(os.environ.get('U','http://127.0.0.1:8000')+'/v1/chat/completions',data=b,headers={'content-type':'application/json'}),timeout=30); "
+                                "import json,os,urllib.request; "
+                                "b=json.dumps({'model':'m','messages':[{'role':'user','content':'ping'}]}).encode(); "
+                                "r=urllib.request.urlopen(urllib.request.Request("
+                                "os.environ.get('U','http://127.0.0.1:8000')+'/v1/chat/completions',"
+                                "data=b,headers={'content-type':'application/json'}),timeout=30); "
                                 "print(json.load(r)['choices'][0]['message']['content'])"
                             )
                             return (await sb.exec(f'python3 -c "{code}"', timeout_s=60)).stdout.strip()

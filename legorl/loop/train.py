@@ -237,9 +237,11 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 async for metrics in steps:
                     verdict = run_monitors(store, cfg.monitor, step)
                     console.print(
-                        f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved {metrics.get('resolved_rate', 0):.2f} "
+                        f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved "
+                        f"{metrics.get('resolved_rate', 0):.2f} "
                         f"loss {metrics.get('train/loss', 0):.4g} rollouts {metrics['rollout/count']:.0f} in "
-                        f"{metrics['time/rollout_s']:.1f}s, train+sync {metrics['time/train_sync_s']:.1f}s, alerts {len(verdict.alerts)}"
+                        f"{metrics['time/rollout_s']:.1f}s, train+sync {metrics['time/train_sync_s']:.1f}s, alerts "
+                        f"{len(verdict.alerts)}"
                     )
                     summary["steps"].append({k: metrics[k] for k in sorted(metrics)})
                     if verdict.should_stop:

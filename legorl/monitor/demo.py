@@ -249,7 +249,8 @@ def _outcome(rng: random.Random, p_resolve: float) -> Outcome:
         "diff --git a/astropy/modeling/separable.py b/astropy/modeling/separable.py\n"
         "--- a/astropy/modeling/separable.py\n+++ b/astropy/modeling/separable.py\n"
         "@@ -242,7 +242,7 @@ def _cstack(left, right):\n         cright = np.zeros((noutp, right.shape[1]))\n"
-        "-        cright[-right.shape[0]:, -right.shape[1]:] = 1\n+        cright[-right.shape[0]:, -right.shape[1]:] = right\n"
+        "-        cright[-right.shape[0]:, -right.shape[1]:] = 1\n+        cright[-right.shape[0]:, "
+        "-right.shape[1]:] = right\n"
     )
     r = rng.random()
     tests = {"test_separable.py::test_nested_compound": "passed", "test_separable.py::test_custom_model": "passed"}

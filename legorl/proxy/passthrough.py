@@ -47,7 +47,10 @@ class PassthroughApp:
             req = self.client.build_request(scope["method"], url, headers=headers, content=body)
             resp = await self.client.send(req, stream=True)
         except httpx.HTTPError as e:
-            err = f'{{"error": {{"message": "upstream {self.upstream} unreachable: {type(e).__name__}", "type": "api_error"}}}}'
+            err = (
+                f'{{"error": {{"message": "upstream {self.upstream} unreachable: {type(e).__name__}", "type": '
+                '"api_error"}}}}'
+            )
             await send(
                 {"type": "http.response.start", "status": 502, "headers": [(b"content-type", b"application/json")]}
             )

@@ -503,7 +503,8 @@ def read_blob(fd):
 def enter_private_root(disk_mb, keep):
     """Docker: move into an overlay of the image whose writable layer is a tmpfs of
     `disk_mb` (the disk quota, as in the local backend), keeping /proc, /dev and the
-    read-only binds `keep`, with a synthetic /sys (`synthetic_sys`); then give up CAP_SYS_ADMIN for good (bounding set and own sets)
+    read-only binds `keep`, with a synthetic /sys (`synthetic_sys`); then give up CAP_SYS_ADMIN for good (bounding
+    set and own sets)
     and CAP_SYS_CHROOT, and become non-dumpable, so nothing started later can mount, leave
     the new root or inspect this process."""
     import ctypes

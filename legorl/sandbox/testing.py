@@ -20,7 +20,9 @@ _FILES_BASE = {
     "calc.py": "def add(a, b):\n    return a - b  # bug\n",
     ".gitignore": "*.log\nbuild/\n",
     "tests/test_calc.py": "from calc import add\n\n\ndef test_visible():\n    assert add(2, 0) == 2\n",
-    "tests/test_hidden.py": f"# {HIDDEN_MARKER}\nfrom calc import add\n\n\ndef test_hidden():\n    assert add(2, 2) == 4\n",
+    "tests/test_hidden.py": (
+        f"# {HIDDEN_MARKER}\nfrom calc import add\n\n\ndef test_hidden():\n    assert add(2, 2) == 4\n"
+    ),
 }
 _FILES_FUTURE = {"calc.py": f"def add(a, b):\n    return a + b  # {FUTURE_MARKER}\n"}
 

@@ -6,7 +6,8 @@ PASS_TO_PASS`) plus `repo_path`: a local git repository or `git bundle`, relativ
 JSONL file (or absolute). Optional: `test_cmd` (a pytest command line; when it names no
 test paths, as `python -m pytest -q` does, grading adds the files holding the task's tests,
 as SWE-bench does; a test_cmd whose selection would miss a FAIL_TO_PASS/PASS_TO_PASS test,
-or that uses an option grading cannot honour such as `-x`, is rejected here), `env_setup` (shell commands run offline when the task
+or that uses an option grading cannot honour such as `-x`, is rejected here), `env_setup` (shell commands run offline
+when the task
 image is built), `image`, `split`. Unknown fields (`hints_text`, `version`, …) are allowed
 and ignored. FAIL_TO_PASS/PASS_TO_PASS may be lists or JSON-encoded lists (as on the
 Hugging Face hub).
@@ -59,7 +60,10 @@ def _test_list(
             value = json.loads(value)
         except json.JSONDecodeError:
             errs.append(
-                f"{where}: field {name!r}: expected a list of pytest node ids or a JSON-encoded list, got {_short(value)}"
+                (
+                    f"{where}: field {name!r}: expected a list of pytest node ids or a JSON-encoded list, got "
+                    f"{_short(value)}"
+                )
             )
             return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -179,7 +183,10 @@ def task_from_dict(
             lost = [t for t in f2p + p2p if not any(django_label_covers(lb, t) for lb in native.labels)]
             if lost:
                 errs.append(
-                    f"{where}: field 'test_cmd': {len(lost)} FAIL_TO_PASS/PASS_TO_PASS tests are not selected by its labels {native.labels}: {lost[:3]}"
+                    (
+                        f"{where}: field 'test_cmd': {len(lost)} FAIL_TO_PASS/PASS_TO_PASS tests are not selected by "
+                        f"its labels {native.labels}: {lost[:3]}"
+                    )
                 )
         elif not any(lb.endswith(".py") for lb in native.labels):
             errs.append(f"{where}: field 'test_cmd': bin/test must name the task's test files (got {native.labels})")
@@ -187,11 +194,17 @@ def task_from_dict(
         errs.append(f"{where}: field 'instance_id': expected a non-empty id")
     if not _HEX.match(row["base_commit"]):
         errs.append(
-            f"{where}: field 'base_commit': expected a hex commit id (7-40 hex digits), got {_short(row['base_commit'])}"
+            (
+                f"{where}: field 'base_commit': expected a hex commit id (7-40 hex digits), got "
+                f"{_short(row['base_commit'])}"
+            )
         )
     if "diff --git" not in row["patch"]:
         errs.append(
-            f"{where}: field 'patch': expected the gold fix as a git diff ('diff --git ...'), got {_short(row['patch'])}"
+            (
+                f"{where}: field 'patch': expected the gold fix as a git diff ('diff --git ...'), got "
+                f"{_short(row['patch'])}"
+            )
         )
     if row["test_patch"].strip() and "diff --git" not in row["test_patch"]:
         errs.append(

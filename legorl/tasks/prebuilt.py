@@ -3,7 +3,8 @@ local engine, or a tarball we `docker load`), never pulled.
 
 The image is imported once into the layer cache (keyed by its Docker image id), with its
 repository *taken out*: the repository directory (`/repo`, or `/testbed` as in the official
-per-instance images) is moved from the image to the side, and the layer keeps the rest (the environment: interpreter, installed
+per-instance images) is moved from the image to the side, and the layer keeps the rest (the environment: interpreter,
+installed
 dependencies). The task layer on top is then built by the usual path (`ensure_task`):
 the repository at `base_commit` as a fresh one-commit repository, so the agent stage on
 such an image gets the same treatment as on ours: no future history (whatever branches,

@@ -22,7 +22,8 @@ test_patch conflict, hangs or crashes the tests, fills the disk) is agent-caused
 0. A fault of the machinery (sandbox start, lost sandbox, a task whose test_patch does not
 apply even to the untouched tree) raises `GraderFault`/
 `SandboxError`; `grade()` returns them as a masked
-`infra_error` (the rollout worker retries the whole rollout). If the sandbox dies *while the agent's code runs*, a control
+`infra_error` (the rollout worker retries the whole rollout). If the sandbox dies *while the agent's code runs*, a
+control
 run with the empty diff decides: when it completes, the agent's code killed the sandbox.
 """
 

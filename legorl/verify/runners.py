@@ -82,7 +82,10 @@ def native_command(test_cmd: str) -> NativeCommand | None:
         k, _, v = words.pop(0).partition("=")
         if k not in ALLOWED_ENV:
             raise TestCmdError(
-                f"test_cmd sets {k}, which grading cannot pass to the runner (allowed: {', '.join(sorted(ALLOWED_ENV))})"
+                (
+                    f"test_cmd sets {k}, which grading cannot pass to the runner (allowed: "
+                    f"{', '.join(sorted(ALLOWED_ENV))})"
+                )
             )
         env[k] = v
     if not words:

@@ -124,7 +124,10 @@ def find_bugs(spec: ProjectSpec, tree: Path, cfg: GenConfig) -> list[Accepted]:
             if cfg.log:
                 f2p = len(found.fail_to_pass) if found else 0
                 print(
-                    f"[{spec.slug}] {attempts:3d} {m.kind:11s} {m.function:32s} {'KEEP f2p=' + str(f2p) if found else ''}"
+                    (
+                        f"[{spec.slug}] {attempts:3d} {m.kind:11s} {m.function:32s} "
+                        f"{'KEEP f2p=' + str(f2p) if found else ''}"
+                    )
                 )
             if found is not None:
                 per_function[(m.path, m.function)] += 1

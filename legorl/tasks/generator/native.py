@@ -3,7 +3,8 @@
 Django (its sdist ships `tests/runtests.py` and the suite) and SymPy (its sdist ships its
 tests and `sympy.testing.runtests`, but not `bin/`: `bin/test` is recreated here the way
 the repository has it, calling `sympy.testing.runtests.test`, the runner whose log SWE-bench's
-SymPy parser reads: since 1.13 `sympy.test()` itself hands over to pytest when installed). The same bug injection as the shipped set (`mutate.py`, `hide.py`):
+SymPy parser reads: since 1.13 `sympy.test()` itself hands over to pytest when installed). The same bug injection as
+the shipped set (`mutate.py`, `hide.py`):
 mutate one source file, run the one test module with the project's runner on the host,
 keep mutants that make 1..`max_f2p` passing tests fail, cut those tests out of the base
 commit (a parentless commit of the buggy tree) and put them back in `test_patch`.
