@@ -186,9 +186,15 @@ def test_oracle_resolves_a_shipped_task_on_docker(harness: str) -> None:
 @pytest.mark.harness
 @pytest.mark.slow
 def test_a_harness_past_its_time_is_an_agent_timeout() -> None:
+    """A model call that never returns (the oracle answers after 120 s): the wall-clock limit
+    ends the harness → `agent_timeout`, not masked. (A short limit alone is not a hang: idle,
+    Gemini CLI resolves the task in ~2 s.)"""
     _need("gemini-cli")
-    rec = asyncio.run(rollouts(Setup("gemini-cli", timeout_s=1.5), shipped(1)))[0]
+    setup = Setup("gemini-cli", timeout_s=10, engine_options={"latency_s": 120})
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
     assert rec.result.agent is not None and rec.result.agent.status is Status.AGENT_TIMEOUT, summary(rec)
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.AGENT_TIMEOUT and not o.masked, summary(rec)
 
 
 @pytest.mark.harness
