@@ -200,13 +200,18 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def compaction_setup(harness: str) -> Setup | None:
-    """A setup that forces a compaction (None: the harness never compacts)."""
+    """A setup that forces a compaction, as the suite's compaction tests do (None: it cannot
+    be forced in one rollout: mini-swe-agent has no compaction; Gemini CLI compresses only
+    before a new prompt, and a headless run has one, so the proxy's 400 ends it instead;
+    Qwen Code compacts on its own: its ~27k-token prompt passes 70% of the 32k window)."""
     if harness == "openhands":
         return Setup(harness, options={"condenser_max_size": 6, "condenser_keep_first": 1}, timeout_s=900)
-    if harness in ("claude-code", "opencode"):
-        rec = asyncio.run(_one(Setup(harness, timeout_s=900)))  # calibration: the prompt sizes per turn
-        return Setup(harness, max_context=prompt_window_between(rec, 3), timeout_s=900)
-    return None
+    if harness not in ("claude-code", "opencode", "codex", "pi"):
+        return None
+    rec = asyncio.run(_one(Setup(harness, timeout_s=900)))  # calibration: the prompt sizes per turn
+    if harness == "codex":  # its own auto-compaction, placed between turn 0's end and turn 1's prompt
+        return Setup(harness, options={"auto_compact_limit": prompt_window_between(rec, 1)}, timeout_s=900)
+    return Setup(harness, max_context=prompt_window_between(rec, 3), timeout_s=900)  # the proxy's window
 
 
 async def _one(setup: Setup) -> Any:
