@@ -135,6 +135,10 @@ class TokenStep:
     logprob: float | None
     finish_reason: FinishReason | None = None
     routed_experts: Routing | None = None  # only on the final step
+    # The oldest policy version whose weights sampled a token of this step (None: the engine
+    # reports no per-token versions). A request in flight across a weight update has tokens
+    # of two versions; the turn records the oldest, so staleness is never understated.
+    policy_version: int | None = None
 
 
 @dataclass
@@ -163,7 +167,7 @@ class Turn:
     routing_base: int = 0
     format_error: bool = False
     side_call: bool = False  # answered, but not part of the policy's trajectory
-    policy_version: int = 0
+    policy_version: int = 0  # the oldest version that sampled one of its tokens (engines that say)
     model: str = ""
     t_start: float = 0.0
     t_first_token: float = 0.0

@@ -194,6 +194,25 @@ async def test_abandoned_stream_leaves_the_batch(dense: HFEngine) -> None:
     assert dense._rows == []
 
 
+async def test_a_stream_across_a_weight_update_says_which_weights_sampled_each_token() -> None:
+    """A request in flight continues under the new weights; each token carries the version
+    that sampled it, so a turn can record its oldest (staleness is never understated)."""
+    engine = HFEngine("tiny-qwen3", seed=0)
+    try:
+        params = SamplingParams(temperature=1.0, max_tokens=400, seed=5)
+        versions: list[int] = []
+        async for step in engine.stream(PROMPTS[0], params):
+            if step.token_id is None:
+                break
+            versions.append(step.policy_version)
+            if len(versions) == 3:
+                await engine.update_weights(dict(engine.model.state_dict()), version=4)
+        assert versions[:3] == [0, 0, 0] and versions[-1] == 4 and set(versions) == {0, 4}, versions
+        assert versions == sorted(versions)  # the switch happens once, between two tokens
+    finally:
+        await engine.close()
+
+
 async def test_weight_update_changes_outputs_and_bumps_version(tmp_path) -> None:
     engine = HFEngine("tiny-qwen3", seed=0)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import openai
 import pytest
 import torch
 from proxy_util import SpyEngine, canonical, check_turn, tokenizer
+from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from legorl.engine import registry
@@ -30,6 +32,7 @@ from legorl.engine.vllm import VLLMEngine
 from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
 from legorl.loop.config import RunConfig
 from legorl.loop.preflight import logprobs_mode_check, preflight_checks
+from legorl.loop.train import train
 from legorl.loop.worker import RolloutWorker
 from legorl.models import resolve_model
 from legorl.monitor.doctor import run_one
@@ -271,6 +274,48 @@ req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions"
 print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"])
 PY
 """
+
+
+async def test_the_one_loop_trains_through_the_real_server(vllm_server: VLLMServer, tmp_path: Path) -> None:
+    """`legorl train`'s loop with `[engine] kind = "vllm"` (generate route): rollouts through
+    the proxy on the real server, graded and stored, GSPO steps, each step's weights written
+    into the served directory and reloaded. The server stamps every token with the weight
+    version that sampled it, and each step's turns carry the version the step before made."""
+    lm = AutoModelForCausalLM.from_pretrained(resolve_model(NAME), dtype=torch.float32)
+    fresh = engine(vllm_server, route="generate")
+    await DiskSync([fresh], vllm_server.model_dir, in_place=True).push(lm, lm.state_dict(), 0)  # a new run's weights
+    await fresh.close()
+    (tmp_path / "agent.sh").write_text(AGENT)
+    cfg = RunConfig.model_validate(
+        {
+            "run": {
+                "dir": str(tmp_path / "run"),
+                "tasks": "shipped",
+                "split": "train",
+                "steps": 3,
+                "tasks_per_step": 2,
+                "group_size": 2,
+            },
+            "engine": {
+                "kind": "vllm",
+                "model": NAME,
+                "url": vllm_server.url,
+                "served_model_dir": str(vllm_server.model_dir),
+                "request_timeout_s": 60,
+                "options": {"route": "generate"},
+            },
+            "harness": {"name": "command", "command_file": str(tmp_path / "agent.sh")},
+            "trainer": {"model": NAME, "zero_variance_groups": "keep", "keep_checkpoints": 1},
+        }
+    )
+    summary = await train(cfg, console=Console(quiet=True))
+    assert [s["rollout/count"] for s in summary["steps"]] == [4.0, 4.0, 4.0]
+    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+        rows = db.execute(
+            "SELECT t.step, u.policy_version FROM turns u JOIN trajectories t ON t.id = u.traj_id WHERE t.step >= 0"
+        ).fetchall()
+    assert len(rows) == 12 and all(version == step for step, version in rows), rows
+    assert not is_tied(vllm_server.model_dir)
 
 
 async def test_a_server_that_dies_mid_run_fails_cleanly_and_its_rollouts_are_masked(

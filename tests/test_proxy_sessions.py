@@ -4,6 +4,7 @@ route, concurrency, and the standalone `legorl proxy` process end to end."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anthropic
@@ -24,7 +26,7 @@ from legorl.engine.scripted import ScriptedEngine
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
-from legorl.types import Turn
+from legorl.types import SamplingParams, TokenStep, Turn
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 REPO = Path(__file__).resolve().parents[1]
@@ -279,3 +281,32 @@ async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly(tmp
     assert [s["routed_experts"] for s in rec["trajectory"]["segments"]] == [
         s.routed_experts.tolist() for s in traj.segments
     ]
+
+
+class _UpdatedMidTurn(SpyEngine):
+    """The inner engine's weights change after the second token of every call: tokens say
+    which version sampled them (as the hf engine's and vLLM's generate route's do)."""
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        n = 0
+        async for step in super().stream(prompt_ids, params):
+            if step.token_id is not None:
+                n += 1
+                if n == 3:
+                    self.inner.policy_version = 4
+                step = dataclasses.replace(step, policy_version=self.inner.policy_version)
+            yield step
+
+
+async def test_a_turn_across_a_weight_update_records_its_oldest_version(tmp_path: Path) -> None:
+    engine = _UpdatedMidTurn(ScriptedEngine(["a long enough answer to span the update"], tokenizer()))
+    engine.inner.policy_version = 3
+    cfg = ProxyConfig(port=0, max_tokens=100)
+    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
+        async with httpx.AsyncClient(base_url=srv.base_url) as c:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            r = await c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer run-v"})
+            assert r.status_code == 200
+    line = orjson.loads((tmp_path / "turns.jsonl").read_bytes().splitlines()[0])
+    assert engine.policy_version == 4 and len(line["completion_ids"]) > 3
+    assert line["policy_version"] == 3  # not the version at the turn's end

@@ -359,4 +359,4 @@ class HFEngine:
         lps_B = logprobs_B_V.gather(1, ids_B[:, None]).squeeze(1).tolist()
         self.stats["tokens"] += len(rows)
         for row, tok, lp in zip(rows, ids_B.tolist(), lps_B, strict=True):
-            row.add(tok, lp, self.eos_ids, self.max_context)
+            row.add(tok, lp, self.eos_ids, self.max_context, self.policy_version)  # under _model_lock

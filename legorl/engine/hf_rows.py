@@ -109,11 +109,12 @@ class Row:
         longest = max((len(s) for s in req.params.stop), default=0)
         self._stop_window = 4 * longest + 8  # tokens; a token is >= 1/4 character
 
-    def add(self, token: int, logprob: float, eos: frozenset[int], max_context: int) -> None:
-        """Record a sampled token, stream it, and decide whether the request is finished."""
+    def add(self, token: int, logprob: float, eos: frozenset[int], max_context: int, version: int) -> None:
+        """Record a sampled token (by the weights of policy `version`), stream it, and decide
+        whether the request is finished."""
         self.tokens.append(token)
         self.completion.append(token)
-        self.req.emit(TokenStep(token, logprob))
+        self.req.emit(TokenStep(token, logprob, policy_version=version))
         if token in eos or self._hit_stop_string():
             self.finish = FinishReason.STOP
         elif len(self.completion) >= self.req.params.max_tokens or len(self.tokens) >= max_context:

@@ -314,9 +314,10 @@ class VLLMEngine:
         per_token = versions_per_token(spans, n)
         if versions is not None:
             versions.extend(per_token)
-        if per_token and per_token[-1].isdigit():  # the weights the server really sampled with
-            self.policy_version = max(self.policy_version, int(per_token[-1]))
-        yield TokenStep(None, None, finish, routing)
+        numeric = [int(v) for v in per_token if v.isdigit()]
+        if numeric:  # the weights the server really sampled with
+            self.policy_version = max(self.policy_version, numeric[-1])
+        yield TokenStep(None, None, finish, routing, policy_version=min(numeric) if numeric else None)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         return await collect(self.stream(prompt_ids, params), len(prompt_ids))

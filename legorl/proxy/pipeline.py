@@ -122,6 +122,7 @@ class TurnRun:
         self.side_call = False
         self.params: SamplingParams | None = None
         self.policy_version = 0
+        self.oldest_version: int | None = None  # per-token versions the engine reported, oldest
         self._steps: AsyncIterator[TokenStep] | None = None
         self._pending: TokenStep | None = None
         self.recorded = False
@@ -175,15 +176,21 @@ class TurnRun:
             raise _engine_error(e) from e
 
     # -- generation -------------------------------------------------------------------
+    def _versioned(self, step: TokenStep) -> TokenStep:
+        if step.policy_version is not None:
+            old = self.oldest_version
+            self.oldest_version = step.policy_version if old is None else min(old, step.policy_version)
+        return step
+
     async def _token_steps(self) -> AsyncIterator[TokenStep]:
         if self._pending is not None:
             step, self._pending = self._pending, None
-            yield step
+            yield self._versioned(step)
         if self._steps is None:
             return
         try:
             async for step in self._steps:
-                yield step
+                yield self._versioned(step)
         except (ProxyError, TimeoutError):
             raise
         except Exception as e:  # noqa: BLE001
@@ -276,9 +283,11 @@ class TurnRun:
             raise RuntimeError("turn recorded twice")
         self.recorded = True
         res = self.result or ParsedCompletion(self.text)
-        # The version when the turn ends: an engine that syncs weights mid-generation
-        # (hf) finishes in-flight requests under the new weights.
-        self.policy_version = getattr(self.ctx.engine, "policy_version", 0)
+        # The oldest weights that sampled one of its tokens, where the engine says per token
+        # (hf, vLLM's generate route): a request in flight across a weight sync finishes under
+        # the new weights. Otherwise the engine's version when the turn ends.
+        end_version = getattr(self.ctx.engine, "policy_version", 0)
+        self.policy_version = self.oldest_version if self.oldest_version is not None else end_version
         finish = self.finish_reason if delivered else FinishReason.ABORT
         turn = Turn(
             session_id=self.session.id,
