@@ -12,7 +12,9 @@ Slow (the real binary in a sandbox, the production rollout path, both backends):
 oracle's parent spawns a sub-agent that runs the four steps in the sandbox; the task
 resolves, the sub-agent's turns are their own segment beside the parent's unbroken chain,
 both packed for the loss under the rollout's advantage, no side call, delivered fraction 1.0;
-on the local backend under strace, nothing but the proxy is reached.
+on the local backend under strace, nothing but the proxy is reached. Forced compaction (a
+limit the sub-agent crosses and the parent does not): the sub-agent's summary is a side
+call, its turns before and after are two segments, delivered fraction still 1.0.
 """
 
 from __future__ import annotations
@@ -175,17 +177,25 @@ def _call_items(call: Any, output: str) -> list[dict[str, Any]]:
     ]
 
 
+_calibration: dict[str, Any] = {}  # "codex" -> a finished delegated rollout (prompt sizes per turn)
+
+
+def _need_codex() -> None:
+    if why := harness_missing("codex"):
+        pytest.fail(why)  # CI installs the layers; a missing one is a broken set-up, not a skip
+
+
 @pytest.mark.harness
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
 def test_sub_agent_is_its_own_segment(backend: str) -> None:
-    if why := harness_missing("codex"):
-        pytest.fail(why)  # CI installs the layers; a missing one is a broken set-up, not a skip
+    _need_codex()
     if backend == "docker" and (why := docker_missing()):
         pytest.fail(why)
     traced = backend == "local" and is_built("strace")  # and only the proxy reached, with a sub-agent running
     setup = Setup("codex", backend=backend, engine_options={"delegate": True})
     rec = asyncio.run(rollouts(setup, shipped(1), wrap=NetTraced if traced else None))[0]
+    _calibration.setdefault("codex", rec)
     o = rec.trajectory.outcome
     assert o is not None and o.status is Status.RESOLVED and o.reward == 1.0, summary(rec)
     check_recorded(rec)
@@ -206,3 +216,36 @@ def test_sub_agent_is_its_own_segment(backend: str) -> None:
     assert mb.segment_lengths == [len(s.token_ids) for s in rec.trajectory.segments]
     assert int(mb.mask_N.sum()) == sum(sum(s.loss_mask[1:]) for s in rec.trajectory.segments) > 0
     assert bool((mb.advantages_N[mb.mask_N > 0] == 0.75).all())
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_sub_agent_compaction_keeps_every_sampled_token() -> None:
+    """Codex's auto-compaction limit placed between the sub-agent's third turn and its
+    fourth prompt (the test output lies between; the parent never gets there): the
+    sub-agent compacts (a side call of its thread) and goes on in a new segment; it
+    resolves and no sampled token is lost."""
+    _need_codex()
+    if "codex" not in _calibration:
+        _calibration["codex"] = asyncio.run(rollouts(Setup("codex", engine_options={"delegate": True}), shipped(1)))[0]
+    calib = _calibration["codex"]
+    child = [t for t in calib.turns if _metadata(t.request)["thread_source"] == "subagent"]
+    prev, cur = child[-2], child[-1]
+    lo, hi = len(prev.prompt_ids) + len(prev.completion_ids), len(cur.prompt_ids)
+    parent_max = max(len(t.prompt_ids) + len(t.completion_ids) for t in calib.turns if t not in child)
+    assert hi - lo > 1000 and parent_max < (lo + hi) // 2, (lo, hi, parent_max)
+    options = {"auto_compact_limit": (lo + hi) // 2}
+    setup = Setup("codex", engine_options={"delegate": True}, options=options)
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.RESOLVED and o.reward == 1.0, summary(rec)
+    check_recorded(rec)
+    side = [t for t in rec.turns if t.side_call]
+    assert len(side) == 1 and side[0].completion_ids and not side[0].request.get("tools"), summary(rec)
+    assert _metadata(side[0].request)["thread_source"] == "subagent", summary(rec)
+    assert rec.trajectory.side_turns == [side[0].index], summary(rec)
+    sources = {t.index: _metadata(t.request)["thread_source"] for t in rec.turns}
+    segs = [s.turn_indices for s in rec.trajectory.segments]
+    assert len([s for s in segs if sources[s[0]] == "subagent"]) == 2, segs  # before and after its summary
+    assert len([s for s in segs if sources[s[0]] == "user"]) == 1, segs  # the parent's chain unbroken
+    assert delivered(rec.turns, rec.trajectory)["fraction"] == 1.0
