@@ -14,7 +14,8 @@ resolves, the sub-agent's turns are their own segment beside the parent's unbrok
 both packed for the loss under the rollout's advantage, no side call, delivered fraction 1.0;
 on the local backend under strace, nothing but the proxy is reached. Forced compaction (a
 limit the sub-agent crosses and the parent does not): the sub-agent's summary is a side
-call, its turns before and after are two segments, delivered fraction still 1.0.
+call, its turns before and after are two segments, delivered fraction still 1.0. The
+parent's sub-agent calls count toward the adapter's `max_turns`.
 """
 
 from __future__ import annotations
@@ -249,3 +250,17 @@ def test_sub_agent_compaction_keeps_every_sampled_token() -> None:
     assert len([s for s in segs if sources[s[0]] == "subagent"]) == 2, segs  # before and after its summary
     assert len([s for s in segs if sources[s[0]] == "user"]) == 1, segs  # the parent's chain unbroken
     assert delivered(rec.turns, rec.trajectory)["fraction"] == 1.0
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+def test_sub_agent_calls_count_toward_max_turns() -> None:
+    """The parent's `spawn_agent` is a tool call of the turn limit (a `collab_tool_call`
+    item in the events): at `max_turns=1` the run stops there → `max_turns`, not a hang."""
+    _need_codex()
+    setup = Setup("codex", max_turns=1, timeout_s=300, engine_options={"delegate": True})
+    rec = asyncio.run(rollouts(setup, shipped(1)))[0]
+    o = rec.trajectory.outcome
+    assert o is not None and o.status is Status.MAX_TURNS and not o.masked, summary(rec)
+    details = rec.result.agent.details
+    assert details["tool_calls"] == "1" and details["sub_agents"] == "1" and not rec.result.agent.timed_out, details
