@@ -24,6 +24,12 @@ follows, through the harness's shell tool:
                                     system prompt asks for it — mini-swe-agent; otherwise a
                                     final text answer — Claude Code, OpenCode)
 
+With `delegate`, the first action hands the whole task to the harness's sub-agent tool
+instead (Claude Code's `Agent`, OpenCode's `task`, Codex's `spawn_agent`, then its
+`wait_agent` for the id it got back); the sub-agent, whose prompt carries the
+`legorl-oracle:delegated` marker, follows the plan itself, and its report's step marker
+lets the parent finish.
+
 A request without tools (OpenCode's, OpenHands' and Pi's summarisers, title generators) or with
 Claude Code's "Do NOT call any tools" or Codex's "CONTEXT CHECKPOINT COMPACTION" instruction gets plain text: a title or
 an `<analysis>`/`<summary>` that carries the task and step markers forward. A prompt that
@@ -66,7 +72,7 @@ PATCH_EOF = "LEGORL_ORACLE_PATCH_EOF"
 DELEGATE_NAMES = ("agent", "task", "spawn_agent")
 DELEGATE_KEYS = ("prompt", "message")
 WAIT_NAMES = ("wait_agent",)
-_AGENT_ID_RE = re.compile(r'"(?:agent_id|id|target)"\s*:\s*"([^"]+)"')
+_AGENT_ID_RE = re.compile(r'"agent_id"\s*:\s*"([^"]+)"')  # spawn_agent's answer
 DELEGATED = f"{MARK}:delegated"
 
 
