@@ -147,7 +147,8 @@ def _function(t: dict[str, Any], w: str) -> dict[str, Any]:
 def _tools(raw: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Function tools, the functions of `namespace` tools among them (Codex's sub-agent
     tools come as one), and each namespaced function's namespace. The policy sees every
-    function by its own name; a call to a namespaced one goes back with its `namespace`,
+    function by its own name (not the namespace's description: chat templates have no
+    place for it); a call to a namespaced one goes back with its `namespace`,
     as the API returns it. A name in two places is refused: the call would be ambiguous."""
     tools: list[dict[str, Any]] = []
     namespaces: dict[str, str] = {}
