@@ -5,6 +5,7 @@ session → session socket → agent sandbox with the harness layers mounted →
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,8 +75,11 @@ def run_config(s: Setup) -> RunConfig:
     )
 
 
-async def rollouts(s: Setup, tasks: list[Task], engine: Any = None) -> list[RolloutRecord]:
-    """Run `tasks` concurrently with one worker (one proxy, one engine)."""
+async def rollouts(
+    s: Setup, tasks: list[Task], engine: Any = None, wrap: Callable[[Any], Any] | None = None
+) -> list[RolloutRecord]:
+    """Run `tasks` concurrently with one worker (one proxy, one engine); `wrap` wraps the
+    worker's adapter (e.g. `legorl.harness.nettrace.NetTraced`)."""
     import asyncio
 
     cfg = run_config(s)
@@ -83,6 +87,8 @@ async def rollouts(s: Setup, tasks: list[Task], engine: Any = None) -> list[Roll
         engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer(s.model))
     try:
         async with RolloutWorker(cfg, engine) as w:
+            if wrap is not None:
+                w.harness = wrap(w.harness)
             return list(await asyncio.gather(*(w.rollout(t) for t in tasks)))
     finally:
         await engine.close()

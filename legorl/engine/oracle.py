@@ -24,6 +24,12 @@ follows, through the harness's shell tool:
                                     system prompt asks for it — mini-swe-agent; otherwise a
                                     final text answer — Claude Code, OpenCode)
 
+With `delegate`, the first action hands the whole task to the harness's sub-agent tool
+instead (Claude Code's `Agent`, OpenCode's `task`, Codex's `spawn_agent`, then its
+`wait_agent` for the id it got back); the sub-agent, whose prompt carries the
+`legorl-oracle:delegated` marker, follows the plan itself, and its report's step marker
+lets the parent finish.
+
 A request without tools (OpenCode's, OpenHands' and Pi's summarisers, title generators) or with
 Claude Code's "Do NOT call any tools" or Codex's "CONTEXT CHECKPOINT COMPACTION" instruction gets plain text: a title or
 an `<analysis>`/`<summary>` that carries the task and step markers forward. A prompt that
@@ -60,7 +66,13 @@ SUBMIT_WORD = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 COMPACT_HINTS = ("Do NOT call any tools", "Respond with plain text only", "CONTEXT CHECKPOINT COMPACTION")
 STEPS = 4
 PATCH_EOF = "LEGORL_ORACLE_PATCH_EOF"
-DELEGATE_NAMES = ("agent", "task")  # Claude Code's sub-agent tool (`Agent`, formerly `Task`)
+# Sub-agent tools: Claude Code's `Agent` (formerly `Task`) and OpenCode's `task` {prompt}
+# answer with the sub-agent's report; Codex's `spawn_agent` {message} answers with an agent
+# id at once, and `wait_agent` {targets} then waits for the report.
+DELEGATE_NAMES = ("agent", "task", "spawn_agent")
+DELEGATE_KEYS = ("prompt", "message")
+WAIT_NAMES = ("wait_agent",)
+_AGENT_ID_RE = re.compile(r'"agent_id"\s*:\s*"([^"]+)"')  # spawn_agent's answer
 DELEGATED = f"{MARK}:delegated"
 
 
@@ -148,12 +160,23 @@ def find_shell(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def delegate_key(tool: dict[str, Any]) -> str | None:
+    """The parameter of a sub-agent tool that takes its task (`prompt`, or Codex's `message`)."""
+    props = _params_schema(tool).get("properties", {}) or {}
+    return next((k for k in DELEGATE_KEYS if k in props), None)
+
+
 def find_delegate(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """A sub-agent tool: a known name with a `prompt` parameter."""
+    """A sub-agent tool: a known name with a `prompt` (or `message`) parameter."""
     for t in tools:
-        if str(t.get("name", "")).lower() in DELEGATE_NAMES and "prompt" in _params_schema(t).get("properties", {}):
+        if str(t.get("name", "")).lower() in DELEGATE_NAMES and delegate_key(t):
             return t
     return None
+
+
+def find_wait(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The tool that waits for a sub-agent started in the background (Codex's `wait_agent`)."""
+    return next((t for t in tools if str(t.get("name", "")).lower() in WAIT_NAMES), None)
 
 
 def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[str, Any]:
@@ -252,6 +275,9 @@ class OraclePolicy:
         sub = find_delegate(view.tools) if self.delegate and done == 0 and DELEGATED not in view.text else None
         if sub is not None:
             return self._delegate(task, sub)
+        wait = find_wait(view.tools) if self.delegate and done < STEPS else None
+        if wait is not None and any(r == "assistant" and DELEGATED in t for r, t in view.messages):
+            return self._wait(view, task, wait)  # the parent: its sub-agent has not reported yet
         if step == STEPS:
             return self._finish(view, task, shell)
         command, say = self._command(task, step)
@@ -305,7 +331,8 @@ class OraclePolicy:
         """Start a sub-agent (in the foreground) with the task; its report carries the
         step markers back, so the next main turn finishes."""
         prompt = f"{task.problem_statement}\n\n{MARK}:task={task.instance_id} {DELEGATED}"
-        given = {"description": "Fix the reported bug", "prompt": prompt, "run_in_background": False}
+        key = delegate_key(tool) or "prompt"
+        given = {"description": "Fix the reported bug", key: prompt, "run_in_background": False}
         props = _params_schema(tool).get("properties", {})
         if "subagent_type" in props:  # the harness's general agent: Claude Code's or OpenCode's name for it
             blurb = json.dumps(tool)
@@ -314,6 +341,18 @@ class OraclePolicy:
             )
         args = _fill(_params_schema(tool), {k: v for k, v in given.items() if k in props}, "delegate")
         say = "I will delegate the fix to a sub-agent."
+        return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
+
+    def _wait(self, view: PromptView, task: OracleTask, tool: dict[str, Any]) -> str:
+        """Wait for the sub-agent the spawn call's result named (the newest id in a tool
+        result), as long as it takes."""
+        ids = [m for r, t in view.messages if r in ("tool", "user") for m in _AGENT_ID_RE.findall(t)]
+        props = _params_schema(tool).get("properties", {})
+        given: dict[str, Any] = {"targets": ids[-1:]}
+        if "timeout_ms" in props:
+            given["timeout_ms"] = 3_600_000
+        args = _fill(_params_schema(tool), given, "wait")
+        say = "I wait for the sub-agent's report."
         return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
 
     def _final_text(self, task: OracleTask | None, done: int) -> str:

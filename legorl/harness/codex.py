@@ -15,11 +15,23 @@ Headless: `codex exec --json --ephemeral --skip-git-repo-check
 --dangerously-bypass-approvals-and-sandbox -C REPO -` with the prompt on stdin; approvals
 `never` and `danger-full-access`, since the agent sandbox is the boundary (Codex's own
 bubblewrap/landlock sandbox cannot nest in it). Off: the update check, analytics, OTEL
-export, web search (a hosted tool no local policy can serve), sub-agents (`[agents]`),
-goals, apps, plugins, image generation and memories; `CODEX_HOME` is a fresh directory
-outside /tmp (there Codex would refuse to create its `apply_patch` PATH helper).
+export, web search (a hosted tool no local policy can serve), goals, apps, plugins, image
+generation and memories; `CODEX_HOME` is a fresh directory outside /tmp (there Codex would
+refuse to create its `apply_patch` PATH helper).
 The static binary is run directly (`bin/codex-native`): the npm launcher needs node,
 which task images lack.
+
+Sub-agents (on; `sub_agents=False` writes `[agents] enabled = false`): the tools come as
+one `namespace` tool, `multi_agent_v1` {spawn_agent, wait_agent, send_input, resume_agent,
+close_agent}, which the proxy flattens (proxy/responses.py). `spawn_agent {message}` starts
+a thread in the same process (same cwd, same provider, so the same proxy session: its
+requests carry `thread_source: "subagent"` in `client_metadata`) and answers at once with
+`{"agent_id", "nickname"}`; `wait_agent {targets}` returns its final message, and a
+`<subagent_notification>` user message brings it again. A sub-agent gets no sub-agent
+tools itself (depth 1). Its conversation starts from its own prompt, so its turns form
+their own segment (trajectory.assemble). Its commands are not in the `--json` events (only
+the parent's `collab_tool_call` items are), so `max_turns` bounds the parent's tool calls
+and the wall-clock limit bounds a sub-agent.
 
 Compaction: Codex compacts when the conversation reaches `model_auto_compact_token_limit`
 (`auto_compact_limit`; default: 90% of `model_context_window`), with a summarisation
@@ -66,8 +78,8 @@ ERR = f"{AGENT_DIR}/codex.err"
 LIMIT = f"{AGENT_DIR}/codex.limit"
 PROVIDER = "legorl"
 KEY_VAR = "LEGORL_API_KEY"
-# Features that reach outside the sandbox or start work we do not train (sub-agents are a
-# separate issue): off, so the tool list is function tools only.
+# Features that reach outside the sandbox or start work we do not train: off, so the tool
+# list is function tools (and the sub-agent namespace) only.
 OFF_FEATURES = (
     "goals",
     "apps",
@@ -80,6 +92,8 @@ OFF_FEATURES = (
     "computer_use",
     "in_app_updates",
 )
+# The `--json` items that are the parent's tool calls: its commands and its sub-agent calls.
+CALL_ITEMS = ("command_execution", "collab_tool_call")
 CONTEXT_OVERFLOW = ("context window", "context_length_exceeded", "maximum context length", "prompt is too long")
 
 
@@ -101,6 +115,7 @@ class Codex:
     context_window: int = 32768  # model_context_window: drives auto-compaction
     auto_compact_limit: int | None = None  # model_auto_compact_token_limit (tokens)
     max_retries: int = 2  # request_max_retries / stream_max_retries
+    sub_agents: bool = True  # Codex's `multi_agent_v1` tools (spawn_agent, wait_agent, …): `[agents] enabled`
     name: str = "codex"
     layers: tuple[str, ...] = ("codex",)
 
@@ -137,9 +152,9 @@ class Codex:
             "[otel]",
             'exporter = "none"',
             "",
-            "[agents]",
-            "enabled = false",
-            "",  # no sub-agent tools (`multi_agent_v1` namespace)
+            "[agents]",  # sub-agents: the `multi_agent_v1` namespace tool
+            f"enabled = {_toml(self.sub_agents)}",
+            "",
             "[features]",
             *(f"{f} = false" for f in OFF_FEATURES),
         ]
@@ -167,7 +182,7 @@ class Codex:
             stderr=ERR,
             marker=LIMIT,
             max_turns=self.max_turns,
-            pattern='*\'"type":"item.completed"\'*\'"type":"command_execution"\'*',
+            pattern="|".join(f'*\'"type":"item.completed"\'*\'"type":"{k}"\'*' for k in CALL_ITEMS),
         )
         files = {f"{CODEX_HOME}/config.toml": self.config(base_url).encode()}
         outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT}
@@ -176,12 +191,12 @@ class Codex:
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
-        calls = sum(
-            1
-            for e in events
-            if e.get("type") == "item.completed" and (e.get("item") or {}).get("type") == "command_execution"
-        )
+        items = [e.get("item") or {} for e in events if e.get("type") == "item.completed"]
+        calls = sum(1 for i in items if i.get("type") in CALL_ITEMS)
+        spawned = sum(1 for i in items if i.get("type") == "collab_tool_call" and i.get("tool") == "spawn_agent")
         details = {"tool_calls": str(calls)}  # compactions: Codex prints no event for them
+        if spawned:
+            details["sub_agents"] = str(spawned)
         if LIMIT_MARK in outputs.get("limit", ""):
             return Verdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") in ("turn.completed", "turn.failed")]

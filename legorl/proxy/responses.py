@@ -2,10 +2,11 @@
 
 Request: `instructions`, `input` as a string or items — messages (input_text /
 output_text parts; images become a placeholder), `reasoning`, `function_call` and
-`function_call_output` items — and flat function `tools`. The proxy keeps no response
-store, so `previous_response_id` is refused with a message saying to send the whole
-conversation (`store: false` clients already do). Hosted tools (`web_search`, …) and
-tool namespaces are refused by name: no local policy can run them.
+`function_call_output` items — and function `tools`, alone or grouped in `namespace`
+tools (the policy sees each function by its name; a call to one goes back with its
+`namespace`). The proxy keeps no response store, so `previous_response_id` is refused
+with a message saying to send the whole conversation (`store: false` clients already
+do). Hosted tools (`web_search`, …) are refused by name: no local policy can run them.
 
 Stateless reasoning (`include: ["reasoning.encrypted_content"]`, what Codex CLI sends):
 reasoning items then also carry `encrypted_content` — NOT encrypted, the reasoning text
@@ -135,22 +136,51 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
-    tools = []
+def _function(t: dict[str, Any], w: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": F.get(t, "name", str, f"{w}.", required=True)}
+    if t.get("description") is not None:
+        fn["description"] = t["description"]
+    fn["parameters"] = F.get(t, "parameters", dict, f"{w}.", {"type": "object", "properties": {}})
+    return {"type": "function", "function": fn}
+
+
+def _tools(raw: Any) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Function tools, the functions of `namespace` tools among them (Codex's sub-agent
+    tools come as one), and each namespaced function's namespace. The policy sees every
+    function by its own name (not the namespace's description: chat templates have no
+    place for it); a call to a namespaced one goes back with its `namespace`,
+    as the API returns it. A name in two places is refused: the call would be ambiguous."""
+    tools: list[dict[str, Any]] = []
+    namespaces: dict[str, str] = {}
+    where: dict[str, str] = {}
     for i, t in enumerate(F.as_list(raw, "tools")):
         t = F.as_dict(t, f"tools[{i}]")
-        if t.get("type") != "function":
-            raise F.unsupported(
-                f"tools[{i}].type {t.get('type')!r} (only 'function' tools; hosted tools and "
-                f"namespaces cannot run on a local policy: turn them off in the client)",
-                f"tools[{i}].type",
-            )
-        fn: dict[str, Any] = {"name": F.get(t, "name", str, f"tools[{i}].", required=True)}
-        if t.get("description") is not None:
-            fn["description"] = t["description"]
-        fn["parameters"] = F.get(t, "parameters", dict, f"tools[{i}].", {"type": "object", "properties": {}})
-        tools.append({"type": "function", "function": fn})
-    return tools
+        if t.get("type") == "namespace":
+            ns = F.get(t, "name", str, f"tools[{i}].", required=True)
+            members = [
+                (f"tools[{i}].tools[{j}]", F.as_dict(m, f"tools[{i}].tools[{j}]"))
+                for j, m in enumerate(F.as_list(t.get("tools") or [], f"tools[{i}].tools"))
+            ]
+        else:
+            ns, members = "", [(f"tools[{i}]", t)]
+        for w, m in members:
+            if m.get("type") != "function":
+                raise F.unsupported(
+                    f"{w}.type {m.get('type')!r} (only 'function' tools, alone or in a namespace; hosted "
+                    f"tools cannot run on a local policy: turn them off in the client)",
+                    f"{w}.type",
+                )
+            tool = _function(m, w)
+            name = tool["function"]["name"]
+            if name in where:
+                raise bad_request(
+                    f"{w}.name: {name!r} is also {where[name]}: a call to it would be ambiguous", param=f"{w}.name"
+                )
+            where[name] = w
+            if ns:
+                namespaces[name] = ns
+            tools.append(tool)
+    return tools, namespaces
 
 
 def parse(body: dict[str, Any]) -> Parsed:
@@ -159,7 +189,7 @@ def parse(body: dict[str, Any]) -> Parsed:
             "previous_response_id (no response store: send the whole conversation in `input`)", "previous_response_id"
         )
     msgs = _messages(body)
-    tools = _tools(body["tools"]) if body.get("tools") else []
+    tools, namespaces = _tools(body["tools"]) if body.get("tools") else ([], {})
     max_tokens = F.positive_int(body, "max_output_tokens")
     requested = {
         "temperature": F.number(body, "temperature"),
@@ -175,6 +205,7 @@ def parse(body: dict[str, Any]) -> Parsed:
         options={
             "instructions": body.get("instructions"),
             "tools": body.get("tools") or [],
+            "namespaces": namespaces,
             "sealed": ENCRYPTED in (body.get("include") or []),
         },
     )
@@ -237,8 +268,11 @@ def _message_item(iid: str, text: str, status: str) -> dict[str, Any]:
     return {"type": "message", "id": iid, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(iid: str, call_id: str, name: str, args: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": args, "status": status}
+def _call_item(iid: str, call_id: str, name: str, args: str, status: str, namespace: str = "") -> dict[str, Any]:
+    item = {"type": "function_call", "id": iid, "call_id": call_id, "name": name, "arguments": args, "status": status}
+    if namespace:  # a function of a `namespace` tool
+        item["namespace"] = namespace
+    return item
 
 
 def response(run: TurnRun) -> bytes:
@@ -250,8 +284,9 @@ def response(run: TurnRun) -> bytes:
         out.append(_reasoning_item(F.new_id("rs_"), res.reasoning, "completed", sealed))
     if res.content or not res.tool_calls:
         out.append(_message_item(F.new_id("msg_"), res.content, "completed"))
+    ns = run.parsed.options.get("namespaces") or {}
     for c in res.tool_calls:
-        out.append(_call_item(F.new_id("fc_"), c.id, c.name, c.arguments, "completed"))
+        out.append(_call_item(F.new_id("fc_"), c.id, c.name, c.arguments, "completed", ns.get(c.name, "")))
     return orjson.dumps(_envelope(run, F.new_id("resp_"), int(time.time()), out, True))
 
 
@@ -268,6 +303,7 @@ class Stream:
         self.open: dict[str, Any] | None = None  # {"kind", "id", "text", ...}
         self.pending_ws = ""
         self.sealed = bool(run.parsed.options.get("sealed", False))
+        self.namespaces: dict[str, str] = run.parsed.options.get("namespaces") or {}
 
     def _ev(self, name: str, data: dict[str, Any]) -> bytes:
         data["type"] = name
@@ -302,7 +338,9 @@ class Stream:
             out.append(
                 self._ev("response.function_call_arguments.done", {**base, "name": o["name"], "arguments": o["text"]})
             )
-            item = _call_item(o["id"], o["call_id"], o["name"], o["text"], "completed")
+            item = _call_item(
+                o["id"], o["call_id"], o["name"], o["text"], "completed", self.namespaces.get(o["name"], "")
+            )
         out.append(self._ev("response.output_item.done", {"output_index": idx, "item": item}))
         self.items.append(item)
 
@@ -319,7 +357,9 @@ class Stream:
             item = _reasoning_item(o["id"], "", "in_progress", self.sealed)
             part = {"type": "reasoning_text", "text": ""}
         else:
-            item = _call_item(o["id"], extra["call_id"], extra["name"], "", "in_progress")
+            item = _call_item(
+                o["id"], extra["call_id"], extra["name"], "", "in_progress", self.namespaces.get(extra["name"], "")
+            )
             part = None
         out.append(self._ev("response.output_item.added", {"output_index": idx, "item": item}))
         if part is not None:
