@@ -17,13 +17,16 @@ path), prints one JSON object with:
 - `delivered_fraction`: the smallest over all runs of the share of policy-sampled tokens
   (every non-side turn's completion) found at mask-1 positions of the trajectory
   (`legorl.trajectory.delivered`); must be 1.0. `--compaction` adds one run with a forced
-  compaction (a proxy window inside the run; OpenHands: a small condenser) and reports its
-  delivered fraction, segments and side calls;
+  compaction (a proxy window inside the run; Codex: its own compaction limit; OpenHands: a
+  small condenser) and reports its delivered fraction, segments and side calls;
+  `--sub-agents` adds one run in which the oracle delegates the task to the harness's
+  sub-agent tool (Claude Code `Agent`, OpenCode `task`, Codex `spawn_agent`), with the same
+  figures: the sub-agent's turns are a segment of their own, trained with the rollout;
 - `scaling`: for n = 1, 2, 4, … concurrent rollouts, wall time and rollouts per minute;
   `max_useful_concurrency` is the n after which throughput rose by less than 10 %;
 - `segments` / `turns`: per rollout (median over all runs).
 
-    .venv/bin/python bench/harness.py [--harness NAME ...] [--runs 5] [--max-n 4] [--compaction]
+    .venv/bin/python bench/harness.py [--harness NAME ...] [--runs 5] [--max-n 4] [--compaction] [--sub-agents]
 
 Timings depend on the machine's load: say how loaded it was when quoting them.
 """
@@ -233,7 +236,22 @@ def bench_compaction(harness: str) -> dict[str, Any] | None:
     return {k: r[k] for k in ("status", "turns", "segments", "side_calls", "delivered_fraction")}
 
 
-def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict[str, Any]:
+SUB_AGENT_OPTIONS = {  # the harnesses with a sub-agent tool, and what turns it on
+    "claude-code": {"tools": "Bash,Read,Edit,Write,Glob,Grep,Agent"},
+    "opencode": {},
+    "codex": {},
+}
+
+
+def bench_sub_agents(harness: str) -> dict[str, Any] | None:
+    if harness not in SUB_AGENT_OPTIONS:
+        return None
+    setup = Setup(harness, engine_options={"delegate": True}, options=SUB_AGENT_OPTIONS[harness], timeout_s=900)
+    r = _row(asyncio.run(_one(setup)), time.time(), 0.0)
+    return {k: r[k] for k in ("status", "turns", "segments", "side_calls", "delivered_fraction")}
+
+
+def bench_harness(harness: str, max_n: int, runs: int, compaction: bool, sub_agents: bool = False) -> dict[str, Any]:
     why = harness_missing(harness)
     if why:
         return {"harness": harness, "error": why}
@@ -295,6 +313,8 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool) -> dict
     }
     if compaction:
         out["compaction"] = bench_compaction(harness)
+    if sub_agents:
+        out["sub_agents"] = bench_sub_agents(harness)
     return out
 
 
@@ -304,6 +324,7 @@ def main() -> None:
     ap.add_argument("--max-n", type=int, default=4, help="largest concurrency tried")
     ap.add_argument("--runs", type=int, default=5, help="sequential rollouts for the start-up percentiles")
     ap.add_argument("--compaction", action="store_true", help="also one run with a forced compaction")
+    ap.add_argument("--sub-agents", action="store_true", help="also one run delegated to a sub-agent")
     args = ap.parse_args()
     if args.runs < 1 or args.max_n < 1:
         ap.error("--runs and --max-n must be at least 1")
@@ -312,7 +333,9 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count()},
         "engine": "oracle",
         "sandbox": "local",
-        "harnesses": [bench_harness(h, args.max_n, args.runs, args.compaction) for h in (args.harness or NATIVE)],
+        "harnesses": [
+            bench_harness(h, args.max_n, args.runs, args.compaction, args.sub_agents) for h in (args.harness or NATIVE)
+        ],
     }
     print(json.dumps(out))
 
