@@ -52,7 +52,9 @@ class RunSection(Section):
     """Asynchronous off-policy training: the rollouts of up to this many later steps run
     while the trainer trains (0: synchronous, each step waits for its own rollouts). A
     trajectory whose oldest token is more than this many policy versions behind the
-    trainer is handled per `stale`; the loss corrects the rest (`trainer.correction`)."""
+    trainer is handled per `stale`; the loss sees the rest's behaviour logprobs: as GSPO's
+    π_old (`trainer.old_logprobs = "rollout"`, what the learning test runs) or as importance
+    weights (`trainer.correction`)."""
     stale: Literal["drop", "correct"] = "drop"
     """A trajectory past `max_staleness`: left out of the step (counted), or trained on with
     the trainer's importance correction like the fresher ones."""
@@ -272,9 +274,9 @@ class RunConfig(Section):
         if self.run.max_staleness and t.correction == "none" and t.old_logprobs != "rollout":
             raise ValueError(
                 "run.max_staleness > 0 trains on tokens of older policies: set trainer.old_logprobs = "
-                "'rollout' (the clip ratio against the recorded behaviour logprobs) or "
-                "trainer.correction to 'tis' or 'mis' (importance correction against them; with GSPO, "
-                "correction_level = 'geometric' weighs each trajectory on its sequence ratio's scale)"
+                "'rollout' (the clip ratio against the recorded behaviour logprobs: a trust region around "
+                "the policy that sampled them; what the learning test runs) or trainer.correction to 'tis' "
+                "or 'mis' (importance weights against them, with the clip around the current policy)"
             )
         if self.warm_start.control_steps and not self.heldout.tasks:
             raise ValueError("warm_start.control_steps needs a held-out evaluation (heldout.tasks > 0) to compare with")

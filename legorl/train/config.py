@@ -70,7 +70,11 @@ class TrainerConfig(Section):
     old_logprobs: Literal["recompute", "rollout"] = "recompute"
     """π_old for the clip ratio: the trainer's own recomputation before the update
     (decoupled; mismatch then handled by `correction`) or the engine's rollout logprobs
-    (bypass; GSPO's tiny clip band then also absorbs numeric mismatch)."""
+    (bypass; GSPO's tiny clip band then also absorbs numeric mismatch). With `max_staleness`
+    the bypass makes the clip band a trust region around the policy that sampled each
+    trajectory: one whose probability the last update already moved the way its advantage
+    points gets no second push (the decoupled form's weights stay ≈ 1 after one update, so
+    it pushes stale data as if it were fresh; README "Scaling out")."""
     correction: Correction = "none"
     """Rollout→trainer importance correction: truncated IS (weight min(ρ, tis_cap)) or
     masked IS (weight ρ inside [mis_low, mis_high], else the token/sequence is dropped)."""
