@@ -3,8 +3,8 @@
 The same `legorl train` run twice — the `command` harness as an agent whose rollouts are
 long-tailed (it asks the policy twice through the proxy, then works for 1 s, or 10 s in
 one rollout of ten, then applies the task's fix; so every rollout is graded), the tiny
-`hf` engine, local sandboxes, shipped tasks, GSPO with the sequence-level (geometric) MIS
-correction the learning test uses, in both runs — once
+`hf` engine, local sandboxes, shipped tasks, GSPO with the behaviour logprobs as π_old
+(`old_logprobs = "rollout"`, what the learning test's asynchronous run uses), in both runs — once
 synchronous (each step waits for its slowest rollout, then trains) and once with the
 next step's rollouts running while the trainer trains. Prints one JSON object:
 rollouts/min over the GSPO phase, trainer idle fraction (share of the phase the trainer
@@ -75,8 +75,7 @@ command_file = "agent.sh"
 [trainer]
 model = "tiny-qwen3"
 lr = 1e-5
-correction = "mis"
-correction_level = "geometric"
+old_logprobs = "rollout"
 keep_checkpoints = 1
 """)
     return cfg

@@ -16,7 +16,6 @@ deltas / `content_block_stop` (thinking: `thinking_delta` + a non-empty placehol
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import orjson
@@ -26,7 +25,6 @@ from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import ChatRequest
-from legorl.proxy.render_cache import ByteLRU
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.ANTHROPIC
@@ -55,27 +53,6 @@ def _block_text(blocks: Any, where: str) -> str:
     return "\n".join(out)
 
 
-_INPUT_CACHE: dict[bytes, str] = ByteLRU(32 * 1024 * 1024)  # bounded in bytes too: inputs can be megabytes
-
-
-def _input_json(v: Any, where: str) -> str:
-    """A tool_use input as the chat template's `tojson` writes it (`json.dumps` spacing,
-    which is also how the policy writes arguments), memoised on its compact form: Claude
-    Code replays the whole history every call and the stdlib encoder is slow."""
-    if not isinstance(v, dict):
-        raise bad_request(f"{where}: expected an object, got {type(v).__name__}", param=where)
-    try:
-        key = orjson.dumps(v)
-    except TypeError:  # e.g. an integer beyond 64 bits: not worth caching
-        return json.dumps(v, ensure_ascii=False)
-    text = _INPUT_CACHE.get(key)
-    if text is None:
-        if len(_INPUT_CACHE) >= 8192:
-            _INPUT_CACHE.clear()
-        text = _INPUT_CACHE[key] = json.dumps(v, ensure_ascii=False)
-    return text
-
-
 def _assistant(blocks: Any, where: str) -> dict[str, Any]:
     if isinstance(blocks, str) or blocks is None:
         return {"role": "assistant", "content": blocks or ""}
@@ -99,7 +76,7 @@ def _assistant(blocks: Any, where: str) -> dict[str, Any]:
                     "type": "function",
                     "function": {
                         "name": F.get(b, "name", str, f"{w}.", required=True),
-                        "arguments": _input_json(b.get("input", {}), f"{w}.input"),
+                        "arguments": F.tool_input_json(b.get("input", {}), f"{w}.input"),
                     },
                 }
             )

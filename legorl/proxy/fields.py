@@ -8,12 +8,14 @@ and every field nobody reads (cache_control, metadata, thinking, ...) is ignored
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 import orjson
 
 from legorl.proxy.errors import ProxyError, bad_request
+from legorl.proxy.render_cache import ByteLRU
 
 IMAGE_PLACEHOLDER = "[image]"
 _MISSING = object()
@@ -101,6 +103,28 @@ def json_args(v: Any, where: str) -> str:
     if v is None:
         return "{}"
     raise bad_request(f"{where}: expected a JSON string or object, got {type(v).__name__}", param=where)
+
+
+_INPUT_CACHE: dict[bytes, str] = ByteLRU(32 * 1024 * 1024)  # bounded in bytes too: inputs can be megabytes
+
+
+def tool_input_json(v: Any, where: str) -> str:
+    """A tool call's input object (Anthropic `tool_use.input`, Gemini `functionCall.args`) as
+    the chat template's `tojson` writes it (`json.dumps` spacing, which is also how the policy
+    writes arguments), memoised on its compact form: Claude Code replays the whole history
+    every call and the stdlib encoder is slow."""
+    if not isinstance(v, dict):
+        raise bad_request(f"{where}: expected an object, got {type(v).__name__}", param=where)
+    try:
+        key = orjson.dumps(v)
+    except TypeError:  # e.g. an integer beyond 64 bits: not worth caching
+        return json.dumps(v, ensure_ascii=False)
+    text = _INPUT_CACHE.get(key)
+    if text is None:
+        if len(_INPUT_CACHE) >= 8192:
+            _INPUT_CACHE.clear()
+        text = _INPUT_CACHE[key] = json.dumps(v, ensure_ascii=False)
+    return text
 
 
 def unsupported(what: str, param: str | None = None) -> ProxyError:

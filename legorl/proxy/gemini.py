@@ -37,7 +37,6 @@ from urllib.parse import parse_qs
 import orjson
 
 from legorl.proxy import fields as F
-from legorl.proxy.anthropic import _input_json
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import ChatRequest
@@ -134,7 +133,7 @@ def _model_message(parts: list[Any], where: str) -> dict[str, Any]:
                     "type": "function",
                     "function": {
                         "name": F.get(fc, "name", str, f"{w}.functionCall.", required=True),
-                        "arguments": _input_json(fc.get("args") or {}, f"{w}.functionCall.args"),
+                        "arguments": F.tool_input_json(fc.get("args") or {}, f"{w}.functionCall.args"),
                     },
                 }
             )
