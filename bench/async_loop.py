@@ -2,7 +2,8 @@
 
 The same `legorl train` run twice — the `command` harness as an agent whose rollouts are
 long-tailed (it asks the policy twice through the proxy, then works for 1 s, or 10 s in
-one rollout of ten, then applies the task's fix; so every rollout is graded), the tiny
+one rollout of ten, then applies the task's fix in half of the rollouts; every rollout is
+graded and every step trains), the tiny
 `hf` engine, local sandboxes, shipped tasks, GSPO with the behaviour logprobs as π_old
 (`old_logprobs = "rollout"`, what the learning test's asynchronous run uses), in both runs — once
 synchronous (each step waits for its slowest rollout, then trains) and once with the
@@ -33,11 +34,14 @@ from legorl.loop.train import train
 from legorl.tasks.loader import load_shipped
 
 ROOT = Path(__file__).resolve().parents[1]
-# examples/agents/ask-twice.sh (two policy calls through the proxy), then the long tail, then the fix
+# examples/agents/ask-twice.sh (two policy calls through the proxy), then the long tail, then
+# the fix in half of the rollouts: groups have reward variance, so every step really trains
+# and the policy version moves (with the fix always applied GSPO would skip every group)
 AGENT = (
     (ROOT / "examples" / "agents" / "ask-twice.sh").read_text()
     + """
 if [ $((RANDOM % 10)) -eq 0 ]; then sleep 10; else sleep 1; fi
+[ $((RANDOM % 2)) -eq 0 ] && exit 0
 case "$LEGORL_INSTANCE_ID" in
 __CASES__
 esac
