@@ -139,8 +139,9 @@ def main() -> None:
         elif msg["op"] == "cancel":
             _cancelled.add(msg["id"])
             conv = _conversations.get(msg["id"])
-            if conv is not None:
-                conv.pause()
+            if conv is not None:  # not here: pause() waits for the step in progress, which may
+                # be waiting for a reply that only this loop can deliver
+                threading.Thread(target=conv.pause, daemon=True).start()
         elif msg["op"] == "result":
             box = _pending.pop(int(msg["n"]), None)
             if box is not None:
