@@ -97,8 +97,12 @@ class WarmOpenHands:
                 return
             await self._spawn()
 
+    def driver_command(self) -> list[str]:
+        """How the driver is started (a test puts strace in front of it)."""
+        return [str(openhands_python()), str(DRIVER)]
+
     async def _spawn(self) -> None:
-        python = openhands_python()
+        command = self.driver_command()
         if self._home is None:
             self._home = tempfile.TemporaryDirectory(prefix="legorl-openhands-")
         home = self._home.name
@@ -116,8 +120,7 @@ class WarmOpenHands:
         log = open(Path(home) / "driver.log", "ab")  # noqa: SIM115 - the child holds its own copy
         try:
             self._proc = await asyncio.create_subprocess_exec(
-                str(python),
-                str(DRIVER),
+                *command,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log,
