@@ -50,9 +50,16 @@ def seen(rec: object, turn: int) -> str:
 
 
 async def test_actions_run_in_the_sandbox_and_the_model_sees_sandbox_paths_only() -> None:
-    marker = f"/tmp/legorl-host-{uuid.uuid4().hex}"
+    name = f"legorl-host-{uuid.uuid4().hex}"
+    marker = f"/tmp/{name}"
+    # a directory whose name ends in a newline: the editor's listing of /repo then holds a
+    # line "/NAME-listed", which must not become a path on the host
+    newline_dir = """d="$(printf 'x\\n_')"; d="${d%_}"; mkdir "$d" && touch "$d/""" + f'{name}-listed" && '
     engine = scripted(
-        call("terminal", command=f"touch {marker} && mkdir -p sub && cd sub && export LEGORL_X=kept && ls /"),
+        call(
+            "terminal",
+            command=f"touch {marker} && {newline_dir} mkdir -p sub && cd sub && export LEGORL_X=kept && ls /",
+        ),
         call("terminal", command="pwd; echo x=$LEGORL_X; (exit 3)"),
         call("file_editor", command="create", path=f"{marker}-edited", file_text="made by the editor\n"),
         call("file_editor", command="create", path="/repo/../repo/NEW.txt", file_text="one\ntwo\n"),
@@ -63,7 +70,8 @@ async def test_actions_run_in_the_sandbox_and_the_model_sees_sandbox_paths_only(
     )
     rec = (await rollouts(Setup("openhands-warm", max_turns=12), shipped(1), engine=engine))[0]
     assert rec.result.agent.details.get("status") == "finished", summary(rec)
-    assert not os.path.exists(marker) and not os.path.exists(f"{marker}-edited")  # the sandbox's /tmp only
+    for host_path in (marker, f"{marker}-edited", f"/{name}-listed"):  # the sandbox's /tmp only; a
+        assert not os.path.exists(host_path)  # file name with a newline does not escape the mirror
     first, second = seen(rec, 1), seen(rec, 2)
     assert "bin" in first and "[The command completed with exit code 0.]" in first  # the sandbox's `ls /`
     assert "[Current working directory: /repo/sub]" in second and "x=kept" in second  # the shell's state carries

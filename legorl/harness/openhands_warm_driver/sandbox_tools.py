@@ -62,11 +62,12 @@ _SCRIPT = (
 )
 _LAUNCH = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$LEGORL_SCRIPT"; fi\nexec sh -c "$LEGORL_SCRIPT"'
 # Prints what `path` is in the sandbox: "d" + the entries two levels deep ("d NAME" or
-# "f NAME"), "f MODE" for anything else that exists, or "n" + whether the parent exists.
+# "f NAME", each ended by a NUL: a name may hold a newline), "f MODE" for anything else
+# that exists, or "n" + whether the parent exists.
 _PROBE = (
     'p=$LEGORL_PATH\nif [ -d "$p" ]; then echo d; cd "$p" || exit 0\n'
-    "find . -mindepth 1 -maxdepth 2 -type d | sed 's/^/d /'\n"
-    "find . -mindepth 1 -maxdepth 2 ! -type d | sed 's/^/f /'\n"
+    "find . -mindepth 1 -maxdepth 2 -type d -exec printf 'd %s\\0' {} +\n"
+    "find . -mindepth 1 -maxdepth 2 ! -type d -exec printf 'f %s\\0' {} +\n"
     'elif [ -e "$p" ]; then echo "f $(stat -c %a "$p" 2>/dev/null || echo 644)"\n'
     'else if [ -d "$(dirname "$p")" ]; then echo "n 1"; else echo "n 0"; fi; fi'
 )
@@ -165,6 +166,12 @@ class SandboxFileEditorExecutor(ToolExecutor):
         self.modes: dict[str, int] = {}
 
     def __call__(self, action: Any, conversation: Any = None) -> Any:  # noqa: ARG002
+        try:
+            return self._call(action)
+        except (OSError, ValueError) as e:  # the mirror could not hold what the sandbox has
+            return _error_observation(action.command, action.path, f"{type(e).__name__}: {e}")
+
+    def _call(self, action: Any) -> Any:
         if not action.path.startswith("/"):  # the SDK's own answer to a relative path
             return self._unmirror(self.inner(action))
         path = posixpath.normpath(action.path)
@@ -185,8 +192,8 @@ class SandboxFileEditorExecutor(ToolExecutor):
         reply = sandbox_exec(self.rid, _PROBE, "/", {"LEGORL_PATH": path}, 30)
         if reply.get("error"):
             return str(reply["error"])
-        lines = str(reply.get("output", "")).splitlines()
-        kind, _, arg = (lines[0] if lines else "n 0").partition(" ")
+        head, _, entries = str(reply.get("output", "")).partition("\n")
+        kind, _, arg = (head or "n 0").partition(" ")
         local = self.root + path
         if os.path.isdir(local) and not os.path.islink(local):
             shutil.rmtree(local)
@@ -194,12 +201,11 @@ class SandboxFileEditorExecutor(ToolExecutor):
             os.unlink(local)
         if kind == "d":
             os.makedirs(local, exist_ok=True)
-            for line in lines[1:]:
-                t, _, rel = line.partition(" ")
-                rel = posixpath.normpath(rel)
-                if rel.startswith(".."):
+            for record in filter(None, entries.split("\0")):
+                t, _, rel = record.partition(" ")
+                entry = os.path.realpath(os.path.join(local, rel))
+                if not entry.startswith(local.rstrip("/") + "/"):  # never outside the mirror
                     continue
-                entry = os.path.join(local, rel)
                 if t == "d":
                     os.makedirs(entry, exist_ok=True)
                 else:
