@@ -17,7 +17,8 @@ the SDK's default condenser.
 Ending (the driver's result.json): `finished` → graded; `error` with `MaxIterationsReached`
 → `max_turns`; `stuck` (the SDK's loop detector) → graded; an LLM error the policy cannot
 cause (connection, 5xx, a rejected request) → `engine_error`; a context-window error →
-graded; the driver crashed or wrote nothing → `infra_error`.
+graded; the driver crashed or wrote nothing → `infra_error`. `openhands_warm.py` runs the
+same agent in one warm process beside the sandboxes (`verdict_of_result` reads both).
 """
 
 from __future__ import annotations
