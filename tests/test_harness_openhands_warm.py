@@ -111,3 +111,20 @@ async def test_agent_timeout_and_a_killed_driver() -> None:
             assert again.trajectory.outcome.status is Status.AGENT_TIMEOUT, summary(again)
     finally:
         await engine.close()
+
+
+async def test_the_driver_is_recycled_between_rollouts() -> None:
+    """`recycle_after` rollouts, and the next one runs on a fresh driver (bounding its memory)."""
+    cfg = run_config(Setup("openhands-warm", options={"recycle_after": 1}))
+    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+    pids = []
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            for task in shipped(2):
+                pids.append(w.harness._proc.pid if w.harness._proc else None)
+                rec = await w.rollout(task)
+                assert rec.trajectory.outcome.status is Status.RESOLVED, summary(rec)
+            assert w.harness._proc is None  # retired after its one rollout
+    finally:
+        await engine.close()
+    assert pids[0] is not None and pids[1] is None  # the second rollout started a new one

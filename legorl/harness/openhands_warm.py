@@ -75,6 +75,7 @@ class WarmOpenHands:
     llm_timeout_s: int = 600
     num_retries: int = 2
     command_timeout_s: int = 120  # a terminal command without its own `timeout`
+    recycle_after: int = 1000  # rollouts, then a fresh driver once none is running (0: never)
     name: str = "openhands-warm"
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
     _proc: asyncio.subprocess.Process | None = field(default=None, init=False, repr=False)
@@ -84,6 +85,7 @@ class WarmOpenHands:
     _home: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
     import_s: float = field(default=0.0, init=False, repr=False)  # the driver's one-off SDK import
+    _served: int = field(default=0, init=False, repr=False)  # rollouts since the driver started
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -141,6 +143,7 @@ class WarmOpenHands:
             await self._kill()
             raise DriverGone(f"openhands driver did not start (see {Path(home) / 'driver.log'}): {self.log_tail()}")
         self.import_s = float(msg.get("import_s") or 0.0)
+        self._served = 0
         self._reader = asyncio.create_task(self._read(self._proc))
 
     def log_tail(self, n: int = 800) -> str:
@@ -157,17 +160,26 @@ class WarmOpenHands:
                 os.killpg(proc.pid, 9)
             await proc.wait()
 
-    async def aclose(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
+    async def _stop(self) -> None:
+        """End the driver (stdin closed, then killed); the next `start` spawns a new one."""
+        proc, reader = self._proc, self._reader
+        self._proc = self._reader = None  # at once: a rollout starting meanwhile gets a new driver
+        if proc is not None and proc.stdin is not None:
             with contextlib.suppress(OSError):
-                self._proc.stdin.close()
+                proc.stdin.close()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), 5)
-        await self._kill()
-        if self._reader is not None:
-            self._reader.cancel()
+                await asyncio.wait_for(proc.wait(), 5)
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            await proc.wait()
+        if reader is not None:
+            reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+                await reader
+
+    async def aclose(self) -> None:
+        await self._stop()
         if self._home is not None:
             self._home.cleanup()
             self._home = None
@@ -194,8 +206,9 @@ class WarmOpenHands:
                     r = self._rollouts.get(msg["id"])
                     if r is not None and not r.done.done():
                         r.done.set_result(msg.get("result") or {})
-        finally:  # the driver is gone: every rollout still running ends as ours to retry
-            for r in self._rollouts.values():
+        finally:  # the driver is gone: every rollout still running on it ends as ours to retry
+            retired = self._proc is not None and self._proc is not proc  # what runs now runs on its successor
+            for r in () if retired else self._rollouts.values():
                 if not r.done.done():
                     r.done.set_exception(DriverGone(f"openhands driver exited: {self.log_tail()}"))
 
@@ -304,6 +317,11 @@ class WarmOpenHands:
         finally:
             r.closed = True
             self._rollouts.pop(rid, None)
+            self._served += 1
+            if self.recycle_after and self._served >= self.recycle_after and not self._rollouts:
+                # The SDK process grows by ~0.15 MB a rollout (measured over 40): bound it
+                self._served = 0
+                await self._stop()
         if r.sandbox_error:  # the sandbox died under a command: the rollout decides whose fault
             raise SandboxError(r.sandbox_error)
         verdict = verdict_of_result(result)
