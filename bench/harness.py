@@ -10,8 +10,9 @@ path), prints one JSON object with:
   grading) and `other_s` (session, diff, image lookup);
 - `cpu_s`: CPU seconds per rollout (median): `sandboxes` (the agent and grading sandboxes'
   cgroups, or their processes' times where the cgroup counts none: harness, tools, tests;
-  polled every 0.25 s, so a lower bound) and `host` (this process:
-  proxy, engine, sandbox plumbing);
+  polled every 0.25 s, so a lower bound), `host` (this process:
+  proxy, engine, sandbox plumbing) and `warm_driver` (a `*-warm` harness's own process,
+  which runs beside the sandboxes; its one-off start is before the clock, as in training);
 - `peak_mem_mb`: the largest memory peak of any agent/grading sandbox cgroup (harness,
   tools and the sandbox's tmpfs disk), alone and with rollouts running concurrently;
 - `delivered_fraction`: the smallest over all runs of the share of policy-sampled tokens
@@ -59,7 +60,7 @@ from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 from legorl.trajectory import delivered  # noqa: E402
 
-NATIVE = ["claude-code", "opencode", "openhands", "mini-swe-agent", "mini-swe-agent-warm"]
+NATIVE = ["claude-code", "opencode", "openhands", "openhands-warm", "mini-swe-agent", "mini-swe-agent-warm"]
 NATIVE += ["gemini-cli", "qwen-code"]
 
 NATIVE += ["codex", "pi"]
@@ -180,9 +181,15 @@ async def run_n(setup: Setup, n: int, sequential: int = 0) -> tuple[float, list[
             await w.images.for_task(t)
 
         async def one(k: int) -> None:
-            t0, c0 = time.time(), time.process_time()
+            t0, c0, d0 = time.time(), time.process_time(), driver_cpu_s(w.harness)
             rec = await w.rollout(tasks[k % len(tasks)])
-            out.append({**_row(rec, t0, time.time() - t0), "host_cpu_s": round(time.process_time() - c0, 2)})
+            out.append(
+                {
+                    **_row(rec, t0, time.time() - t0),
+                    "host_cpu_s": round(time.process_time() - c0, 2),
+                    "driver_cpu_s": round(driver_cpu_s(w.harness) - d0, 2),
+                }
+            )
 
         t0 = time.time()
         if sequential:
@@ -197,6 +204,19 @@ async def run_n(setup: Setup, n: int, sequential: int = 0) -> tuple[float, list[
     return wall, out
 
 
+def driver_cpu_s(harness: Any) -> float:
+    """CPU seconds so far of a warm harness's own process (`*-warm`: it runs beside the
+    sandboxes, so neither the sandbox cgroups nor this process count it); 0 for others."""
+    proc = getattr(harness, "_proc", None)
+    if proc is None or proc.returncode is not None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, round(q * (len(xs) - 1)))], 2)
@@ -207,7 +227,7 @@ def compaction_setup(harness: str) -> Setup | None:
     be forced in one rollout: mini-swe-agent has no compaction; Gemini CLI compresses only
     before a new prompt, and a headless run has one, so the proxy's 400 ends it instead;
     Qwen Code compacts on its own: its ~27k-token prompt passes 70% of the 32k window)."""
-    if harness == "openhands":
+    if harness in ("openhands", "openhands-warm"):
         return Setup(harness, options={"condenser_max_size": 6, "condenser_keep_first": 1}, timeout_s=900)
     if harness not in ("claude-code", "opencode", "codex", "pi"):
         return None
@@ -299,6 +319,7 @@ def bench_harness(harness: str, max_n: int, runs: int, compaction: bool, sub_age
         "cpu_s": {
             "sandboxes": round(statistics.median(r["sandbox_cpu_s"] for r in seq), 2),
             "host": round(statistics.median(r["host_cpu_s"] for r in seq), 2),
+            "warm_driver": round(statistics.median(r["driver_cpu_s"] for r in seq), 2),
         },
         "peak_mem_mb": {
             "alone": max(r["peak_mem_mb"] for r in seq),

@@ -208,6 +208,17 @@ def test_openhands_endings(layers, result, status) -> None:
     assert a.interpret(OK, {"result": "", "stderr": "x"}, a.launch(TASK, BASE, "/repo")).status is Status.INFRA_ERROR
 
 
+def test_openhands_warm_options_are_the_drivers() -> None:
+    """The warm adapter's per-rollout options are the in-sandbox driver's own (its parser)."""
+    from legorl.harness import openhands_driver
+
+    a = make_harness("openhands-warm", max_turns=7, condenser_max_size=6, command_timeout_s=5)
+    assert (a.name, a.layers, a.command_timeout_s) == ("openhands-warm", (), 5)
+    args = openhands_driver.parser().parse_args(a._argv("http://127.0.0.1:9/s/abc/v1"))
+    assert (args.base_url, args.max_iterations, args.condenser_max_size) == ("http://127.0.0.1:9/s/abc/v1", 7, 6)
+    assert install.HARNESS_LAYERS["openhands-warm"] == install.HARNESS_LAYERS["openhands"]
+
+
 def test_mini_launch(layers) -> None:
     launch = MiniSweAgent(max_turns=3, max_output_tokens=99).launch(TASK, BASE, "/repo")
     for part in (

@@ -6,11 +6,16 @@ IPv4/IPv6 destination it tried — a connect, a DNS datagram, anything sent with
 — must be the proxy's address (a DNS query to a loopback resolver counts as going out). Offline such attempts fail
 (or wait for a timeout) unseen, costing
 start-up time; online they would leak. To cover a new harness, add its name to `HARNESSES`.
+A warm harness runs beside the sandboxes: its driver is traced on the host the same way
+(`test_the_warm_openhands_driver_reaches_only_the_proxy`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from harness_util import (
@@ -23,8 +28,9 @@ from harness_util import (
 )
 
 from legorl.engine.registry import EngineConfig, make_engine
-from legorl.harness.install import is_built
-from legorl.harness.nettrace import NetTraced, foreign
+from legorl.harness.install import is_built, require
+from legorl.harness.nettrace import _CALLS, NetTraced, attempts, foreign
+from legorl.harness.openhands_warm import WarmOpenHands
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.types import Status
@@ -66,6 +72,61 @@ def test_only_the_proxy_is_reached_on_docker() -> None:
     if why := docker_missing():
         pytest.skip(why)
     _run("claude-code", "docker")
+
+
+@dataclass
+class TracedWarmOpenHands(WarmOpenHands):
+    """The warm driver under strace on the host (the SDK process is the harness here)."""
+
+    log: str = ""
+    proxy_urls: list[str] = field(default_factory=list)
+
+    def driver_command(self) -> list[str]:
+        strace = f"{require('strace')}/bin/strace"
+        return [
+            strace,
+            "-f",
+            "-qq",
+            "-e",
+            "signal=none",
+            "-e",
+            f"trace={_CALLS}",
+            "-o",
+            self.log,
+            *super().driver_command(),
+        ]
+
+    async def run(self, sb, task, proxy_url, repo_dir, timeout_s):  # noqa: ANN001, ANN201
+        self.proxy_urls.append(proxy_url or "")
+        return await super().run(sb, task, proxy_url, repo_dir, timeout_s)
+
+
+def test_the_warm_openhands_driver_reaches_only_the_proxy(tmp_path: Path) -> None:
+    if why := harness_missing("openhands-warm"):
+        pytest.skip(why)
+    if not is_built("strace"):
+        pytest.skip("strace layer not built: run scripts/setup_harnesses.sh")
+    setup = Setup("openhands-warm")
+    cfg = run_config(setup)
+    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer(setup.model))
+    harness = TracedWarmOpenHands(model=cfg.proxy.served_model, log=str(tmp_path / "driver.strace"))
+
+    async def go() -> RolloutRecord:
+        w = RolloutWorker(cfg, engine)
+        w.harness = harness
+        try:
+            async with w:
+                return await w.rollout(shipped(1)[0])
+        finally:
+            await engine.close()
+
+    rec = asyncio.run(go())
+    assert rec.trajectory.outcome.status == Status.RESOLVED, summary(rec)
+    log = "".join(p.read_text() for p in tmp_path.glob("driver.strace*"))
+    url = urlsplit(harness.proxy_urls[0])
+    proxy = (url.hostname or "", url.port or 80)
+    assert proxy in attempts(log)  # the trace saw the model calls
+    assert foreign(log, allow={proxy}) == [], "the warm OpenHands driver tried the network"
 
 
 def test_foreign_destinations_are_found() -> None:

@@ -223,6 +223,7 @@ HARNESS_LAYERS: dict[str, tuple[str, ...]] = {
     "claude-code": ("claude-code",),
     "opencode": ("opencode",),
     "openhands": ("python312", "openhands"),
+    "openhands-warm": ("python312", "openhands"),  # the same layers, run beside the sandbox
     "mini-swe-agent": ("python312", "mini-swe-agent"),
     "mini-swe-agent-warm": ("python312", "mini-swe-agent"),  # the same layers, run beside the sandbox
     "gemini-cli": ("node22", "gemini-cli"),

@@ -17,7 +17,8 @@ the SDK's default condenser.
 Ending (the driver's result.json): `finished` → graded; `error` with `MaxIterationsReached`
 → `max_turns`; `stuck` (the SDK's loop detector) → graded; an LLM error the policy cannot
 cause (connection, 5xx, a rejected request) → `engine_error`; a context-window error →
-graded; the driver crashed or wrote nothing → `infra_error`.
+graded; the driver crashed or wrote nothing → `infra_error`. `openhands_warm.py` runs the
+same agent in one warm process beside the sandboxes (`verdict_of_result` reads both).
 """
 
 from __future__ import annotations
@@ -114,38 +115,43 @@ class OpenHands:
             r = json.loads(outputs.get("result") or "")
         except json.JSONDecodeError:
             return infra(f"openhands driver exited {res.exit_code} without a result; stderr: {err_tail}")
-        status = str(r.get("status", ""))
-        code = str(r.get("error_code") or "")
-        error = str(r.get("error") or "")
-        details = {
-            "status": status,
-            "actions": str(r.get("actions", "")),
-            "condensations": str(r.get("condensations", "")),
-        }
-        for k, v in (r.get("startup") or {}).items():  # the driver's start-up phases (import, setup)
-            details[f"startup_{k}"] = str(v)
-        if code:
-            details["error_code"] = code
-        if error:
-            details["error"] = error[:1500]
-        if status == "crashed":
-            details["error"] = (error + "\n" + str(r.get("traceback", ""))[-1000:])[:2500]
-            return Verdict(Status.INFRA_ERROR, details)
-        if code == "MaxIterationsReached":
-            return Verdict(Status.MAX_TURNS, details)
-        if status in ("finished", "stuck") and not code:
-            return Verdict(None, details)
-        blob = f"{code} {error}"
-        if any(s in blob for s in _CONTEXT_ERRORS):
-            details["context_exhausted"] = "1"
-            return Verdict(None, details)
-        if any(s in blob for s in _INFRA_ERRORS):
-            return Verdict(Status.ENGINE_ERROR, details)
-        if status == "error":
-            return Verdict(Status.INFRA_ERROR, details)
-        return Verdict(None, details)
+        return verdict_of_result(r)
 
     # The rollout's hooks, the same for every native adapter: the layers to mount read-only
     # at their own paths, and the run (launch, wait, read the outputs, interpret).
     readonly_mounts = property(mounts)
     run = run_native
+
+
+def verdict_of_result(r: dict) -> Verdict:
+    """How a conversation ended (the driver's result JSON, in the sandbox or warm) → Verdict."""
+    status = str(r.get("status", ""))
+    code = str(r.get("error_code") or "")
+    error = str(r.get("error") or "")
+    details = {
+        "status": status,
+        "actions": str(r.get("actions", "")),
+        "condensations": str(r.get("condensations", "")),
+    }
+    for k, v in (r.get("startup") or {}).items():  # the driver's start-up phases (import, setup)
+        details[f"startup_{k}"] = str(v)
+    if code:
+        details["error_code"] = code
+    if error:
+        details["error"] = error[:1500]
+    if status == "crashed":
+        details["error"] = (error + "\n" + str(r.get("traceback", ""))[-1000:])[:2500]
+        return Verdict(Status.INFRA_ERROR, details)
+    if code == "MaxIterationsReached":
+        return Verdict(Status.MAX_TURNS, details)
+    if status in ("finished", "stuck") and not code:
+        return Verdict(None, details)
+    blob = f"{code} {error}"
+    if any(s in blob for s in _CONTEXT_ERRORS):
+        details["context_exhausted"] = "1"
+        return Verdict(None, details)
+    if any(s in blob for s in _INFRA_ERRORS):
+        return Verdict(Status.ENGINE_ERROR, details)
+    if status == "error":
+        return Verdict(Status.INFRA_ERROR, details)
+    return Verdict(None, details)

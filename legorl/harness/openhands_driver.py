@@ -24,7 +24,8 @@ import traceback
 T_START = time.time()  # the interpreter is up (its own start-up is before this)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The driver's options (the warm driver builds each job's options with it too)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True, help="OpenAI-compatible base URL ending in /v1")
     ap.add_argument("--model", required=True, help="model name sent to the proxy")
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=int, default=600, help="per LLM call")
     ap.add_argument("--num-retries", type=int, default=2)
     ap.add_argument("--terminal-type", default="subprocess", choices=["subprocess", "tmux"])
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     result: dict = {
         "status": "not_started",
@@ -64,16 +69,30 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if result["status"] != "crashed" else 3
 
 
-def run(args: argparse.Namespace) -> dict:
-    from openhands.sdk import LLM, Agent, Conversation, Tool
+def default_tools(args: argparse.Namespace) -> list:
+    """The SDK's standard tools, run where this process runs (inside the sandbox)."""
+    from openhands.sdk import Tool
+    from openhands.tools.file_editor import FileEditorTool
+    from openhands.tools.task_tracker import TaskTrackerTool
+    from openhands.tools.terminal import TerminalTool
+
+    return [
+        Tool(name=TerminalTool.name, params={"terminal_type": args.terminal_type}),
+        Tool(name=FileEditorTool.name),
+        Tool(name=TaskTrackerTool.name),
+    ]
+
+
+def run(args: argparse.Namespace, tools: list | None = None, workspace: str | None = None, on_start=None) -> dict:
+    """One conversation on the task. `tools` (Tool specs) and `workspace` default to the SDK's
+    own tools in `args.workspace`; the warm driver passes its sandbox-backed ones, and
+    `on_start(conversation)` to be able to pause it."""
+    from openhands.sdk import LLM, Agent, Conversation
     from openhands.sdk.context.condenser import LLMSummarizingCondenser
     from openhands.sdk.conversation.response_utils import get_agent_final_response
     from openhands.sdk.event import ActionEvent, Condensation
     from openhands.sdk.event.conversation_error import ConversationErrorEvent
-    from openhands.tools.file_editor import FileEditorTool
     from openhands.tools.preset.default import get_default_condenser
-    from openhands.tools.task_tracker import TaskTrackerTool
-    from openhands.tools.terminal import TerminalTool
 
     t_imported = time.time()  # where OpenHands' start-up goes: the SDK's import dominates it
 
@@ -96,11 +115,7 @@ def run(args: argparse.Namespace) -> dict:
         condenser = get_default_condenser(condenser_llm)
     agent = Agent(
         llm=llm,
-        tools=[
-            Tool(name=TerminalTool.name, params={"terminal_type": args.terminal_type}),
-            Tool(name=FileEditorTool.name),
-            Tool(name=TaskTrackerTool.name),
-        ],
+        tools=tools if tools is not None else default_tools(args),
         system_prompt_kwargs={"cli_mode": True},
         condenser=condenser,
     )
@@ -118,13 +133,18 @@ def run(args: argparse.Namespace) -> dict:
 
     conv = Conversation(
         agent=agent,
-        workspace=args.workspace,
+        workspace=workspace or args.workspace,
         max_iteration_per_run=args.max_iterations,
         visualizer=None,
         callbacks=[on_event],
     )
-    with open(args.prompt_file) as f:
-        conv.send_message(f.read())
+    if on_start is not None:
+        on_start(conv)
+    if getattr(args, "prompt", None) is not None:
+        conv.send_message(args.prompt)
+    else:
+        with open(args.prompt_file) as f:
+            conv.send_message(f.read())
     phases = {"import_s": round(t_imported - T_START, 2), "setup_s": round(time.time() - t_imported, 2)}
     try:
         conv.run()

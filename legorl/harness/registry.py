@@ -19,12 +19,13 @@ HARNESSES: dict[str, str] = {
     "pi": "legorl.harness.pi:Pi",
     "opencode": "legorl.harness.opencode:OpenCode",
     "openhands": "legorl.harness.openhands:OpenHands",
+    "openhands-warm": "legorl.harness.openhands_warm:WarmOpenHands",
     "mini-swe-agent": "legorl.harness.mini_swe_agent:MiniSweAgent",
     "mini-swe-agent-warm": "legorl.harness.warm_mini:WarmMiniSweAgent",
     "gemini-cli": "legorl.harness.gemini_cli:GeminiCli",
     "qwen-code": "legorl.harness.qwen_code:QwenCode",
 }
-NATIVE = tuple(n for n in HARNESSES if n != "mini-swe-agent-warm")  # harness programs (warm: a way to run one)
+NATIVE = tuple(n for n in HARNESSES if not n.endswith("-warm"))  # harness programs (warm: a way to run one)
 
 
 def harness_class(name: str) -> type:

@@ -111,6 +111,7 @@ class HarnessSection(Section):
         "claude-code",
         "opencode",
         "openhands",
+        "openhands-warm",
         "mini-swe-agent",
         "mini-swe-agent-warm",
         "codex",
@@ -120,7 +121,8 @@ class HarnessSection(Section):
     ] = "command"
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
-    rollout's sandbox (legorl/harness/warm_mini.py)."""
+    rollout's sandbox (legorl/harness/warm_mini.py); `openhands-warm` likewise for the
+    OpenHands SDK (legorl/harness/openhands_warm.py)."""
     command_file: Path | None = None
     """`command`: the shell script that is the agent."""
     max_turns: int = Field(8, ge=1)
