@@ -56,6 +56,7 @@ from harness_util import (  # noqa: E402
 )
 
 from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
+from legorl.harness.command import HostHarness  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 from legorl.trajectory import delivered  # noqa: E402
@@ -207,7 +208,7 @@ async def run_n(setup: Setup, n: int, sequential: int = 0) -> tuple[float, list[
 def driver_cpu_s(harness: Any) -> float:
     """CPU seconds so far of a warm harness's own process (`*-warm`: it runs beside the
     sandboxes, so neither the sandbox cgroups nor this process count it); 0 for others."""
-    proc = getattr(harness, "_proc", None)
+    proc = harness.driver.proc if isinstance(harness, HostHarness) else None
     if proc is None or proc.returncode is not None:
         return 0.0
     try:

@@ -40,6 +40,7 @@ from typing import Any
 from rich.console import Console
 
 from legorl.engine.registry import make_engine
+from legorl.harness.command import HostHarness
 from legorl.loop.config import load_run_config
 from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, rollout_backend, warm_start_phase
 from legorl.loop.worker import RolloutRecord
@@ -134,7 +135,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         async with rollout_backend(cfg, engine) as worker:  # one in-process worker, or Ray actors
             out["worker_start_s"] = round(time.monotonic() - t_up, 2)
             harness = getattr(worker, "harness", None)  # in-process: its driver's CPU is counted apart
-            driver = harness._proc.pid if getattr(harness, "_proc", None) else None
+            proc = harness.driver.proc if isinstance(harness, HostHarness) else None
+            driver = proc.pid if proc is not None else None
             cpu = {"main": 0.0, "driver": 0.0, "rest": 0.0, "machine": 0.0}
             wall = 0.0
             for step in range(cfg.run.steps):

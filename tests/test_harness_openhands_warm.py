@@ -103,7 +103,7 @@ async def test_agent_timeout_and_a_killed_driver() -> None:
                 await asyncio.sleep(0.1)
                 if w.harness._tasks:
                     break
-            os.killpg(w.harness._proc.pid, signal.SIGKILL)
+            os.killpg(w.harness.driver.proc.pid, signal.SIGKILL)
             rec = await asyncio.wait_for(pending, 60)
             o = rec.trajectory.outcome
             assert o.status is Status.INFRA_ERROR and o.masked, summary(rec)
@@ -121,10 +121,10 @@ async def test_the_driver_is_recycled_between_rollouts() -> None:
     try:
         async with RolloutWorker(cfg, engine) as w:
             for task in shipped(2):
-                pids.append(w.harness._proc.pid if w.harness._proc else None)
+                pids.append(w.harness.driver.proc.pid if w.harness.driver.proc else None)
                 rec = await w.rollout(task)
                 assert rec.trajectory.outcome.status is Status.RESOLVED, summary(rec)
-            assert w.harness._proc is None  # retired after its one rollout
+            assert w.harness.driver.proc is None  # retired after its one rollout
     finally:
         await engine.close()
     assert pids[0] is not None and pids[1] is None  # the second rollout started a new one

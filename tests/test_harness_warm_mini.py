@@ -100,7 +100,7 @@ async def test_a_killed_driver_is_infrastructure_and_the_next_rollout_recovers()
         async with RolloutWorker(cfg, engine) as w:
             pending = asyncio.create_task(w.rollout(tasks[0]))
             await asyncio.sleep(2.0)
-            os.killpg(w.harness._proc.pid, signal.SIGKILL)
+            os.killpg(w.harness.driver.proc.pid, signal.SIGKILL)
             rec = await asyncio.wait_for(pending, 60)
             assert rec.trajectory.outcome.status is Status.INFRA_ERROR and rec.trajectory.outcome.masked
             w.harness.command_timeout_s = 1

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from legorl.harness.warm import WarmDriver
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
 
@@ -64,11 +65,13 @@ class InstalledHarness(Protocol):
 @runtime_checkable
 class HostHarness(Protocol):
     """A harness whose own process runs beside the sandboxes, warm across rollouts
-    (`warm_mini.py`): only its commands run in the agent sandbox. Its `run` gets the
-    session's host-side URL, and the sandbox gets no proxy socket (no network at all).
-    Started once by the worker (`start`), closed with it (`aclose`)."""
+    (`warm_mini.py`, `openhands_warm.py`): only its actions run in the agent sandbox. Its
+    `run` gets the session's host-side URL, and the sandbox gets no proxy socket (no network
+    at all). Started once by the worker (`start`), closed with it (`aclose`); `driver` is
+    its process (`warm.WarmDriver`)."""
 
     name: str
+    driver: WarmDriver
 
     async def start(self) -> None: ...
 

@@ -15,17 +15,12 @@ model calls go from the harness process to the rollout's own proxy session over 
 How a run ends is read from the agent's `exit_status`, as for the CLI
 (`mini_swe_agent.verdict_of_exit`); our wall-clock limit → `agent_timeout`; a driver that
 died → `infra_error` (the worker retries the rollout; the next run starts a new driver).
+The process and its protocol are `warm.WarmDriver`'s, shared with `openhands-warm`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
-import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,15 +28,23 @@ from typing import Any
 from legorl.harness.command import AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.mini_swe_agent import verdict_of_exit
+from legorl.harness.warm import DriverGone, WarmDriver, base_env
 from legorl.sandbox.base import Sandbox, SandboxError
 from legorl.types import Status, Task
 
 DRIVER = Path(__file__).resolve().parent / "mini_driver" / "driver.py"
-READY_TIMEOUT_S = 120.0  # importing LiteLLM on a loaded 2-core machine
 
 
-class DriverGone(RuntimeError):
-    """The warm driver process exited or never became ready."""
+def _env(home: str) -> dict[str, str]:
+    """mini-swe-agent's own settings: configured, quiet, cost tracking off, few retries."""
+    return {
+        **base_env(home),
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "MSWEA_SILENT_STARTUP": "1",
+        "MSWEA_GLOBAL_CONFIG_DIR": f"{home}/mini-swe-agent",
+        "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+    }
 
 
 def mini_python() -> Path:
@@ -74,18 +77,6 @@ def resolve_config(name: str) -> str:
 
 
 @dataclass
-class _Rollout:
-    sb: Sandbox
-    repo_dir: str
-    done: asyncio.Future[dict[str, Any]]
-    exhausted: bool = False
-    sandbox_error: str = ""
-    command_s: float = 0.0  # wall time of its commands in the sandbox
-    commands: int = 0
-    closed: bool = False
-
-
-@dataclass
 class WarmMiniSweAgent:
     """Adapter: mini-swe-agent 2.4.x in one warm process, commands in the sandboxes."""
 
@@ -96,151 +87,23 @@ class WarmMiniSweAgent:
     max_output_tokens: int | None = None  # model.model_kwargs.max_tokens (None: the config's)
     name: str = "mini-swe-agent-warm"
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
-    _proc: asyncio.subprocess.Process | None = field(default=None, init=False, repr=False)
-    _reader: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
-    _rollouts: dict[str, _Rollout] = field(default_factory=dict, init=False, repr=False)
-    _start_lock: asyncio.Lock | None = field(default=None, init=False, repr=False)
-    _home: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
     _config_path: str = field(default="", init=False, repr=False)  # resolved once, at start
+    _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
-    # ---- lifecycle ----------------------------------------------------------------------
+    @property
+    def driver(self) -> WarmDriver:
+        if self._driver is None:
+            self._driver = WarmDriver("mini-swe-agent", lambda: [str(mini_python()), str(DRIVER)], _env)
+        return self._driver
 
     async def start(self) -> None:
         """Start the driver (idempotent); returns once mini-swe-agent is imported."""
-        if self._start_lock is None:
-            self._start_lock = asyncio.Lock()
-        async with self._start_lock:
-            if self._proc is not None and self._proc.returncode is None:
-                return
-            self._config_path = self._config_path or resolve_config(self.config)
-            await self._spawn()
-
-    async def _spawn(self) -> None:
-        python = mini_python()
-        if self._home is None:
-            self._home = tempfile.TemporaryDirectory(prefix="legorl-mini-")
-        home = self._home.name
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": home,
-            "LANG": "C.UTF-8",
-            "MSWEA_CONFIGURED": "true",
-            "MSWEA_COST_TRACKING": "ignore_errors",
-            "MSWEA_SILENT_STARTUP": "1",
-            "MSWEA_GLOBAL_CONFIG_DIR": f"{home}/mini-swe-agent",
-            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_TELEMETRY": "False",
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
-        }
-        log = open(Path(home) / "driver.log", "ab")  # noqa: SIM115 - the child holds its own copy
-        try:
-            self._proc = await asyncio.create_subprocess_exec(
-                str(python),
-                str(DRIVER),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                env=env,
-                limit=1 << 25,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-        assert self._proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), READY_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        if not line or json.loads(line).get("op") != "ready":
-            await self._kill()
-            raise DriverGone(
-                f"mini-swe-agent driver did not start (see {Path(home) / 'driver.log'}): {self.log_tail()}"
-            )
-        self._reader = asyncio.create_task(self._read(self._proc))
-
-    def log_tail(self, n: int = 800) -> str:
-        if self._home is None:
-            return ""
-        with contextlib.suppress(OSError):
-            return (Path(self._home.name) / "driver.log").read_text(errors="replace")[-n:]
-        return ""
-
-    async def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 9)
-            await proc.wait()
+        self._config_path = self._config_path or resolve_config(self.config)
+        await self.driver.start()
 
     async def aclose(self) -> None:
-        if self._proc is not None and self._proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._proc.wait(), 5)
-        await self._kill()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._home is not None:
-            self._home.cleanup()
-            self._home = None
-
-    # ---- the protocol -------------------------------------------------------------------
-
-    async def _send(self, msg: dict[str, Any]) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None or proc.returncode is not None:
-            raise DriverGone("mini-swe-agent driver is not running")
-        proc.stdin.write((json.dumps(msg) + "\n").encode())
-        await proc.stdin.drain()
-
-    async def _read(self, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None
-        try:
-            while raw := await proc.stdout.readline():
-                msg = json.loads(raw)
-                if msg.get("op") == "exec":
-                    task = asyncio.create_task(self._exec(msg))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                elif msg.get("op") == "done":
-                    r = self._rollouts.get(msg["id"])
-                    if r is not None and not r.done.done():
-                        r.done.set_result(msg)
-        finally:  # the driver is gone: every rollout still running ends as ours to retry
-            for r in self._rollouts.values():
-                if not r.done.done():
-                    r.done.set_exception(DriverGone(f"mini-swe-agent driver exited: {self.log_tail()}"))
-
-    async def _exec(self, msg: dict[str, Any]) -> None:
-        r = self._rollouts.get(msg["id"])
-        reply: dict[str, Any] = {"op": "result", "n": msg["n"]}
-        if r is None or r.closed:
-            reply["error"] = "the rollout has ended; its sandbox is closed"
-        else:
-            t0 = time.monotonic()
-            try:
-                res = await r.sb.exec(
-                    "exec 2>&1\n" + msg["command"],
-                    timeout_s=float(msg["timeout"]),
-                    cwd=msg.get("cwd") or r.repo_dir,
-                    env=msg.get("env") or None,
-                )
-                reply.update(output=res.stdout, returncode=res.exit_code, timed_out=res.timed_out)
-                r.exhausted = r.exhausted or res.resource_exhausted
-                r.command_s += time.monotonic() - t0
-                r.commands += 1
-            except SandboxError as e:
-                r.sandbox_error = str(e)
-                reply["error"] = f"sandbox error: {e}"
-        with contextlib.suppress(DriverGone, OSError):
-            await self._send(reply)
+        await self.driver.aclose()
 
     def _overrides(self) -> dict[str, Any]:
         env: dict[str, Any] = {}
@@ -259,16 +122,10 @@ class WarmMiniSweAgent:
             return AgentRun(-1, status=Status.INFRA_ERROR, details={"error": "no proxy session for mini-swe-agent"})
         try:
             await self.start()
-            config = self._config_path
         except (HarnessNotInstalled, DriverGone, StopIteration) as e:
             return AgentRun(-1, status=Status.INFRA_ERROR, details={"error": str(e)[-2000:], "harness": self.name})
-        rid = uuid.uuid4().hex
-        r = _Rollout(sb, repo_dir, asyncio.get_running_loop().create_future())
-        self._rollouts[rid] = r
         job = {
-            "op": "run",
-            "id": rid,
-            "config": config,
+            "config": self._config_path,
             "model": f"openai/{self.model}",
             "api_base": f"{proxy_url.rstrip('/')}/v1",
             "task": task.problem_statement,
@@ -276,9 +133,15 @@ class WarmMiniSweAgent:
             "overrides": self._overrides(),
         }
         try:
-            await self._send(job)
-            msg = await asyncio.wait_for(asyncio.shield(r.done), timeout_s)
-        except TimeoutError:
+            r, msg = await self.driver.run(job, sb, repo_dir, timeout_s)
+        except DriverGone as e:
+            return AgentRun(
+                -1,
+                duration_s=time.monotonic() - t0,
+                status=Status.INFRA_ERROR,
+                details={"error": str(e)[-2000:], "harness": self.name},
+            )
+        if msg is None:
             return AgentRun(
                 124,
                 timed_out=True,
@@ -287,16 +150,6 @@ class WarmMiniSweAgent:
                 status=Status.AGENT_TIMEOUT,
                 details={"error": f"{self.name} ran past {timeout_s:g} s", "harness": self.name},
             )
-        except DriverGone as e:
-            return AgentRun(
-                -1,
-                duration_s=time.monotonic() - t0,
-                status=Status.INFRA_ERROR,
-                details={"error": str(e)[-2000:], "harness": self.name},
-            )
-        finally:
-            r.closed = True
-            self._rollouts.pop(rid, None)
         if r.sandbox_error:  # the sandbox died under a command: the rollout decides whose fault
             raise SandboxError(r.sandbox_error)
         verdict = verdict_of_exit(
