@@ -171,7 +171,8 @@ def rollout(
     instance: str = typer.Option(..., help="instance_id of the task to run."),
     harness: str = typer.Option(
         "command",
-        help="command, or: claude-code, codex, gemini-cli, mini-swe-agent, opencode, openhands, pi, qwen-code",
+        help="command, or: claude-code, codex, gemini-cli, mini-swe-agent, opencode, openhands, pi, qwen-code; "
+        "warm (one harness process beside the sandboxes): mini-swe-agent-warm, openhands-warm",
     ),
     command_file: Path | None = typer.Option(None, help="command harness: the agent's shell script."),
     engine: str = typer.Option("hf", help="Engine kind: hf, oracle, scripted, vllm, sglang."),
