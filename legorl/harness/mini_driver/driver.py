@@ -23,21 +23,14 @@ Protocol, one JSON object per line:
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import queue
 import sys
-import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-# The protocol owns the real stdout; anything LiteLLM or mini-swe-agent prints goes to stderr.
-PROTOCOL = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "warm_driver_lib")]
+import warm_protocol  # noqa: E402  (first: the protocol takes the real stdout before the harness is imported)
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 os.environ.setdefault("MSWEA_CONFIGURED", "true")
@@ -51,26 +44,7 @@ from minisweagent.environments import get_environment  # noqa: E402
 from minisweagent.models import get_model  # noqa: E402
 
 ENV_CLASS = "legorl_sandbox_env.SandboxEnvironment"
-_out_lock = threading.Lock()
-_pending: dict[int, queue.Queue] = {}
-_counter = itertools.count(1)
 _configs: dict[str, dict[str, Any]] = {}
-
-
-def write(msg: dict[str, Any]) -> None:
-    line = json.dumps(msg) + "\n"
-    with _out_lock:
-        PROTOCOL.write(line)
-        PROTOCOL.flush()
-
-
-def send(msg: dict[str, Any]) -> queue.Queue:
-    """Send a request to the host; the reply arrives on the returned queue."""
-    n = next(_counter)
-    box: queue.Queue = queue.Queue(maxsize=1)
-    _pending[n] = box
-    write({**msg, "n": n})
-    return box
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -113,28 +87,12 @@ def run_one(job: dict[str, Any]) -> None:
         out["n_calls"] = agent.n_calls
     except Exception as e:  # noqa: BLE001 - what the agent re-raises (API errors) is reported
         out.update(exit_status=type(e).__name__, error="".join(traceback.format_exception_only(e))[-2000:])
-    write(out)
+    warm_protocol.write(out)
 
 
 def main() -> None:
-    legorl_sandbox_env.bind(send)
-    pool = ThreadPoolExecutor(max_workers=int(os.environ.get("LEGORL_MINI_THREADS", "256")))
-    write({"op": "ready"})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        msg = json.loads(line)
-        if msg["op"] == "run":
-            pool.submit(run_one, msg)
-        elif msg["op"] == "result":
-            box = _pending.pop(int(msg["n"]), None)
-            if box is not None:
-                box.put(msg)
-    # stdin closed: the host is gone or done; unblock every waiting command and leave
-    for box in list(_pending.values()):
-        box.put({"error": "the LEGO-RL host closed the driver"})
-    pool.shutdown(wait=False, cancel_futures=True)
-    os._exit(0)
+    legorl_sandbox_env.bind(warm_protocol.request)
+    warm_protocol.serve(run_one, threads_env="LEGORL_MINI_THREADS")
 
 
 if __name__ == "__main__":

@@ -24,26 +24,20 @@ Protocol, one JSON object per line:
 from __future__ import annotations
 
 import importlib.util
-import itertools
-import json
 import os
-import queue
 import shutil
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 T0 = time.time()
-# The protocol owns the real stdout; anything the SDK or LiteLLM prints goes to stderr.
-PROTOCOL = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)
-sys.stdout = sys.stderr
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "warm_driver_lib")]
+import warm_protocol  # noqa: E402  (first: the protocol takes the real stdout before the SDK is imported)
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
@@ -66,27 +60,8 @@ from openhands.sdk.conversation.response_utils import get_agent_final_response  
 from openhands.tools.preset.default import get_default_condenser  # noqa: E402, F401
 from openhands.tools.task_tracker import TaskTrackerTool  # noqa: E402
 
-_out_lock = threading.Lock()
-_pending: dict[int, queue.Queue] = {}
-_counter = itertools.count(1)
 _conversations: dict[str, Any] = {}
 _cancelled: set[str] = set()
-
-
-def write(msg: dict[str, Any]) -> None:
-    line = json.dumps(msg) + "\n"
-    with _out_lock:
-        PROTOCOL.write(line)
-        PROTOCOL.flush()
-
-
-def call(msg: dict[str, Any]) -> dict[str, Any]:
-    """Send a request to the host and wait for its reply."""
-    n = next(_counter)
-    box: queue.Queue = queue.Queue(maxsize=1)
-    _pending[n] = box
-    write({**msg, "n": n})
-    return box.get()
 
 
 def _started(rid: str, conv: Any) -> None:
@@ -123,34 +98,21 @@ def run_one(job: dict[str, Any]) -> None:
         _cancelled.discard(rid)
         shutil.rmtree(mirror, ignore_errors=True)
     result["wall_s"] = round(time.time() - t0, 2)
-    write({"op": "done", "id": rid, "result": result})
+    warm_protocol.write({"op": "done", "id": rid, "result": result})
+
+
+def _cancel(rid: str) -> None:
+    _cancelled.add(rid)
+    conv = _conversations.get(rid)
+    if conv is not None:  # not on the protocol loop: pause() waits for the step in progress,
+        # which may be waiting for a reply that only that loop can deliver
+        threading.Thread(target=conv.pause, daemon=True).start()
 
 
 def main() -> None:
-    sandbox_tools.bind(call)
-    pool = ThreadPoolExecutor(max_workers=int(os.environ.get("LEGORL_OPENHANDS_THREADS", "256")))
-    write({"op": "ready", "import_s": round(time.time() - T0, 2)})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        msg = json.loads(line)
-        if msg["op"] == "run":
-            pool.submit(run_one, msg)
-        elif msg["op"] == "cancel":
-            _cancelled.add(msg["id"])
-            conv = _conversations.get(msg["id"])
-            if conv is not None:  # not here: pause() waits for the step in progress, which may
-                # be waiting for a reply that only this loop can deliver
-                threading.Thread(target=conv.pause, daemon=True).start()
-        elif msg["op"] == "result":
-            box = _pending.pop(int(msg["n"]), None)
-            if box is not None:
-                box.put(msg)
-    # stdin closed: the host is gone or done; unblock every waiting tool call and leave
-    for box in list(_pending.values()):
-        box.put({"error": "the LEGO-RL host closed the driver"})
-    pool.shutdown(wait=False, cancel_futures=True)
-    os._exit(0)
+    sandbox_tools.bind(warm_protocol.call)
+    ready = {"import_s": round(time.time() - T0, 2)}
+    warm_protocol.serve(run_one, ready=ready, on_cancel=_cancel, threads_env="LEGORL_OPENHANDS_THREADS")
 
 
 if __name__ == "__main__":
