@@ -101,7 +101,7 @@ async def test_agent_timeout_and_a_killed_driver() -> None:
             pending = asyncio.create_task(w.rollout(task))
             for _ in range(200):  # until its command runs in the sandbox
                 await asyncio.sleep(0.1)
-                if w.harness._tasks:
+                if w.harness.driver.in_flight:
                     break
             os.killpg(w.harness.driver.proc.pid, signal.SIGKILL)
             rec = await asyncio.wait_for(pending, 60)

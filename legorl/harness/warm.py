@@ -91,7 +91,7 @@ class WarmDriver:
     _reader: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
     _start_lock: asyncio.Lock | None = field(default=None, init=False, repr=False)
     _home: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+    in_flight: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # requests being served
     _served: int = field(default=0, init=False, repr=False)  # rollouts since the driver started
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -183,8 +183,8 @@ class WarmDriver:
                 msg = json.loads(raw)
                 if msg.get("op") in ("exec", "read", "write"):
                     task = asyncio.create_task(self._serve(msg))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self.in_flight.add(task)
+                    task.add_done_callback(self.in_flight.discard)
                 elif msg.get("op") == "done":
                     r = self.rollouts.get(msg["id"])
                     if r is not None and not r.done.done():
