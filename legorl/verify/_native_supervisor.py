@@ -30,12 +30,10 @@ import hmac
 import importlib.util
 import json
 import os
-import select
 import sys
 import time
 
 SETUP_FAILED = 86
-GRACE_S = 0.5
 
 
 def _load_base():
@@ -263,49 +261,11 @@ def main():
     guarded = base.digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
-    bufs = {rec_r: bytearray(), log_r: bytearray()}
-    status, deadline, strays = None, None, 0
-    open_fds = set(bufs)
-    while open_fds:
-        if status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status, deadline = st, time.monotonic() + GRACE_S
-                strays = base.kill_strays(os.getpid())
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            bufs[fd] += chunk
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-        strays = base.kill_strays(os.getpid())
-    for fd in list(open_fds):
-        os.set_blocking(fd, False)
-        try:
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                bufs[fd] += chunk
-        except BlockingIOError:
-            pass
+    status, strays, bufs, still_open = base.collect(pid, (rec_r, log_r))
     after = base.digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
     tests_changed = sorted(p[len(root) :] for p in guard if after[p] != guarded[p])
-    records, bad = [], 0
-    for line in bytes(bufs[rec_r]).split(b"\n"):
-        if not line:
-            continue
-        mac, _, body = line.partition(b" ")
-        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
-            bad += 1
-            continue
-        records.append(json.loads(body))
+    records, bad = base.verified_records(bytes(bufs[rec_r]), key)
     log = bytes(bufs[log_r])
     with open(cfg["log"], "wb") as f:
         f.write(log)
@@ -317,7 +277,7 @@ def main():
         "records": records,
         "bad_records": bad,
         "log_sha256": hashlib.sha256(log).hexdigest(),
-        "open_after_exit": len(open_fds),
+        "open_after_exit": still_open,
         "stray_processes": strays,
         "canaries": canaries,
         "tests_changed": tests_changed,

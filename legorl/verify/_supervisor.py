@@ -507,6 +507,60 @@ def _subreaper():
         pass
 
 
+def collect(pid, fds):
+    """Read the pipes `fds` until the child `pid` has exited and their writers are done: at
+    most GRACE_S after its exit, then every stray it left is killed and what they held open
+    is drained. Returns (the child's wait status, strays killed, bytes read per fd, pipes still
+    open after its exit: held by strays)."""
+    bufs = {fd: bytearray() for fd in fds}
+    status, deadline, strays = None, None, 0
+    open_fds = set(bufs)
+    while open_fds:
+        if status is None:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status, deadline = st, time.monotonic() + GRACE_S
+                strays = kill_strays(os.getpid())
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
+        for fd in ready:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += chunk
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+        strays = kill_strays(os.getpid())
+    for fd in list(open_fds):  # whatever a killed stray held open is closed now
+        os.set_blocking(fd, False)
+        try:
+            while True:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                bufs[fd] += chunk
+        except BlockingIOError:
+            pass
+    return status, strays, bufs, len(open_fds)
+
+
+def verified_records(data, key):
+    """The JSON records of the record pipe whose HMAC tag checks, and how many did not: the
+    child cannot forge one (it never learns the key)."""
+    records, bad = [], 0
+    for line in data.split(b"\n"):
+        if not line:
+            continue
+        mac, _, body = line.partition(b" ")
+        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
+            bad += 1
+            continue
+        records.append(json.loads(body))
+    return records, bad
+
+
 def main():
     cfg_path = sys.argv[1]
     with open(cfg_path, encoding="utf-8") as f:
@@ -546,49 +600,11 @@ def main():
     guarded = digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
-    bufs = {rec_r: bytearray(), junit_r: bytearray()}
-    status, deadline, strays = None, None, 0
-    open_fds = set(bufs)
-    while open_fds:
-        if status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status, deadline = st, time.monotonic() + GRACE_S
-                strays = kill_strays(os.getpid())
-        if deadline is not None and time.monotonic() > deadline:
-            break
-        ready, _, _ = select.select(list(open_fds), [], [], 0.05)
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            bufs[fd] += chunk
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-        strays = kill_strays(os.getpid())
-    for fd in list(open_fds):  # whatever a killed stray held open is closed now
-        os.set_blocking(fd, False)
-        try:
-            while True:
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
-                    break
-                bufs[fd] += chunk
-        except BlockingIOError:
-            pass
+    status, strays, bufs, still_open = collect(pid, (rec_r, junit_r))
     after = digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
     tests_changed = sorted(p[len(root) :] for p in guard if after[p] != guarded[p])
-    records, bad = [], 0
-    for line in bytes(bufs[rec_r]).split(b"\n"):
-        if not line:
-            continue
-        mac, _, body = line.partition(b" ")
-        if not hmac.compare_digest(mac, hmac.digest(key, body, "sha256").hex().encode()):
-            bad += 1
-            continue
-        records.append(json.loads(body))
+    records, bad = verified_records(bytes(bufs[rec_r]), key)
     if wanted and canaries:
         # Keep the summary small (a run may have thousands of tests): the records of the
         # task's tests and the canaries, and how the canaries' neighbours fared.
@@ -608,7 +624,7 @@ def main():
         "records": records,
         "bad_records": bad,
         "junit_sha256": hashlib.sha256(junit).hexdigest() if junit else None,
-        "open_after_exit": len(open_fds),
+        "open_after_exit": still_open,
         "stray_processes": strays,
         "canaries": canaries,
         "neighbours": neighbours,
