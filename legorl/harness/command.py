@@ -19,11 +19,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from legorl.harness.warm import WarmDriver
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
+
+if TYPE_CHECKING:  # warm.py builds AgentRuns: only the annotation comes from it
+    from legorl.harness.warm import WarmDriver
 
 AGENT_DIR = "/tmp/.legorl-agent"
 

@@ -30,8 +30,8 @@ from legorl.harness.base import API_KEY
 from legorl.harness.command import AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.openhands import verdict_of_result
-from legorl.harness.warm import DriverGone, WarmDriver, base_env
-from legorl.sandbox.base import Sandbox, SandboxError
+from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
+from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
 
 DRIVER = Path(__file__).resolve().parent / "openhands_warm_driver" / "driver.py"
@@ -129,23 +129,9 @@ class WarmOpenHands:
         try:
             r, msg = await self.driver.run(job, sb, repo_dir, timeout_s)
         except DriverGone as e:
-            return AgentRun(
-                -1,
-                duration_s=time.monotonic() - t0,
-                status=Status.INFRA_ERROR,
-                details={"error": str(e)[-2000:], "harness": self.name},
-            )
-        if msg is None:  # the driver was told to pause the conversation
-            return AgentRun(
-                124,
-                timed_out=True,
-                resource_exhausted=r.exhausted,
-                duration_s=time.monotonic() - t0,
-                status=Status.AGENT_TIMEOUT,
-                details={"error": f"{self.name} ran past {timeout_s:g} s", "harness": self.name},
-            )
-        if r.sandbox_error:  # the sandbox died under a command: the rollout decides whose fault
-            raise SandboxError(r.sandbox_error)
+            return unfinished(self.name, t0, gone=e)
+        if msg is None:  # past its time: the driver was told to cancel it
+            return unfinished(self.name, t0, r=r, timeout_s=timeout_s)
         result = msg.get("result") or {}
         verdict = verdict_of_result(result)
         details = {

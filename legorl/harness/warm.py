@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from legorl.harness.command import AgentRun
 from legorl.sandbox.base import Sandbox, SandboxError
+from legorl.types import Status
 
 READY_TIMEOUT_S = 120.0  # importing the harness on a loaded 2-core machine
 
@@ -233,18 +235,19 @@ class WarmDriver:
     ) -> tuple[WarmRollout, dict[str, Any] | None]:
         """Run one rollout (`job`: the adapter's "run" fields) in the driver, its requests in
         `sb`. Returns its bookkeeping and the driver's "done" message, None if it ran past
-        `timeout_s` (then it is cancelled). DriverGone if the driver is or goes away."""
+        `timeout_s` (then it is cancelled). DriverGone if the driver is or goes away;
+        SandboxError if the sandbox died under a request (the rollout decides whose fault)."""
         await self.start()
         rid = uuid.uuid4().hex
         r = WarmRollout(sb, repo_dir, asyncio.get_running_loop().create_future())
         self.rollouts[rid] = r
         try:
             await self.send({**job, "op": "run", "id": rid})
-            return r, await asyncio.wait_for(asyncio.shield(r.done), timeout_s)
+            msg: dict[str, Any] | None = await asyncio.wait_for(asyncio.shield(r.done), timeout_s)
         except TimeoutError:
             with contextlib.suppress(DriverGone, OSError):
                 await self.send({"op": "cancel", "id": rid})
-            return r, None
+            msg = None
         finally:
             r.closed = True
             self.rollouts.pop(rid, None)
@@ -252,3 +255,28 @@ class WarmDriver:
             if self.recycle_after and self._served >= self.recycle_after and not self.rollouts:
                 self._served = 0  # a long-lived harness process grows a little per rollout: bound it
                 await self._stop()
+        if msg is not None and r.sandbox_error:
+            raise SandboxError(r.sandbox_error)
+        return r, msg
+
+
+def unfinished(
+    name: str, t0: float, *, gone: DriverGone | None = None, r: WarmRollout | None = None, timeout_s: float = 0.0
+) -> AgentRun:
+    """The AgentRun of a warm rollout that did not finish: its driver went away (`gone`,
+    infrastructure: retried), or it ran past `timeout_s` (`agent_timeout`: the agent's)."""
+    if gone is not None:
+        return AgentRun(
+            -1,
+            duration_s=time.monotonic() - t0,
+            status=Status.INFRA_ERROR,
+            details={"error": str(gone)[-2000:], "harness": name},
+        )
+    return AgentRun(
+        124,
+        timed_out=True,
+        resource_exhausted=r is not None and r.exhausted,
+        duration_s=time.monotonic() - t0,
+        status=Status.AGENT_TIMEOUT,
+        details={"error": f"{name} ran past {timeout_s:g} s", "harness": name},
+    )
