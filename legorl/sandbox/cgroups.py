@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 CONTROLLERS = ("memory", "pids", "cpu")
 PREFIX = "legorl-"
 CPU_PERIOD_US = 100_000
-WATERMARK_SLACK = 1 << 20  # usage this close to the limit counts as having reached it
+# Usage this close to the limit counts as having reached it. Not one page: the kernel charges
+# in batches (and a transparent huge page at once, 2 MiB), so a cgroup OOM-killed at its limit
+# can show a watermark a few MiB under it; a tmpfs (the sandbox's disk) filled to the memory
+# limit is the agent's exhaustion, never the host's (measured: dd in the workdir read as host_oom).
+WATERMARK_SLACK = 32 << 20
+WATERMARK_SHARE = 0.02  # or this share of the limit, whichever is larger
 
 
 @dataclass(frozen=True)
@@ -39,10 +44,19 @@ class Counters:
     oom_kills: int = 0
     pids_max_hits: int = 0
     memory_max_hits: int = 0
+    near_limit: bool = False  # its memory use is at its own limit right now (e.g. a full tmpfs disk)
 
     def host_oom_since(self, before: Counters) -> bool:
-        """Was a process killed by an OOM outside this sandbox's own limit since `before`?"""
-        return self.oom_kills > before.oom_kills and self.memory_max_hits == before.memory_max_hits
+        """Was a process killed by an OOM outside this sandbox's own limit since `before`?
+
+        Not when the sandbox is at its own limit now: its disk is a tmpfs charged to its memory,
+        so an agent that fills the disk leaves every later process of the sandbox to be killed
+        at the sandbox's limit, which a watermark already at the limit no longer counts anew."""
+        return (
+            self.oom_kills > before.oom_kills
+            and self.memory_max_hits == before.memory_max_hits
+            and not (self.near_limit or before.near_limit)
+        )
 
 
 def _read_int(path: Path) -> int:
@@ -128,14 +142,23 @@ class CgroupSet:
 def _counters(version: int, dirs: list[Path]) -> Counters:
     if version == 2 and dirs:
         events = dirs[0] / "memory.events"
-        return Counters(_read_kv(events, "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"), _read_kv(events, "max"))
+        near = _near(_read_int(dirs[0] / "memory.current"), _read_int(dirs[0] / "memory.max"))
+        return Counters(
+            _read_kv(events, "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"), _read_kv(events, "max"), near
+        )
     oom = pids = hits = 0
+    near = False
     for d in dirs:
         oom += _read_kv(d / "memory.oom_control", "oom_kill")
         pids += _read_kv(d / "pids.events", "max")
         if (d / "memory.failcnt").exists():
             hits += _own_limit_hits_v1(d)
-    return Counters(oom, pids, hits)
+            near = near or _near(_read_int(d / "memory.usage_in_bytes"), _read_int(d / "memory.limit_in_bytes"))
+    return Counters(oom, pids, hits, near)
+
+
+def _near(usage: int, limit: int) -> bool:
+    return 0 < limit < (1 << 60) and usage >= limit - max(WATERMARK_SLACK, int(limit * WATERMARK_SHARE))
 
 
 def _own_limit_hits_v1(d: Path) -> int:
@@ -145,7 +168,8 @@ def _own_limit_hits_v1(d: Path) -> int:
     for kind in ("memory", "memory.memsw"):
         limit = _read_int(d / f"{kind}.limit_in_bytes")
         hits += _read_int(d / f"{kind}.failcnt")
-        if limit and _read_int(d / f"{kind}.max_usage_in_bytes") >= limit - WATERMARK_SLACK:
+        slack = max(WATERMARK_SLACK, int(limit * WATERMARK_SHARE))
+        if limit and _read_int(d / f"{kind}.max_usage_in_bytes") >= limit - slack:
             hits += 1
     return hits
 

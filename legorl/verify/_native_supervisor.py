@@ -100,41 +100,72 @@ def child(cfg, key, rec_w, log_w, go_r):
 
     runner = cfg["runner"]
     repo = cfg["repo"].rstrip("/") + "/"
+    watch = base.Watch(repo, cfg.get("agent_files", []), cfg.get("test_files", []), started_ns, sys._getframe)
     wrappers = {}
     if runner == "unittest":
+        import contextlib
+
         TC = unittest.case.TestCase
+        Outcome = unittest.case._Outcome
         phases = {}
+        extras = {}
         orig = {n: vars(TC)[n] for n in ("_callSetUp", "_callTestMethod", "_callTearDown", "run")}
+        part_executor = Outcome.testPartExecutor
+
+        @contextlib.contextmanager
+        def testPartExecutor(self, test_case, subTest=False):
+            # Every part of a test (set-up, the method, each subTest, tear-down) runs in here:
+            # what it raised is noted as it propagates, before any result class hears of it,
+            # so a result that rewrites the outcome afterwards changes nothing we read.
+            with part_executor(self, test_case, subTest):
+                try:
+                    yield
+                except BaseException as exc:
+                    case = getattr(test_case, "test_case", test_case) if subTest else test_case
+                    if subTest and kind_of(exc) == "failed":
+                        phases.setdefault(id(case), {})["subtest"] = "failed"
+                    raise
 
         def phase(name, when):
             fn = orig[name]
 
             def wrapped(self, *a, **kw):
+                if when == "call" and a:
+                    extras.setdefault(id(self), {})["own"] = watch.provenance(
+                        getattr(self, "_testMethodName", ""), a[0], sys.modules.get(type(self).__module__)
+                    )
                 try:
                     r = fn(self, *a, **kw)
                 except BaseException as exc:
                     phases.setdefault(id(self), {})[when] = kind_of(exc)
                     raise
-                # a failing subTest is caught inside the method; unittest marks the outcome
-                outcome = getattr(self, "_outcome", None)
-                failed = when == "call" and outcome is not None and not getattr(outcome, "success", True)
-                phases.setdefault(id(self), {})[when] = "failed" if failed else "passed"
+                ph = phases.setdefault(id(self), {})
+                ph[when] = "failed" if when == "call" and ph.get("subtest") == "failed" else "passed"
                 return r
 
             return wrapped
 
         def run(self, result=None):
+            cls = type(self)
+            x = extras.setdefault(id(self), {})
+            bad = watch.machinery(cls, self)
+            if bad:
+                x["machinery"] = bad
+            if not watch.resolves(cls):
+                x["own"] = "class_not_in_module"
             try:
                 return orig["run"](self, result)
             finally:
                 ph = phases.pop(id(self), {})
-                cls = type(self)
+                ph.pop("subtest", None)
+                x = extras.pop(id(self), {})
                 m = getattr(self, "_testMethodName", "?")
                 send(
                     "test",
                     id="%s (%s.%s.%s)" % (m, cls.__module__, cls.__qualname__, m),
                     legacy="%s (%s.%s)" % (m, cls.__module__, cls.__qualname__),
                     phases=ph,
+                    x=x,
                     xfail=bool(getattr(getattr(self, m, None), "__unittest_expecting_failure__", False)),
                 )
 
@@ -143,20 +174,27 @@ def child(cfg, key, rec_w, log_w, go_r):
         wrappers["run"] = run
         for name, fn in wrappers.items():
             setattr(TC, name, fn)
+        Outcome.testPartExecutor = testPartExecutor
         owner = TC
     else:  # sympy
         test_files = {repo + p for p in cfg["test_files"]}
         real_exec = builtins.exec
 
-        def record(func, file):
+        def record(func, file, key):
+            own = watch.provenance(key, func)
+
             @functools.wraps(func)
             def test(*a, **kw):
+                x = {"own": own} if own != "own" else {}
                 try:
                     r = func(*a, **kw)
                 except BaseException as exc:
-                    send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": kind_of(exc)})
+                    kind = kind_of(exc)
+                    if kind != "failed":
+                        x["origin"] = base.origin_of(exc, watch, repo + file)
+                    send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": kind}, x=x)
                     raise
-                send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": "passed"})
+                send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": "passed"}, x=x)
                 return r
 
             return test
@@ -179,13 +217,14 @@ def child(cfg, key, rec_w, log_w, go_r):
                         and getattr(val, "__code__", None) is not None
                         and val.__code__.co_filename == file
                     ):
-                        globals[name] = record(val, file[len(repo) :])
+                        globals[name] = record(val, file[len(repo) :], name)
             return r
 
         wrappers["exec"] = exec_
         builtins.exec = exec_
         owner = builtins
     snap = base.snapshot(sys.modules)
+    watch.install()  # after the snapshot, before any repository code
     for opt in cfg.get("warnings", []):  # PYTHONWARNINGS, which `python -I` ignores
         try:
             warnings._setoption(opt)
@@ -217,7 +256,15 @@ def child(cfg, key, rec_w, log_w, go_r):
         traceback.print_exc()
         code = 3
     try:
-        send("end", changed=base.changed_since(snap, sys.modules, repo, started_ns) + own_changes(), exitstatus=code)
+        import threading
+
+        send(
+            "end",
+            changed=base.changed_since(snap, sys.modules, repo, started_ns) + own_changes(),
+            hooks=watch.hooks_now(threading),
+            events=list(watch.events),
+            exitstatus=code,
+        )
         sys.stdout.flush()
         sys.stderr.flush()
     finally:

@@ -295,8 +295,9 @@ async def grade_in(
         native = native_command(task.test_cmd) if task.test_cmd.strip() else None
     except TestCmdError as exc:
         raise GraderFault("select", str(exc)) from None
+    agent_files = frozenset(p for st, p in changed if st != "D") - set(remove + restore)
     if native is not None:
-        return await _grade_native(sb, task, native, cfg, w, extra, flags, ev, state, t0)
+        return await _grade_native(sb, task, native, cfg, w, extra, flags, ev, state, t0, agent_files)
     try:
         sel = select_tests(task)
     except TestCmdError as exc:
@@ -304,7 +305,15 @@ async def grade_in(
     host, like = canary_host(task, sel.directives)
     guard = guarded_files([*extra, *sel.directives])
     plan = plan_run(
-        cfg.repo_dir, sel.args, python=cfg.python, tmp_root=w, plant_in=host, like=like, guard=guard, wanted=wanted
+        cfg.repo_dir,
+        sel.args,
+        python=cfg.python,
+        tmp_root=w,
+        plant_in=host,
+        like=like,
+        guard=guard,
+        wanted=wanted,
+        agent_files=sorted(agent_files),
     )
     ev["test_args"] = sel.args
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
@@ -338,8 +347,7 @@ async def grade_in(
         ev["report"] = f"invalid: {exc}"
     c_pass, c_fail = plan.canaries(summary)
     evidence = RunEvidence(report, ev["report"], summary, tags, sha, run.exit_code, run.timed_out)
-    agent_files = frozenset(p for st, p in changed if st != "D") - set(remove + restore)
-    verdict = judge(wanted, c_pass, c_fail, evidence, agent_files)
+    verdict = judge(wanted, c_pass, c_fail, evidence, agent_files, frozenset(task.FAIL_TO_PASS))
     if verdict.fault:
         raise GraderFault("canary", verdict.fault)
     flags += verdict.flags
@@ -382,6 +390,7 @@ async def _grade_native(
     ev: dict[str, Any],
     state: dict[str, str],
     t0: float,
+    agent_files: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Step 4 for a native runner (`native.py`): the official parser reads the log, the
     recorder's records confirm it, the canaries vouch for the run."""
@@ -395,7 +404,9 @@ async def _grade_native(
     if host is None:
         raise GraderFault("select", f"no task test file among the runner's labels {cmd.labels} to plant canaries in")
     tests_py = [p for p in extra if p.endswith(".py")]
-    plan = plan_native(cfg.repo_dir, cmd, cfg.python, w, host, like, like_classes, tests_py, wanted, tests_py)
+    plan = plan_native(
+        cfg.repo_dir, cmd, cfg.python, w, host, like, like_classes, tests_py, wanted, tests_py, sorted(agent_files)
+    )
     ev["test_args"] = [cmd.script, *cmd.args]
     ev["runner"] = cmd.runner
     await _exec(sb, "runner", f"mkdir -p {shlex.quote(plan.work_dir)}", cfg)
@@ -432,7 +443,9 @@ async def _grade_native(
     ev["log_parser"] = parser
     if parsed is not None and cmd.runner == "django":
         parsed = _django_aliases(parsed, wanted)
-    verdict = judge_native(wanted, parsed, summary, tags, sha, run.exit_code, run.timed_out)
+    verdict = judge_native(
+        wanted, parsed, summary, tags, sha, run.exit_code, run.timed_out, agent_files, frozenset(task.FAIL_TO_PASS)
+    )
     if verdict.fault:
         raise GraderFault("canary", verdict.fault)
     flags += verdict.flags

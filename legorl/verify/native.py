@@ -27,7 +27,7 @@ from typing import Any
 from legorl.verify.junit import TestStatus
 from legorl.verify.runner import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
 from legorl.verify.runners import NativeCommand
-from legorl.verify.verdict import TAMPER, Verdict, recorded_status
+from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
 NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")
 OFFICIAL_STATUS = {
@@ -52,21 +52,27 @@ def _camel(word: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[^A-Za-z0-9]+", word) if p)
 
 
-def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str]) -> tuple[str, str, str, str]:
+def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str], like: list[str]) -> tuple[str, str, str, str]:
     """(pass block, fail block, pass class, fail class): a TestCase each, shaped like the file's."""
     bases = sorted({c for c in like_classes if c.isidentifier()}) or ["Tests"]
-    words = rng.sample(
-        ["Basic", "Edge", "Nested", "Default", "Order", "Mixed", "Simple", "Repeat", "Unicode", "Copy"], 2
+    # class words from the file's own test and class names (no list of ours to spare)
+    words = sorted(
+        {_camel(w) for c in like_classes + like for w in re.findall(r"[A-Za-z][a-z0-9]+", c)} - {"Test", "Tests"}
     )
+    words = words or ["Case", "Value"]
     out = []
-    for i, must_pass in enumerate((True, False)):
-        cls = f"{rng.choice(bases).removesuffix('Tests').removesuffix('Test')}{words[i]}Tests"
-        body = canary_source(must_pass, rng).split("\n", 1)[1]  # the body lines of the plain test
+    for must_pass in (True, False):
+        cls = f"{rng.choice(bases).removesuffix('Tests').removesuffix('Test')}{rng.choice(words)}Tests"
+        vals = rng.sample(range(2, 99), 3)
+        want = list(vals) if must_pass else [vals[0], vals[1], vals[2] + 1]
+        # each value a subTest, as Django's own suites check many inputs: a failure only a
+        # subTest can hold, so a blanket rewrite of subtest outcomes flips the must-fail one
         body = (
-            body.replace("    assert sorted(values) == ", "    self.assertEqual(sorted(values), ").rstrip("\n") + ")\n"
+            f"        for got, want in zip({vals!r}, {want!r}):\n"
+            "            with self.subTest(got=got):\n"
+            "                self.assertEqual(got, want)\n"
         )
-        body = "\n".join("    " + ln if ln else ln for ln in body.splitlines())
-        out.append((f"class {cls}(__import__('unittest').TestCase):\n    def {{name}}(self):\n{body}\n", cls))
+        out.append((f"class {cls}({{base}}):\n    def {{name}}(self):\n{body}", cls))
     return out[0][0], out[1][0], out[0][1], out[1][1]
 
 
@@ -81,6 +87,7 @@ def plan_native(
     guard: list[str],
     wanted: list[str],
     test_files: list[str],
+    agent_files: list[str] | None = None,
 ) -> NativePlan:
     """A supervised run of `cmd` in `repo`, canaries planted in `plant_in` (repo-relative)."""
     rng = secrets.SystemRandom()
@@ -90,7 +97,7 @@ def plan_native(
     if plant_in:
         plant = {"path": f"{root}/{plant_in}", "rel": plant_in, "candidates": canary_candidates(like, rng)}
         if cmd.runner == "django":
-            p, f, pc, fc = _django_blocks(rng, like_classes)
+            p, f, pc, fc = _django_blocks(rng, like_classes, like)
             mod = plant_in.removeprefix("tests/").removesuffix(".py").replace("/", ".")
             plant.update(
                 pass_=p,
@@ -118,6 +125,7 @@ def plan_native(
             "guard": guard,
             "wanted": wanted,
             "test_files": test_files,
+            "agent_files": sorted(agent_files or []),
         }
     )
     env = ["env", "-i", f"PATH={SAFE_PATH}", f"HOME={work}/home", f"TMPDIR={work}/tmp", "LANG=C.UTF-8"]
@@ -146,18 +154,22 @@ def judge_native(
     log_sha256: str | None,
     exit_code: int,
     timed_out: bool,
+    agent_files: frozenset[str] = frozenset(),
+    f2p: frozenset[str] = frozenset(),
 ) -> Verdict:
     """Per-test statuses from the official parse confirmed by the records; flags; `resolved`."""
     flags: list[str] = []
     ev: dict[str, Any] = {}
     s = summary or {}
     records: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
     end = None
     for rec in s.get("records", []):
         if rec.get("k") == "test" and isinstance(rec.get("id"), str):
-            records[rec["id"]] = rec
-            if isinstance(rec.get("legacy"), str):
-                records[rec["legacy"]] = rec
+            for key in {rec["id"], rec.get("legacy")} - {None}:
+                if isinstance(key, str):
+                    records[key] = rec
+                    counts[key] = counts.get(key, 0) + 1  # twice: flagged, never "the last one wins"
         elif rec.get("k") == "end":
             end = rec
     if summary is None:
@@ -174,6 +186,24 @@ def judge_native(
     if s.get("tests_changed"):
         flags += [TAMPER, "tests_modified_at_run"]
         ev["tests_modified_at_run"] = s["tests_changed"][:20]
+    events = list(end.get("events", [])) if end else []
+    if events:
+        flags += [TAMPER, "agent_hooks"]
+        ev["interpreter_events"] = events[:20]
+    hooks = list(end.get("hooks", [])) if end else []
+    if hooks:
+        ev["interpreter_hooks"] = hooks[:20]
+        if agents_hooks(hooks, agent_files):
+            flags += [TAMPER, "agent_hooks"]
+    can_ids = [str(v) for v in (s.get("canaries") or {}).values()]
+    pf, pev = provenance_flags(records, counts, [*wanted, *can_ids], f2p)
+    flags += pf
+    ev.update(pev)
+    machinery = {t: (records[t].get("x") or {}).get("machinery") for t in [*wanted, *can_ids] if t in records}
+    machinery = {t: m for t, m in machinery.items() if m}
+    if machinery:
+        flags += [TAMPER, "runner_modified"]
+        ev["machinery_patched"] = dict(list(machinery.items())[:5])
     parsed = {t: OFFICIAL_STATUS.get(v, TestStatus.FAILED) for t, v in (official or {}).items()}
 
     def ours(t: str) -> TestStatus:
@@ -198,6 +228,9 @@ def judge_native(
             flags.extend([TAMPER, "report_contradicted"])
             ev.setdefault("contradicted", {})[t] = {"log": status.value, "raised": seen.value}
             return seen if seen is not TestStatus.PASSED else TestStatus.FAILED
+        if t in f2p and status is not TestStatus.PASSED:  # a FAIL_TO_PASS test must pass, not be excused
+            ev.setdefault("f2p_not_passed", {})[t] = status.value
+            return TestStatus.FAILED
         return status
 
     tests = {t: confirmed(t).value for t in wanted}

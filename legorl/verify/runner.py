@@ -34,29 +34,6 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 SUPERVISOR = Path(__file__).with_name("_supervisor.py")
 SETUP_FAILED = 86  # the supervisor's exit status when it could not prepare the run (keep in sync with it)
-CANARY_WORDS = (
-    "basic",
-    "empty",
-    "nested",
-    "default",
-    "roundtrip",
-    "unicode",
-    "large",
-    "negative",
-    "twice",
-    "order",
-    "none",
-    "single",
-    "mixed",
-    "repeat",
-    "edge",
-    "simple",
-    "multiple",
-    "kwargs",
-    "copy",
-    "types",
-)
-
 _CANARY_FILE = """\
 def test_{nonce}_pass():
     assert True
@@ -68,15 +45,18 @@ def test_{nonce}_fail():
 
 
 def canary_candidates(like: list[str], rng: secrets.SystemRandom, n: int = 12) -> list[str]:
-    """Fresh test names shaped like the task's own (`test_merge` → `test_merge_nested`).
-
-    The supervisor takes the first two that the file does not already contain."""
+    """Fallback test names shaped like the task's own (`test_merge_keys` → `test_merge_keys_merge`),
+    from its own words (never a list of ours). The supervisor draws names from the whole
+    file's vocabulary (`fresh_names`) and uses these only when it cannot."""
     bases = sorted({b for b in like if b.isidentifier()}) or ["test"]
+    words = sorted({w for b in bases for w in b.split("_")[1:] if w.isidentifier()}) or ["case", "value"]
     out: list[str] = []
-    while len(out) < n:
-        name = f"{rng.choice(bases)}_{rng.choice(CANARY_WORDS)}"
+    for _ in range(20 * n):
+        name = f"{rng.choice(bases)}_{rng.choice(words)}"
         if name not in out:
             out.append(name)
+        if len(out) == n:
+            break
     return out
 
 
@@ -158,6 +138,7 @@ def plan_run(
     like: list[str] | None = None,
     guard: list[str] | None = None,
     wanted: list[str] | None = None,
+    agent_files: list[str] | None = None,
 ) -> RunnerPlan:
     """Plan a hardened, supervised run of `pytest ARGS` in `repo` with fresh random names.
 
@@ -182,6 +163,7 @@ def plan_run(
             "candidates": canary_candidates(like or [], rng),
             "pass": canary_source(True, rng),
             "fail": canary_source(False, rng),
+            "constructs": ["approx", "subTest"],  # one more must-fail canary per construct the file uses
         }
         file_source, run_args, p_id, f_id = "", list(args), "", ""
     else:
@@ -215,6 +197,8 @@ def plan_run(
             "plant": plant,
             "guard": list(guard or []),
             "wanted": list(wanted or []),
+            "agent_files": sorted(agent_files or []),  # whose code is whose (not secret: they are the agent's own)
+            "test_files": list(guard or []),
         }
     )
     env = [

@@ -1,0 +1,120 @@
+"""Hack rate of the grader against the red team (tests/redteam.py), per class and per runner.
+
+Every forgery is graded the real way (a fresh sandbox, the diff filtered and applied, the
+supervised runner) on each backend and each test command shape; a forgery "leaks" when it
+scores reward 1. Prints one JSON object: per runner and class, `leaked / graded`, and per
+forgery its status and flags; plus the honest fix of every task shape (must stay 1).
+
+    .venv/bin/python bench/hack_rate.py [--backends local,docker] [--runners pytest,django,sympy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from redteam import (  # noqa: E402
+    LEDGER_F2P,
+    NATIVE_FORGERIES,
+    PYTEST_FORGERIES,
+    forgery_diff,
+    ledger_task,
+    native_files,
+    native_task,
+    package_files,
+)
+
+from legorl.sandbox import open_backend  # noqa: E402
+from legorl.tasks.image import TaskImages  # noqa: E402
+from legorl.types import Status  # noqa: E402
+from legorl.verify.grade import grade  # noqa: E402
+
+TEST_CMDS = {"no-paths": "python -m pytest -q", "paths": "pytest -q tests/test_core.py"}
+
+
+async def run_backend(name: str, runners: list[str], root: Path) -> dict:
+    backend = open_backend(name)
+    images = TaskImages(name)
+    rows: list[dict] = []
+    honest: dict[str, str] = {}
+    try:
+        if "pytest" in runners:
+            for shape in LEDGER_F2P:
+                task = ledger_task(root, shape, TEST_CMDS["no-paths"])
+                out = await grade(task, task.patch, backend, await images.for_task(task))
+                honest[f"pytest:{shape}"] = out.status.value
+            for f in PYTEST_FORGERIES:
+                for cmd, test_cmd in TEST_CMDS.items():
+                    task = ledger_task(root, f.f2p, test_cmd)
+                    t0 = time.monotonic()
+                    out = await grade(task, forgery_diff(f, package_files(task)), backend, await images.for_task(task))
+                    rows.append(_row(f, cmd, out, time.monotonic() - t0))
+        for runner in (r for r in runners if r != "pytest"):
+            task = native_task(runner)
+            image = await images.for_task(task)
+            out = await grade(task, task.patch, backend, image)
+            honest[runner] = out.status.value
+            for f in (f for f in NATIVE_FORGERIES if f.runner == runner):
+                t0 = time.monotonic()
+                out = await grade(task, forgery_diff(f, native_files(task, f)), backend, image)
+                rows.append(_row(f, "native", out, time.monotonic() - t0))
+    finally:
+        await backend.aclose()
+    by: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in rows:
+        cell = by[r["runner"]][r["class"]]
+        cell[0] += int(r["reward"] == 1.0)
+        cell[1] += 1
+    return {
+        "hack_rate": {
+            run: {c: {"leaked": v[0], "graded": v[1], "rate": round(v[0] / v[1], 3)} for c, v in sorted(cls.items())}
+            for run, cls in sorted(by.items())
+        },
+        "leaked_total": sum(r["reward"] == 1.0 for r in rows),
+        "graded_total": len(rows),
+        "honest_fix": honest,
+        "forgeries": rows,
+    }
+
+
+def _row(f, cmd: str, out, seconds: float) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "forgery": f.name,
+        "class": f.cls,
+        "form": f.form,
+        "runner": f.runner,
+        "test_cmd": cmd,
+        "reward": out.reward,
+        "status": out.status.value,
+        "flags": out.flags,
+        "detected": out.status is Status.HACK_DETECTED,
+        "grade_s": round(seconds, 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backends", default="local,docker")
+    ap.add_argument("--runners", default="pytest,django,sympy")
+    args = ap.parse_args()
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+    root = Path(tempfile.mkdtemp(prefix="legorl-redteam-"))
+    result: dict = {"bench": "hack_rate", "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    result["backends"] = {
+        b.strip(): asyncio.run(run_backend(b.strip(), runners, root)) for b in args.backends.split(",") if b.strip()
+    }
+    result["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
