@@ -274,7 +274,13 @@ def judge_native(
         summary is not None
         and end is not None
         and c_pass is TestStatus.PASSED
-        and c_fail in (TestStatus.FAILED, TestStatus.ERROR)
+        and (
+            c_fail in (TestStatus.FAILED, TestStatus.ERROR)
+            # a failure inside subTest, which the official Django parser does not key by the test's id
+            or (
+                c_fail is TestStatus.MISSING and fail_rec is not None and recorded_status(fail_rec) is TestStatus.FAILED
+            )
+        )
         and exit_code != 0
     )
     if all_ok and not integrity:
