@@ -106,6 +106,23 @@ def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):
     return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), None
 
 
+def packed_masks(config, embeds_B_S_H: torch.Tensor, position_ids_B_S: torch.Tensor) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The prepared {layer type: mask} mapping of a packed row under a mask-based kernel.
+
+    transformers derives a block-diagonal mask from position-id resets only when the model's
+    forward passes `position_ids` to its mask builders; gpt-oss's does not, so its packed rows
+    got one causal (and windowed) mask across all segments. Calling the same builders with
+    the position ids gives exactly the masks a forward that passed them would have built; the
+    model takes a prepared mapping as its `attention_mask` (packed_families.py says which)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if unknown := types - builders.keys():
+        raise ValueError(f"packed_masks: no mask builder for layer types {sorted(unknown)}")
+    return {t: builders[t](config, embeds_B_S_H, None, None, position_ids=position_ids_B_S) for t in types}
+
+
 def register() -> str:
     """Make `attn_implementation="legorl_varlen"` available to transformers (idempotent)."""
     AttentionInterface.register(NAME, varlen_attention)
