@@ -1,8 +1,10 @@
 """`legorl_varlen`: packed-sequence attention that costs what the segments cost, on any device.
 
-transformers runs packed rows (position ids restarting per segment) correctly with `sdpa`,
-but by materialising a block-diagonal (N × N) mask: attention then costs N² for N packed
-tokens instead of Σ n_i², and the mask disables SDPA's flash kernel. Measured on this
+transformers runs packed rows (position ids restarting per segment) correctly with `sdpa`
+(where the model's forward hands its mask builders the position ids: gpt-oss's does not, and
+`packed_masks` below builds its masks instead), but by materialising a block-diagonal
+(N × N) mask: attention then costs N² for N packed tokens instead of Σ n_i², and the mask
+disables SDPA's flash kernel. Measured on this
 project's CPU bench, packing with `sdpa` made a step ~2× slower than unpacked batches.
 
 This attention function is registered under the name `legorl_varlen`. Given the standard
