@@ -47,6 +47,8 @@ _LINEAR: dict[str, Any] = {  # Gated-DeltaNet layers, 3 of them per full-attenti
 }
 
 FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3": ("qwen3", {"num_hidden_layers": 2, "intermediate_size": 128}),  # the bundled tiny-qwen3
+    "llama": ("llama", {"num_hidden_layers": 2, "intermediate_size": 128}),  # smollm2-135m-instruct
     "qwen3_moe": (
         "qwen3_moe",
         {

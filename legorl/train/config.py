@@ -105,7 +105,8 @@ class TrainerConfig(Section):
     packing: Literal["packed", "per_segment"] = "packed"
     """One forward over concatenated segments (position ids reset per segment, attention
     blocked across segments) or one forward per segment (slower; for kernels that cannot
-    take packed sequences)."""
+    take packed sequences). Packing is refused, in one line, for a model type or attention
+    kernel it has not been verified on (legorl/packed_families.py)."""
     attn_implementation: str = "legorl_varlen"
     """transformers attention kernel of the trained model: legorl_varlen (per-segment sdpa on
     packed rows, see varlen.py), flash_attention_2 (GPU, native varlen), sdpa (builds an

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from legorl.packed_families import own_masks, packing_refusal
 from legorl.train.batch import MicroBatch
 from legorl.train.linear_varlen import segment_aware
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
-from legorl.train.varlen import varlen_kwargs
+from legorl.train.varlen import packed_masks, varlen_kwargs
 
 
 def lm_head_logits(h_C_H: torch.Tensor, w_V_H: torch.Tensor, temperature: float, fp32: bool) -> torch.Tensor:
@@ -133,9 +134,14 @@ class PolicyModel(nn.Module):
     def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:
         """Decoder output of one row holding segments of `lengths` (varlen kwargs let
         legorl_varlen / flash_attention_2 skip cross-segment attention; sdpa and eager
-        derive a block mask from the position-id resets instead)."""
+        derive a block mask from the position-id resets instead, inside the model's forward
+        or, for a family whose forward ignores them, here: packed_families.py)."""
+        inputs: dict[str, torch.Tensor | dict] = {"input_ids": input_ids_B_S}
+        if len(lengths) > 1 and own_masks(self.lm):
+            embeds = self.lm.get_input_embeddings()(input_ids_B_S)
+            inputs = {"inputs_embeds": embeds, "attention_mask": packed_masks(self.lm.config, embeds, position_ids_B_S)}
         out = self.lm.get_decoder()(
-            input_ids=input_ids_B_S,
+            **inputs,
             position_ids=position_ids_B_S,
             use_cache=False,
             **varlen_kwargs(lengths, input_ids_B_S.device),
@@ -156,6 +162,8 @@ class PolicyModel(nn.Module):
 
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
         if opts.packing == "packed":
+            if len(mb.segment_lengths) > 1 and (why := packing_refusal(self.lm)):
+                raise ValueError(why)
             spans = [(0, mb.num_tokens, mb.segment_lengths)]
         elif opts.packing == "per_segment":
             starts = [0]

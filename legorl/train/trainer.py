@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from legorl.config import ConfigError
+from legorl.packed_families import packing_refusal
 from legorl.train import checkpoint as ckpt
 from legorl.train.advantages import Advantages, compute_advantages
 from legorl.train.batch import MicroBatch, count_units, pack, split_balanced
@@ -92,6 +94,8 @@ class Trainer:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if c.packing == "packed" and (why := packing_refusal(self.lm)):
+            raise ConfigError(f"[trainer] {why}")
         self.policy = PolicyModel(self.lm).to(self.device)
         if self.policy.is_moe and c.gradient_checkpointing and c.packing != "packed":
             raise ValueError(

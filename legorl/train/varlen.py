@@ -1,8 +1,10 @@
 """`legorl_varlen`: packed-sequence attention that costs what the segments cost, on any device.
 
-transformers runs packed rows (position ids restarting per segment) correctly with `sdpa`,
-but by materialising a block-diagonal (N × N) mask: attention then costs N² for N packed
-tokens instead of Σ n_i², and the mask disables SDPA's flash kernel. Measured on this
+transformers runs packed rows (position ids restarting per segment) correctly with `sdpa`
+(where the model's forward hands its mask builders the position ids: gpt-oss's does not, and
+`packed_masks` below builds its masks instead), but by materialising a block-diagonal
+(N × N) mask: attention then costs N² for N packed tokens instead of Σ n_i², and the mask
+disables SDPA's flash kernel. Measured on this
 project's CPU bench, packing with `sdpa` made a step ~2× slower than unpacked batches.
 
 This attention function is registered under the name `legorl_varlen`. Given the standard
@@ -104,6 +106,23 @@ def _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs):
         k, v = key[:, :, s:e], value[:, :, s:e]
         outs.append(eager(module, q, k, v, mask, dropout=dropout, scaling=scaling, **kwargs)[0])
     return (torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]), None
+
+
+def packed_masks(config, embeds_B_S_H: torch.Tensor, position_ids_B_S: torch.Tensor) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """The prepared {layer type: mask} mapping of a packed row under a mask-based kernel.
+
+    transformers derives a block-diagonal mask from position-id resets only when the model's
+    forward passes `position_ids` to its mask builders; gpt-oss's does not, so its packed rows
+    got one causal (and windowed) mask across all segments. Calling the same builders with
+    the position ids gives exactly the masks a forward that passed them would have built; the
+    model takes a prepared mapping as its `attention_mask` (packed_families.py says which)."""
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    builders = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if unknown := types - builders.keys():
+        raise ValueError(f"packed_masks: no mask builder for layer types {sorted(unknown)}")
+    return {t: builders[t](config, embeds_B_S_H, None, None, position_ids=position_ids_B_S) for t in types}
 
 
 def register() -> str:
