@@ -5,7 +5,7 @@
     result = await run_rollout(task, CommandHarness.from_file("fix.sh"), backend, image)
     print(result.to_json())      # instance_id, status, reward, masked, flags, tests, …
 
-Failure classes (DESIGN.md, "Rules that keep the pillars honest"):
+Failure classes (docs/architecture.md, "Rules that keep the pillars honest"):
 - agent-caused, trained on with reward 0: the diff fails the tests (`failed`), no diff
   (`no_patch`), the harness ran out of time (`agent_timeout`) or turns (`max_turns`),
   malformed model output (`format_error`), a crash the agent caused in its own sandbox

@@ -1,4 +1,4 @@
-"""The RL vocabulary of LEGO-RL (see DESIGN.md) as plain dataclasses.
+"""The RL vocabulary of LEGO-RL (docs/architecture.md, "Vocabulary") as plain dataclasses.
 
 This is the only data model shared between the proxy, the sandboxes, the trainer and the
 run store: every component speaks in these words, so a record written by one can be read

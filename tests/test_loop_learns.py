@@ -84,7 +84,7 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path, max_staleness: in
     moved the way its advantage points gets no second push. Those carry no gradient, so it
     learns more slowly per step and gets 16 steps to the synchronous run's 12 (in wall time,
     with a long-tailed agent, 16 asynchronous steps cost about 10 synchronous ones: 1.57×
-    rollouts/min). README, "Scaling out", has the seeds tried and why the importance-weight
+    rollouts/min). docs/measured.md, "Asynchronous loop", has the seeds tried and why the importance-weight
     corrections were not robust here."""
     extra = {("run", "max_staleness"): max_staleness, ("trainer", "old_logprobs"): '"rollout"'} if max_staleness else {}
     config = slice_config(tmp_path, extra, steps=steps)

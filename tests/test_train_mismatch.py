@@ -1,4 +1,4 @@
-"""Mismatch metrics (same definitions as mismatch_probe.py) and TIS/MIS weights, by hand."""
+"""Mismatch metrics (verl's definitions, as bench/mismatch.py reports them) and TIS/MIS weights, by hand."""
 
 from __future__ import annotations
 

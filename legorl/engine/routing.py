@@ -1,7 +1,7 @@
 """Recording which experts each token was routed to, by hooking a model's MoE routers.
 
 Rollout Routing Replay (R3) needs, for every token the policy saw, the top-k expert
-indices chosen in every MoE layer (notes/algorithms.md §2.6). We record them by a
+indices chosen in every MoE layer (arXiv 2510.11370). We record them by a
 forward hook on each router: `model.model.layers[i].mlp.gate` (`.mlp.router` for gpt-oss).
 In transformers ≥ 5 every MoE router (Qwen2/3/3.5-MoE, gpt-oss, GLM-4.5, DeepSeek-V3) returns
 `(router_logits, router_scores, router_indices)` — the indices being the experts the block

@@ -1,6 +1,6 @@
 """Claude Code (`claude -p`, the npm package's native binary) as a harness.
 
-Pointing it at the proxy (notes/harnesses.md §2): `ANTHROPIC_BASE_URL` is the session's
+Pointing it at the proxy (docs/harnesses.md): `ANTHROPIC_BASE_URL` is the session's
 base URL (Claude Code appends `/v1/messages?beta=true`), any API key. Headless:
 `claude -p --output-format stream-json --verbose --dangerously-skip-permissions
 --max-turns N --model NAME --tools Bash,Read,Edit,Write,Glob,Grep`, the prompt on stdin,

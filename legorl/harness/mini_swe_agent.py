@@ -1,6 +1,6 @@
 """mini-swe-agent (`mini`, 2.x) as a harness.
 
-Pointing it at the proxy (notes/harnesses.md §5): LiteLLM `openai/<model>` with
+Pointing it at the proxy (docs/harnesses.md): LiteLLM `openai/<model>` with
 `model.model_kwargs.api_base` = the session's `/v1`; the built-in `mini.yaml` config first
 (`-c` replaces the defaults), then overrides: step limit, working directory, `max_tokens`.
 `MSWEA_CONFIGURED` skips the first-run wizard, `MSWEA_COST_TRACKING=ignore_errors` lets

@@ -1,6 +1,6 @@
 """OpenCode (`opencode run`, the npm package's native binary) as a harness.
 
-Pointing it at the proxy (notes/harnesses.md §3): a custom provider through the bundled
+Pointing it at the proxy (docs/harnesses.md): a custom provider through the bundled
 `@ai-sdk/openai-compatible` adapter, `baseURL` = the session's `/v1`, written to a config
 file named by `OPENCODE_CONFIG`. The model entry's `limit.context` drives OpenCode's
 auto-compaction (set it below the proxy's window to force a compaction in a test) and

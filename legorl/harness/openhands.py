@@ -4,7 +4,7 @@ The SDK is a Python library (Python >= 3.12, in its own venv layer), so its "com
 line" is a small driver script this adapter writes into the sandbox and runs with the
 layer's interpreter: the SDK's standard agent (terminal, file editor, task tracker, the
 built-in `finish` and `think`, the default summarising condenser) on a LiteLLM `openai/`
-model whose `base_url` is the session's `/v1` (notes/harnesses.md §4). Calls are
+model whose `base_url` is the session's `/v1` (docs/harnesses.md). Calls are
 non-streaming, carry `reasoning_effort` and list-of-parts content; tool arguments come back
 re-serialised by `json.dumps`, and reasoning is dropped from history — the proxy splices
 what was sampled where it can, and a dropped reasoning block starts a new segment.

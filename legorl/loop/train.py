@@ -1,6 +1,6 @@
 """`legorl train`: sample tasks → groups of rollouts → store → advantages → GSPO → sync.
 
-One step, in order (DESIGN.md "Data flow"):
+One step, in order (docs/architecture.md, "One loop"):
 1. sample `tasks_per_step` tasks (deterministically from the seed and the step, so a
    resumed run samples what the uninterrupted run would have);
 2. run a group of `group_size` rollouts per task, all groups concurrently within

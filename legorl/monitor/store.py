@@ -1,6 +1,6 @@
 """The run store: every turn, trajectory, outcome, metric and alert of a run, in SQLite.
 
-Design rule (DESIGN.md): everything the UI shows comes from here, and the store is
+Design rule (docs/architecture.md): everything the UI shows comes from here, and the store is
 written before anything is trained on, so a crash loses nothing that was recorded. Each
 `add_*`/`set_*` call is one committed transaction when it returns; the writer can be
 SIGKILLed at any point and every call that returned is readable afterwards.

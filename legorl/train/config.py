@@ -20,7 +20,8 @@ SequenceUnit = Literal["trajectory", "segment", "turn"]
 Correction = Literal["none", "tis", "mis"]
 CorrectionLevel = Literal["token", "sequence", "geometric"]
 
-# (clip_low, clip_high, aggregation) per loss, from the papers (notes/algorithms.md §1).
+# (clip_low, clip_high, aggregation) per loss, from the papers: GSPO (arXiv 2507.18071, §5.1),
+# DAPO's clip-higher for GRPO (arXiv 2503.14476), Dr.GRPO's token-sum (arXiv 2503.20783).
 LOSS_DEFAULTS: dict[str, tuple[float, float, Aggregation]] = {
     "gspo": (3e-4, 4e-4, "seq_mean_token_mean"),
     "gspo_token": (3e-4, 4e-4, "seq_mean_token_mean"),
@@ -74,7 +75,7 @@ class TrainerConfig(Section):
     the bypass makes the clip band a trust region around the policy that sampled each
     trajectory: one whose probability the last update already moved the way its advantage
     points gets no second push (the decoupled form's weights stay ≈ 1 after one update, so
-    it pushes stale data as if it were fresh; README "Scaling out")."""
+    it pushes stale data as if it were fresh; docs/measured.md, "Asynchronous loop")."""
     correction: Correction = "none"
     """Rollout→trainer importance correction: truncated IS (weight min(ρ, tis_cap)) or
     masked IS (weight ρ inside [mis_low, mis_high], else the token/sequence is dropped)."""
@@ -82,7 +83,7 @@ class TrainerConfig(Section):
     """ρ per token, per sequence unit (product of token ratios) or per unit geometric mean
     (exp of the mean token log-ratio: the same length normalisation as GSPO's own sequence
     ratio, so one weight per trajectory on the scale of that ratio; what `max_staleness`
-    runs were measured with, README "Scaling out")."""
+    runs were measured with, docs/measured.md, "Asynchronous loop")."""
     tis_cap: float = 2.0
     """C of TIS."""
     mis_low: float = 0.5

@@ -1,6 +1,6 @@
 """Rollout-vs-trainer mismatch: the metrics that expose it and the IS corrections that bound it.
 
-Metrics use the definitions of verl and shared/bench/mismatch_probe.py so numbers compare:
+Metrics use verl's definitions, so numbers compare with published ones:
 Pearson correlation of token *probabilities* exp(logp) pooled over sampled tokens, mean/max
 |Δp| and |Δlogp|, and the k3 estimator of KL(rollout ‖ trainer), mean(e^δ − 1 − δ) with
 δ = logp_trainer − logp_rollout (≥ 0, unbiased, low variance).

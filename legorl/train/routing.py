@@ -94,7 +94,7 @@ def moe_routing(
 def routing_mismatch(a_N_L_K: torch.Tensor, b_N_L_K: torch.Tensor, valid_N: torch.Tensor) -> tuple[int, int]:
     """(mismatched, total) (token, layer) pairs whose expert *sets* differ, over valid tokens.
 
-    Same definition as shared/bench/mismatch_probe.py: sort the k indices, a pair mismatches
+    The usual definition (bench/mismatch.py reports it): sort the k indices, a pair mismatches
     if any differs; the rate is mismatched / (tokens × layers).
     """
     a = a_N_L_K[valid_N].sort(dim=-1).values

@@ -4,7 +4,7 @@ Each adapter module knows one way a router turns hidden states into a top-k sele
 gate weights, and re-states it as `route(router, h_N_H, replay_N_K, router_fp32) -> Routed`:
 with `replay_N_K` None it computes exactly what the installed transformers router computes
 (bitwise), otherwise it uses the replayed experts and recomputes their gate weights from the
-live router logits, so the router keeps its gradient (R3; notes/algorithms.md §2.6).
+live router logits, so the router keeps its gradient (R3, arXiv 2510.11370).
 
 | module | router shape | classes |
 | --- | --- | --- |
