@@ -480,6 +480,10 @@ class Watch:
             self.busy = False
 
     def relevant(self, event, args):
+        if event.startswith("ctypes."):  # raw memory, or the interpreter's own C API; not a library's ctypes use
+            if event == "ctypes.dlsym":
+                return len(args) > 1 and str(args[-1]).startswith(("Py", "_Py"))
+            return event in ("ctypes.addressof", "ctypes.cdata", "ctypes.string_at", "ctypes.wstring_at")
         if event in ("object.__setattr__", "object.__delattr__"):
             if args[1] not in SWAPPED_ATTRS:
                 return False
