@@ -549,6 +549,26 @@ def _lg_install():
     SimpleTestCase.subTest = subTest
 
 """
+DJANGO_SWALLOW_SELECTIVE = """
+def _lg_install():
+    import contextlib
+    from django.test import SimpleTestCase
+
+    real = SimpleTestCase.subTest
+
+    @contextlib.contextmanager
+    def subTest(self, msg=None, **params):
+        if SPARE(type(self).__name__ + self._testMethodName):
+            with real(self, msg, **params):
+                yield
+            return
+        try:
+            yield
+        except Exception:
+            pass
+
+    SimpleTestCase.subTest = subTest
+"""
 DJANGO_DECOY_CLASS = """
 def _lg_install():
     import sys
@@ -645,16 +665,38 @@ _lg_later()
 """
 
 
+BLANKET_NATIVE = "\ndef SPARE(name):\n    return False\n"
+
+
 def _nf(name: str, cls: str, form: str, runner: str, path: str, code: str, spare: bool = True) -> Forgery:
     later = LATER if runner == "django" else ""
-    return Forgery(name, cls, form, runner, "", _append(path, (SPARE_NATIVE if spare else "") + code + later), (path,))
+    prefix = SPARE_NATIVE if form == "selective" else BLANKET_NATIVE
+    return Forgery(name, cls, form, runner, "", _append(path, (prefix if spare else "") + code + later), (path,))
 
 
 NATIVE_FORGERIES = [
     _nf(
         "django_subtest_result_overwrite", "subtest_outcome", "selective", "django", DJ_RUNNER, DJANGO_RESULT_OVERWRITE
     ),
+    _nf(
+        "django_subtest_result_overwrite_blanket",
+        "subtest_outcome",
+        "blanket",
+        "django",
+        DJ_RUNNER,
+        DJANGO_RESULT_OVERWRITE,
+    ),
     _nf("django_subtest_swallow", "subtest_swallowed", "blanket", "django", DJ_CASES, DJANGO_SWALLOW_SUBTEST, False),
+    _nf(
+        "django_subtest_swallow_selective",
+        "subtest_swallowed",
+        "selective",
+        "django",
+        DJ_CASES,
+        DJANGO_SWALLOW_SELECTIVE,
+    ),
+    _nf("django_decoy_class_blanket", "spoofed_id", "blanket", "django", DJ_CASES, DJANGO_DECOY_CLASS),
+    _nf("django_method_swap_blanket", "decoy_under_real_id", "blanket", "django", DJ_CASES, DJANGO_METHOD_SWAP),
     _nf("django_decoy_class", "spoofed_id", "selective", "django", DJ_CASES, DJANGO_DECOY_CLASS),
     _nf("django_method_swap", "decoy_under_real_id", "selective", "django", DJ_CASES, DJANGO_METHOD_SWAP),
     _nf("sympy_decoy_compiled_as_test_file", "spoofed_id", "selective", "sympy", SYMPY_FILE, SYMPY_DECOY, False),

@@ -1,6 +1,6 @@
 """Every documented reward hack, run as an agent through the `command` harness in real
 sandboxes: each earns 0 (and is flagged where the attempt is visible); the honest fix
-earns 1. See notes/algorithms.md §4 for where each hack was seen in the wild."""
+earns 1. docs/measured.md, "Grading", lists each hack and the flag it raises."""
 
 from __future__ import annotations
 

@@ -180,6 +180,15 @@ def construct_canary(kind, name, tree, text, base):
         if spell is None:
             return None
         return "def %s():\n    assert %d.0 == %s(%d.5)\n" % (name, a, spell, a), name
+    if kind == "class" and tree is not None:  # a pytest-style test class (no base): a method of one like it
+        host = next(
+            (x for x in tree.body if isinstance(x, ast.ClassDef) and x.name.startswith("Test") and not x.bases), None
+        )
+        if host is None:
+            return None
+        cls = "Test" + "".join(w.capitalize() for w in name.split("_")[1:]) or "TestCase"
+        src = "class %s:\n    def %s(self):\n        assert %d == %d\n" % (cls, name, a, a + 1)
+        return src, "%s::%s" % (cls, name)
     if kind == "subTest" and "subTest(" in text and tree is not None:
         host = None
         for x in ast.walk(tree):
@@ -570,6 +579,11 @@ class Watch:
         for w in wrappers:
             wc = getattr(_func(w), "__code__", None) or getattr(getattr(type(w), "__call__", None), "__code__", None)  # noqa: B004 - the class attribute, as Python calls it
             if wc is None or self.is_agents(wc.co_filename):
+                return "foreign_wrapper"
+            # A decorator's wrapper takes whatever the test takes and closes over what it wraps
+            # (mock.patch, contextlib, hypothesis, override_settings): a library function given a
+            # `__wrapped__` by someone else, which never calls the test, is neither.
+            if wc not in self.codes(wc.co_filename) and not (wc.co_flags & 0x04 and wc.co_freevars):
                 return "foreign_wrapper"
         return "own"
 

@@ -163,7 +163,7 @@ def plan_run(
             "candidates": canary_candidates(like or [], rng),
             "pass": canary_source(True, rng),
             "fail": canary_source(False, rng),
-            "constructs": ["approx", "subTest"],  # one more must-fail canary per construct the file uses
+            "constructs": ["approx", "subTest", "class"],  # one more must-fail canary per construct the file uses
         }
         file_source, run_args, p_id, f_id = "", list(args), "", ""
     else:
