@@ -1,10 +1,10 @@
 """Rollout-vs-trainer mismatch of LEGO-RL's pipeline, next to the naive HF anchor.
 
-Same models, seeds, sizes and metric definitions as shared/bench/mismatch_probe.py (random
+The models, seeds, sizes and metric definitions of the standard mismatch probe (random
 init, lm_head ×40 so distributions are peaked; B×P prompt tokens, T sampled tokens at T=1;
 Pearson of token probabilities, |Δlogp|, k3 KL(rollout‖trainer), GSPO sequence ratio, and
 the share of (token, MoE layer) pairs whose expert sets differ), so the numbers compare with
-its H200 baseline. Rows:
+an H200 baseline measured the same way. Rows:
 
 - `pipeline = "probe"`  the probe's own method: HF `generate` as the engine, one full HF
   forward as the trainer (an anchor measured on this machine);

@@ -1,15 +1,15 @@
 """GSPO training throughput of `legorl.train.Trainer` next to the naive HF step.
 
-Two rows per model: `naive` is shared/bench/trainer_probe.py's step (full HF forward, fp32
+Two rows per model: `naive` is the plain HF training step (`naive_step_time` here: full HF forward, fp32
 cross-entropy over the materialised (B·T × vocab) logits, backward, AdamW); `legorl` is one
 `Trainer.step` on synthetic trajectories of the same token count (groups of 4, a quarter of
 each sequence prompt, the rest sampled; MoE rows replay a recorded routing): packed
 segments without padding, chunked fp32 log-softmax over the vocabulary, GSPO loss, AdamW,
 plus everything a real step does (advantages, mismatch and routing metrics). tokens/s counts
-every token forwarded, as the probe does; MFU uses the probe's 6·active-params·tokens.
+every token forwarded; MFU uses 6·active-params·tokens.
 
-    python bench/trainer.py                 # CPU: the probe's small sizes and the bundled tiny models
-    python bench/trainer.py --size gpu      # the probe's H200 sizes, bf16 (run-ready; not measured here)
+    python bench/trainer.py                 # CPU: small sizes and the bundled tiny models
+    python bench/trainer.py --size gpu      # H200 sizes, bf16 (run-ready; not measured here)
     python bench/trainer.py --size gpu --master-fp32 --experts grouped_mm
 
 Prints one JSON object.
@@ -33,7 +33,7 @@ from legorl.types import AlignmentStats, Outcome, Segment, Status, Trajectory
 
 
 def probe_config(kind: str, small: bool):
-    """Exactly trainer_probe.build's configs."""
+    """The probe model configs (dense and MoE, small on CPU)."""
     if kind == "dense":
         return AutoConfig.for_model(
             "qwen3",
@@ -106,7 +106,7 @@ def sync(device: str) -> None:
 
 
 def naive_step_time(m: torch.nn.Module, B: int, T: int, device: str, steps: int, warm: int) -> float:
-    """trainer_probe.step_time."""
+    """Seconds per plain HF step: forward, fp32 cross-entropy over full logits, backward, AdamW."""
     opt = torch.optim.AdamW(m.parameters(), lr=1e-6, fused=device.startswith("cuda") or None)
     x = torch.randint(0, m.config.vocab_size, (B, T), device=device)
     times = []

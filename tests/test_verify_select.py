@@ -279,10 +279,20 @@ def test_verdict_canaries_that_never_ran_are_the_graders_fault_unless_the_agent_
 
 def test_verdict_keeps_pytest_word_when_it_is_stricter_and_for_declared_xfails() -> None:
     report = {**HONEST, WANTED[1]: TestStatus.XFAILED}
-    records = [*HONEST_RECORDS[:1], rec(WANTED[1], "failed", xfail=True), *HONEST_RECORDS[2:]]
+    # a PASS_TO_PASS xfail counts when the file declared it at collection (the recorder says so)
+    records = [*HONEST_RECORDS[:1], rec(WANTED[1], "failed", xfail=True, x={"declared": True}), *HONEST_RECORDS[2:]]
     assert judge(WANTED, CP, CF, evidence(report, records)).resolved
     undeclared = [*HONEST_RECORDS[:1], rec(WANTED[1], "failed", xfail=False), *HONEST_RECORDS[2:]]
     assert "report_contradicted" in judge(WANTED, CP, CF, evidence(report, undeclared)).flags
+    # a marker only added while it ran, or one raised from the agent's code, excuses nothing
+    late = [*HONEST_RECORDS[:1], rec(WANTED[1], "failed", xfail=True, x={"late_marker": True}), *HONEST_RECORDS[2:]]
+    v = judge(WANTED, CP, CF, evidence(report, late))
+    assert not v.resolved and "runtime_skip" in v.flags and "tamper_attempt" in v.flags
+    # and a FAIL_TO_PASS test never passes by an xfail, declared or not
+    f2p_x = {**HONEST, WANTED[0]: TestStatus.XFAILED}
+    declared = [rec(WANTED[0], "failed", xfail=True, x={"declared": True}), *HONEST_RECORDS[1:]]
+    v = judge(WANTED, CP, CF, evidence(f2p_x, declared), f2p=frozenset({WANTED[0]}))
+    assert not v.resolved and v.tests[WANTED[0]] == "failed"
     stricter = {**HONEST, WANTED[0]: F}  # e.g. a strict xpass: worse than what was raised, no evidence of anything
     v = judge(WANTED, CP, CF, evidence(stricter, HONEST_RECORDS))
     assert not v.resolved and v.flags == [] and v.tests[WANTED[0]] == "failed"
