@@ -99,3 +99,56 @@ def test_train_records_the_configured_harness_format_in_the_run_store(tmp_path: 
     with RunStore(tmp_path / "run", readonly=True) as store:
         formats = store.action_formats()
     assert formats == {"mini-swe-agent-warm": text_block(), "claude-code": TOOL_CALLS}
+
+
+@pytest.mark.harness
+def test_text_block_agrees_with_the_installed_mini_swe_agent() -> None:
+    """Our reading of a turn against mini-swe-agent's own parser (`parse_regex_actions`, run by
+    the harness layer's interpreter) and its own config defaults."""
+    import json
+    import os
+    import subprocess
+
+    from legorl.harness.warm_mini import builtin_config, mini_python
+
+    texts = [
+        FENCE.format("ls"),
+        "Let me look.\n" + FENCE.format("cat calc.py"),
+        FENCE.format("ls") + "\n" + FENCE.format("pwd"),
+        "no block at all",
+        "```bash\nls\n```",
+        "```mswea_bash_command\nls```",  # the closing fence must start a line
+        "```mswea_bash_command   \nls -la\n```\ntrailing prose",
+    ]
+    probe = (  # the config class's default read from its source: importing it loads LiteLLM (tens of seconds)
+        "import ast, json, sys\n"
+        "import minisweagent.models as m\n"
+        "from minisweagent.exceptions import FormatError\n"
+        "from minisweagent.models.utils.actions_text import parse_regex_actions\n"
+        "src = open(m.__path__[0] + '/litellm_textbased_model.py').read()\n"
+        "regex = next(ast.literal_eval(n.value) for n in ast.walk(ast.parse(src))\n"
+        "             if isinstance(n, ast.AnnAssign) and getattr(n.target, 'id', '') == 'action_regex')\n"
+        "out = []\n"
+        "for t in json.load(sys.stdin):\n"
+        "    try:\n"
+        "        parse_regex_actions(t, action_regex=regex, format_error_template='{{error}}'); out.append(True)\n"
+        "    except FormatError:\n"
+        "        out.append(False)\n"
+        "print(json.dumps({'regex': regex, 'parsed': out}))\n"
+    )
+    env = {**os.environ, "MSWEA_SILENT_STARTUP": "1", "MSWEA_CONFIGURED": "true"}
+    run = subprocess.run(
+        [str(mini_python()), "-c", probe], input=json.dumps(texts), capture_output=True, text=True, timeout=120, env=env
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    assert theirs["regex"] == MINI_ACTION_REGEX
+    fmt = text_block()
+    assert [fmt.parses(turn(t)) for t in texts] == theirs["parsed"]
+    assert theirs["parsed"] == [True, True, False, False, False, False, True]
+    import yaml
+
+    for name in ("mini.yaml", "mini_textbased.yaml"):  # neither names a model class: LiteLLM's tool-call model
+        assert mini_format(yaml.safe_load(builtin_config(name).read_text())) == MINI_BASH_TOOL, name
+    path = "minisweagent.models.litellm_textbased_model.LitellmTextbasedModel"
+    assert mini_format({"model": {"model_class": path}}) == text_block()

@@ -109,10 +109,13 @@ def text_block(pattern: str = MINI_ACTION_REGEX) -> ActionFormat:
 
 
 def mini_format(config: Mapping[str, Any]) -> ActionFormat:
-    """The action format of a mini-swe-agent YAML config (its `model` section): a
-    `*_textbased` model class reads `action_regex` blocks, every other class bash calls."""
+    """The action format of a mini-swe-agent YAML config (its `model` section), as its
+    `get_model_class` picks the class: a text-based one (`litellm_textbased`, or a full path
+    to a `...TextbasedModel`) reads `action_regex` blocks; no `model_class` means LiteLLM's
+    tool-call model (so mini-swe-agent's own `mini_textbased.yaml`, which sets none, acts
+    through bash calls unless `--model-class` says otherwise), as every other class does."""
     model = config.get("model") or {}
-    if str(model.get("model_class") or "").endswith("textbased"):
+    if "textbased" in str(model.get("model_class") or "").lower():
         return text_block(str(model.get("action_regex") or MINI_ACTION_REGEX))
     return MINI_BASH_TOOL
 
