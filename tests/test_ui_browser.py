@@ -115,6 +115,8 @@ def test_overview_heads_with_the_heldout_table_and_names_the_phases(ui: tuple[Ru
     assert chart.locator("path.line").count() == 5  # overall and each of the demo's four harnesses
     assert "mini_swe_agent" in chart.locator(".legend").text_content()
     assert chart.locator("line.ref").count() == 1  # the [monitor] threshold
+    doc = chart.locator(".chart-title").get_attribute("title")
+    assert "rollout/parse_failure_rate/mini_swe_agent: the same, for one harness of the run" in doc
     assert "mini_swe_agent: a bash tool call in every turn" in page.locator("p.formats").text_content()
 
 

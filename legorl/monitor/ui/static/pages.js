@@ -24,6 +24,12 @@ function chartKeys(def, all) {
     (def.keepZero || (S.metrics[k] || []).some((p) => p[1]))));
 }
 
+// A metric's meaning; a per-harness key (`rollout/parse_failure_rate/<harness>`) has its family's.
+function metricDoc(k) {
+  const docs = S.run.metric_docs || {};
+  return docs[k] || docs[k.replace(/\/[^/]+$/, "/<harness>")] || "";
+}
+
 // The reference line of a chart whose monitor threshold is in the run's [monitor] config.
 function chartRefs(def) {
   if (!def.threshold) return def.refs;
@@ -105,7 +111,7 @@ const OverviewPage = {
       if (def.prefix) all.filter((k) => k.startsWith(def.prefix)).forEach((k) => used.add(k));
       const marks = S.alerts.filter((a) => a.name === def.alert).map((a) => ({ step: a.step, severity: a.severity, text: a.message }));
       return lineChart(def.title, keys.map((k) => ({ name: k, points: S.metrics[k] || [] })),
-        { refs: chartRefs(def), zero: def.zero, marks, legend: def.legend, doc: keys.map((k) => `${k}: ${S.run.metric_docs[k] || ""}`).join("\n") });
+        { refs: chartRefs(def), zero: def.zero, marks, legend: def.legend, doc: keys.map((k) => `${k}: ${metricDoc(k)}`).join("\n") });
     }));
     this.other.replaceChildren(...all.filter((k) => !used.has(k)).map((k) => lineChart(k, [{ name: k, points: S.metrics[k] }])));
     const rows = S.alerts.slice().reverse().slice(0, 100);
