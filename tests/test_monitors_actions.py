@@ -54,9 +54,11 @@ def record(harness: str, turns: list[Turn], reward: float = 1.0, step: int = 0) 
 
 def quickstart_rollout(rng: random.Random, step: int) -> SimpleNamespace:
     """A quickstart episode as mini-swe-agent's text-based agent plays it: one fenced block per
-    turn (run the tests, then fix and submit), never a tool call."""
+    turn (run the tests, then fix and submit), never a tool call; and, as the policy does after
+    its warm start (measured: 4-8% of turns), now and then a turn without a block."""
+    first = "Run the tests.\n" + FENCE.format("python3 test_calc.py") if rng.random() > 0.08 else "cat calc.py"
     turns = [
-        turn(0, "Run the tests.\n" + FENCE.format("python3 test_calc.py")),
+        turn(0, first),
         turn(1, FENCE.format(f"sed -i 's|^def add.*|def add(a, b): return a + b|' calc.py && {SUBMIT}")),
     ]
     return record(MINI, turns, float(rng.random() < 0.5), step)
@@ -67,17 +69,21 @@ def test_the_quickstart_raises_no_tool_collapse_over_its_24_steps(tmp_path: Path
     without a tool call": mini-swe-agent acts through fenced blocks, so nothing was wrong."""
     cfg = load_run_config(EXAMPLES / "quickstart.toml")
     rng = random.Random(0)
+    shares: list[float] = []
     with RunStore(tmp_path / "run") as store:
         record_action_format(store, cfg)
         for step in range(24):
             records = [quickstart_rollout(rng, step) for _ in range(16)]
             m = rollout_metrics(records, 0, store.action_formats())
             assert m["rollout/tool_call_rate"] == 0.0  # what the old monitor read as a collapse
-            assert m["rollout/action_rate"] == 1.0 and m["rollout/parse_failure_rate"] == 0.0
-            assert m[f"rollout/parse_failure_rate/{MINI}"] == 0.0 and m["rollout/unparsed_end_rate"] == 0.0
+            assert m["rollout/action_rate"] == 1.0 - m["rollout/parse_failure_rate"] > 0.8
+            assert m[f"rollout/parse_failure_rate/{MINI}"] == m["rollout/parse_failure_rate"]
+            assert m["rollout/unparsed_end_rate"] == 0.0
             store.log_metrics(step, m)
             run_monitors(store, cfg.monitor, step)
+            shares.append(m["rollout/parse_failure_rate"])
         assert store.alerts() == []
+        assert max(shares) > MonitorConfig().parse_failure_rate_warn  # quiet by the run's own [monitor] section
         # the same policy losing mini's format is caught, in mini's own terms
         bad = [record(MINI, [turn(0, "I think the bug is in add."), turn(1, "Maybe sub.")], 0.0, 24)] * 16
         store.log_metrics(24, rollout_metrics(bad, 0, store.action_formats()))
