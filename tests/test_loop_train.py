@@ -13,6 +13,8 @@ import httpx
 import pytest
 from loop_util import LEGORL, train, write_run
 
+from legorl.harness.actions import TOOL_CALLS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -55,6 +57,11 @@ def test_train_two_steps_then_ui(tmp_path: Path) -> None:
         text = json.dumps(metrics)
         for key in ("train/loss", "reward/mean", "resolved_rate", "rollout/turns_mean", "mismatch/pearson"):
             assert key in text, key
+        # the agent's turns are judged by its harness's action format, recorded by the run
+        info = httpx.get(base + "/api/run", timeout=10).json()
+        assert info["info"]["action_formats"] == {"command": TOOL_CALLS.to_dict()}
+        shares = metrics["series"]["rollout/parse_failure_rate/command"]
+        assert [s for s, _ in shares] == [0, 1] and all(0.0 <= v <= 1.0 for _, v in shares)
     finally:
         ui.terminate()
         ui.wait(10)

@@ -28,8 +28,10 @@ HEALTHY = {
     "mismatch/mean_abs_dp": 0.003,
     "train/clip_frac": 0.02,
     "train/entropy": 0.8,
+    "rollout/action_rate": 0.8,
+    "rollout/unparsed_end_rate": 0.1,
+    "rollout/parse_failure_rate": 0.01,
     "rollout/tool_call_rate": 0.8,
-    "rollout/prose_end_rate": 0.1,
     "rollout/format_error_rate": 0.01,
     "rollout/response_tokens_mean": 900.0,
     "rollout/turns_mean": 12.0,
@@ -75,11 +77,11 @@ def test_healthy_stream_raises_nothing() -> None:
         ({"rollout/tamper_flags": 1.0}, "tamper", "warning"),
         ({"rollout/tamper_flags": 7.0}, "tamper", "critical"),
         ({"status/hack_detected": 0.05}, "tamper", "warning"),
-        ({"rollout/tool_call_rate": 0.5}, "tool_collapse", "warning"),
-        ({"rollout/tool_call_rate": 0.1}, "tool_collapse", "critical"),
-        ({"rollout/prose_end_rate": 0.7}, "tool_collapse", "warning"),
-        ({"rollout/format_error_rate": 0.1}, "format_errors", "warning"),
-        ({"rollout/format_error_rate": 0.4}, "format_errors", "critical"),
+        ({"rollout/action_rate": 0.5}, "tool_collapse", "warning"),
+        ({"rollout/action_rate": 0.1}, "tool_collapse", "critical"),
+        ({"rollout/unparsed_end_rate": 0.7}, "tool_collapse", "warning"),
+        ({"rollout/parse_failure_rate": 0.1}, "parse_failures", "warning"),
+        ({"rollout/parse_failure_rate": 0.4}, "parse_failures", "critical"),
         ({"rollout/response_tokens_mean": 2500.0}, "length_blowup", "warning"),
         ({"rollout/turns_mean": 60.0}, "length_blowup", "critical"),
         ({"groups/zero_variance_share": 0.9}, "zero_variance", "warning"),
@@ -97,12 +99,14 @@ def test_each_monitor_fires_alone_at_its_severity(override: dict[str, float], mo
     [
         {"mismatch/pearson": 0.991},
         {"status/infra_error": 0.1},
-        {"rollout/tool_call_rate": 0.65},
-        {"rollout/format_error_rate": 0.05},
+        {"rollout/action_rate": 0.65},
+        {"rollout/parse_failure_rate": 0.05},
+        {"rollout/tool_call_rate": 0.0},  # a harness acting through text blocks calls no tool
+        {"rollout/format_error_rate": 0.5},  # nor does the proxy's tool-call markup concern it
         {"rollout/response_tokens_mean": 1700.0},
         {"groups/zero_variance_share": 0.8},
         {"policy/staleness_mean": 2.0},
-        {"rollout/prose_end_rate": 0.5},
+        {"rollout/unparsed_end_rate": 0.5},
     ],
 )
 def test_values_at_or_inside_thresholds_stay_quiet(override: dict[str, float]) -> None:
@@ -111,17 +115,17 @@ def test_values_at_or_inside_thresholds_stay_quiet(override: dict[str, float]) -
 
 def test_drift_monitors_wait_for_a_baseline_and_compare_to_recent_steps() -> None:
     # two previous steps are not a baseline yet (min_baseline_steps=3)
-    assert names(stream(3, {"rollout/tool_call_rate": 0.1})) == {}
-    assert names(stream(4, {"rollout/tool_call_rate": 0.1})) == {"tool_collapse": "critical"}
+    assert names(stream(3, {"rollout/action_rate": 0.1})) == {}
+    assert names(stream(4, {"rollout/action_rate": 0.1})) == {"tool_collapse": "critical"}
     # a slow decline that the recent baseline has followed is not a collapse
     hist = stream(40)
     for s, row in enumerate(hist):
-        row["rollout/tool_call_rate"] = 0.8 * (0.99**s)
+        row["rollout/action_rate"] = 0.8 * (0.99**s)
     assert "tool_collapse" not in names(hist)
     # the current step missing a metric never fires on stale data
     hist = stream(15)
-    del hist[-1]["rollout/tool_call_rate"]
-    hist[-2]["rollout/tool_call_rate"] = 0.0
+    del hist[-1]["rollout/action_rate"]
+    hist[-2]["rollout/action_rate"] = 0.0
     assert names(hist) == {}
 
 

@@ -167,3 +167,69 @@ def test_app_mounts_under_a_prefix_in_another_server(run: tuple[RunStore, str]) 
         assert client.get("/ui/static/app.js").status_code == 200
         assert client.get("/ui/api/run").json()["trajectories"] >= 36
         assert client.get("/ui", follow_redirects=False).status_code in (307, 308)
+
+
+@pytest.fixture(scope="module")
+def phased(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunStore, str]]:
+    """A finished run with the phases `legorl train` has before GSPO and its held-out report."""
+    store = RunStore(tmp_path_factory.mktemp("runs") / "phased", durable=False)
+    write_demo_run(store, steps=3, tasks=3, group_size=4, seed=5, phases=True)
+    with UIServerThread(store.path.parent, poll_interval=0.1) as srv:
+        yield store, srv.url
+    store.close()
+
+
+def test_phases_are_named_and_steps_are_gspo_steps(phased: tuple[RunStore, str]) -> None:
+    _, url = phased
+    info = get(url, "api/run")
+    assert (info["first_step"], info["last_step"]) == (0, 2)  # not -2: those are phases
+    assert [(p["step"], p["name"], p["trajectories"]) for p in info["phases"]] == [
+        (-2, "held-out evaluation", 3),
+        (-1, "warm start", 3),
+    ]
+    ev = get(url, "api/trajectories/eval-start-00")
+    assert ev["phase"] == "held-out evaluation" and ev["untrained"] == "held-out evaluation: scored, never trained"
+    assert get(url, "api/trajectories/demo-00")["phase"] == "warm start"
+    assert info["info"]["action_formats"]["mini_swe_agent"]["label"] == "a bash tool call in every turn"
+
+
+def test_a_zero_variance_trajectory_says_why_it_has_no_advantage(phased: tuple[RunStore, str]) -> None:
+    store, url = phased
+    trained, skipped = [], []
+    for step in range(3):
+        for task, stats in store.task_stats(step).items():
+            rows = [r for r in store.group(step, task) if r["status"] and not r["masked"]]
+            (skipped if stats["reward_var"] == 0 else trained).append(rows[0]["session_id"])
+    assert skipped and trained, "the demo run should have both kinds of group"
+    t = get(url, f"api/trajectories/{skipped[0]}")
+    assert t["advantage"] is None
+    assert t["untrained"].startswith("group skipped: zero variance (") and t["untrained"].endswith("), not trained")
+    t = get(url, f"api/trajectories/{trained[0]}")
+    assert t["advantage"] is not None and t["untrained"] is None
+    store.start_session("running-1", step=2, instance_id="astropy__astropy-12907")
+    assert get(url, "api/trajectories/running-1")["untrained"] == "not graded yet"
+
+
+def test_heldout_table_comes_from_the_results_file_or_the_store(phased: tuple[RunStore, str]) -> None:
+    store, url = phased
+    rep = get(url, "api/heldout")
+    assert list(rep["evaluations"]) == ["start", "warm_start", "end", "control"]
+    end = rep["evaluations"]["end"]
+    assert (end["resolved"], end["episodes"], end["resolved_rate"]) == (154, 200, 0.77)
+    assert end["ci95"][0] < 0.77 < end["ci95"][1]
+    assert (
+        rep["gains"]["gspo_over_warm_start"]["points"] == 32.5 and rep["gains"]["gspo_over_warm_start"]["ci95"][0] > 0
+    )
+    results = store.path.parent / "heldout_results.json"
+    results.rename(results.with_suffix(".moved"))  # a store copied without its run directory
+    try:
+        assert get(url, "api/heldout") == rep  # the store's `heldout` event
+    finally:
+        results.with_suffix(".moved").rename(results)
+    from fastapi.testclient import TestClient
+
+    from legorl.monitor.ui.server import make_ui_app
+
+    RunStore(store.path.parent.parent / "fresh").close()
+    with TestClient(make_ui_app(store.path.parent.parent / "fresh")) as client:
+        assert client.get("/api/heldout").json() == {}  # before the first evaluation

@@ -1,8 +1,10 @@
 """The live UI in a real headless Chromium (Debian's, driven by Playwright; see scripts/setup_ui.sh).
 
-On a run written through the store API: the overview draws its charts, a trajectory page
-shows coloured tokens and the diff, a filter narrows the list, and a trajectory written
-while the page is open appears without a reload. Saves the README screenshots.
+On a run written through the store API: the overview draws its charts, heads with the
+held-out table and names the phases before GSPO, a trajectory page shows coloured tokens
+and the diff (and why a skipped group's trajectory has no advantage), a filter narrows the
+list, and a trajectory written while the page is open appears without a reload. Saves the
+README screenshots.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def chromium_path() -> str:
 def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunStore, str]]:
     run_dir = tmp_path_factory.mktemp("runs") / "demo-run"
     store = RunStore(run_dir, durable=False)
-    write_demo_run(store, steps=8, tasks=4, group_size=4, seed=0)
+    write_demo_run(store, steps=8, tasks=4, group_size=4, seed=0, phases=True)
     with UIServerThread(run_dir, poll_interval=0.2) as srv:
         yield store, srv.url
     store.close()
@@ -88,6 +90,55 @@ def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object) ->
     assert page.locator(".chart[data-title='Rollout/trainer prob correlation'] line.mark").count() >= 1
     DOCS_IMG.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(DOCS_IMG / "ui-overview.png"))
+
+
+def test_overview_heads_with_the_heldout_table_and_names_the_phases(ui: tuple[RunStore, str], page: object) -> None:
+    _, url = ui
+    open_page(page, url)
+    page.wait_for_selector("table.heldout-table tr[data-label='end']")
+    rows = page.eval_on_selector_all(
+        "table.heldout-table tr[data-label]", "els => els.map(e => [...e.children].map(c => c.textContent))"
+    )
+    assert [r[0] for r in rows] == [
+        "start (untrained)",
+        "warm start",
+        "end (after GSPO)",
+        "control (more SFT instead of GSPO)",
+    ]
+    assert rows[2][1:4] == ["77.0%", "[70.7%, 82.3%]", "154/200"]
+    gain = page.locator("ul.gains li[data-gain='gspo_over_warm_start']").text_content()
+    assert gain.startswith("GSPO over its warm start: +32.5 points [+") and "interval above 0" in gain
+    cards = page.locator(".cards").text_content()
+    assert "0–7GSPO steps" in cards and "held-out evaluation · warm start" in cards and "−" not in cards
+    assert "-2" not in page.locator(".card.steps").text_content()
+    chart = page.locator(".chart[data-title='Parse failures (share of turns)']")
+    assert chart.locator("path.line").count() == 5  # overall and each of the demo's four harnesses
+    assert "mini_swe_agent" in chart.locator(".legend").text_content()
+    assert chart.locator("line.ref").count() == 1  # the [monitor] threshold
+    doc = chart.locator(".chart-title").get_attribute("title")
+    assert "rollout/parse_failure_rate/mini_swe_agent: the same, for one harness of the run" in doc
+    assert "mini_swe_agent: a bash tool call in every turn" in page.locator("p.formats").text_content()
+
+
+def test_a_skipped_groups_trajectory_says_why_it_has_no_advantage(ui: tuple[RunStore, str], page: object) -> None:
+    store, url = ui
+    sid = next(
+        r["session_id"]
+        for step in range(8)
+        for task, stats in store.task_stats(step).items()
+        if stats["reward_var"] == 0
+        for r in store.group(step, task)
+        if r["status"] and not r["masked"]
+    )
+    open_page(page, f"{url}#/t/{sid}")
+    page.wait_for_selector("p.untrained")
+    note = page.locator("p.untrained").text_content()
+    assert note.startswith("no advantage group skipped: zero variance (") and note.endswith("not trained")
+    assert "advantagenone" in page.locator(".thead .kv").text_content()
+    open_page(page, f"{url}#/t/eval-start-00")
+    page.wait_for_selector("p.untrained")
+    assert "held-out evaluation: scored, never trained" in page.locator("p.untrained").text_content()
+    assert "phaseheld-out evaluation" in page.locator(".thead .kv").text_content()
 
 
 def test_trajectory_page_shows_coloured_tokens_segments_and_diff(ui: tuple[RunStore, str], page: object) -> None:

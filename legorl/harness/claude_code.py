@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -65,6 +67,8 @@ class ClaudeCode:
     api_timeout_s: int = 600  # per model call
     max_retries: int = 2  # Claude Code's own retries of a failed call
     name: str = "claude-code"
+    # tool_use blocks over the Messages API; a prose turn is its final answer
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("claude-code",)
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:

@@ -53,7 +53,9 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import RESPONSES_ITEMS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -117,6 +119,8 @@ class Codex:
     max_retries: int = 2  # request_max_retries / stream_max_retries
     sub_agents: bool = True  # Codex's `multi_agent_v1` tools (spawn_agent, wait_agent, …): `[agents] enabled`
     name: str = "codex"
+    # function_call items over the Responses API
+    action_format: ClassVar[ActionFormat] = RESPONSES_ITEMS
     layers: tuple[str, ...] = ("codex",)
 
     def config(self, base_url: str) -> str:

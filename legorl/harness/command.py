@@ -19,8 +19,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
 
@@ -104,6 +105,8 @@ class CommandHarness:
 
     script: str
     name: str = "command"
+    # a script's model calls: the dialect's tool calls, if any
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     shell: str = "bash"
 
     @classmethod

@@ -36,7 +36,9 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -119,6 +121,7 @@ class GeminiCli:
     max_turns: int = 30  # model.maxSessionTurns
     compression_threshold: float = 0.5  # model.compressionThreshold (fraction of the model's token limit)
     name: str = "gemini-cli"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("node22", "gemini-cli")
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat
 from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -53,6 +55,8 @@ class MiniSweAgent:
     max_output_tokens: int = 4096  # model.model_kwargs.max_tokens
     command_timeout_s: int = 60  # environment.timeout: one bash command
     name: str = "mini-swe-agent"
+    # its built-in mini.yaml: a bash tool call in every turn
+    action_format: ClassVar[ActionFormat] = MINI_BASH_TOOL
     layers: tuple[str, ...] = ("python312", "mini-swe-agent")
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:

@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -65,6 +67,7 @@ class OpenCode:
     context_window: int = 32768  # limit.context: OpenCode compacts when usage nears it
     title: str = "legorl task"  # --title: no title-generation side call
     name: str = "opencode"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("opencode",)
 
     def config(self, base_url: str) -> dict:

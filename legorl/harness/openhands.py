@@ -27,7 +27,9 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -69,6 +71,7 @@ class OpenHands:
     llm_timeout_s: int = 600
     num_retries: int = 2
     name: str = "openhands"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("python312", "openhands")
 
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:

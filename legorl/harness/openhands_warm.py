@@ -25,7 +25,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import API_KEY
 from legorl.harness.command import AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
@@ -62,6 +64,7 @@ class WarmOpenHands:
     command_timeout_s: int = 120  # a terminal command without its own `timeout`
     recycle_after: int = 1000  # rollouts, then a fresh driver once none is running (0: never)
     name: str = "openhands-warm"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
     _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)

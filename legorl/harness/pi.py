@@ -37,8 +37,9 @@ import json
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -85,6 +86,7 @@ class Pi:
     max_retries: int = 2  # retry.maxRetries: Pi's own retries of a failed call (backoff from 1 s; none in its SDK)
     api_timeout_s: int = 600  # retry.provider.timeoutMs: per model call
     name: str = "pi"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("pi",)
 
     def __post_init__(self) -> None:

@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass
+from typing import ClassVar
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
@@ -62,6 +64,7 @@ class QwenCode:
     context_window: int = 131072  # model.generationConfig.contextWindowSize (drives compression)
     compression_threshold: float = 0.7  # model.chatCompression.contextPercentageThreshold
     name: str = "qwen-code"
+    action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ("node22", "qwen-code")
 
     def settings(self) -> dict:

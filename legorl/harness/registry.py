@@ -4,6 +4,8 @@ Built-ins are found through `HARNESSES` (name → `module:Class`, imported only 
 Options are the adapter dataclass's fields (`model`, `max_turns`, and per harness e.g.
 `context_window` for OpenCode or `condenser_max_size` for OpenHands); an unknown option is
 an error that lists the known ones, so a typo in `[harness.options]` fails at start-up.
+`action_format(name, **options)` is how that harness, so configured, takes an action from a
+turn (its adapter's own `action_format`, the one place it is said; `legorl.harness.actions`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import dataclasses
 import importlib
 from pathlib import Path
 from typing import Any
+
+from legorl.harness.actions import ActionFormat, format_of
 
 HARNESSES: dict[str, str] = {
     "claude-code": "legorl.harness.claude_code:ClaudeCode",
@@ -52,3 +56,8 @@ def make_harness(name: str, **options: Any) -> Any:
     if bad:
         raise ValueError(f"harness {name!r}: unknown option(s) {bad}; known: {', '.join(sorted(fields))}")
     return cls(**options)
+
+
+def action_format(name: str, **options: Any) -> ActionFormat:
+    """How harness `name`, configured with `options`, reads an action from the policy's turn."""
+    return format_of(make_harness(name, **options))

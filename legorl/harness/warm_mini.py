@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat, mini_format
 from legorl.harness.command import AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.mini_swe_agent import verdict_of_exit
@@ -90,6 +93,14 @@ class WarmMiniSweAgent:
     _config_path: str = field(default="", init=False, repr=False)  # resolved once, at start
     _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def action_format(self) -> ActionFormat:
+        """What the config's model class reads as an action: `mini.yaml` (the default) a bash
+        tool call, a text-based config (the quickstart's) one fenced block of its `action_regex`."""
+        if not self.config:
+            return MINI_BASH_TOOL
+        return mini_format(yaml.safe_load(Path(resolve_config(self.config)).read_text()) or {})
 
     @property
     def driver(self) -> WarmDriver:

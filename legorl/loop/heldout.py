@@ -16,9 +16,8 @@ import time
 
 from legorl.loop.stats import Evaluation, summarize
 from legorl.loop.worker import OnRecord, RolloutBackend
+from legorl.monitor.phases import HELDOUT_STEP
 from legorl.types import Status, Task
-
-HELDOUT_STEP = -2  # the run-store step of held-out evaluation rollouts
 
 
 async def evaluate_heldout(

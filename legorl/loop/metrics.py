@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.types import Status
 
 TAMPER_FLAGS = ("tamper_attempt", "hack_detected")
 
 
-def rollout_metrics(records: Sequence[Any], trainer_version: int) -> dict[str, float]:
-    """Rates over a step's rollouts (`records` are loop.worker.RolloutRecord)."""
+def rollout_metrics(
+    records: Sequence[Any], trainer_version: int, formats: Mapping[str, ActionFormat] | None = None
+) -> dict[str, float]:
+    """Rates over a step's rollouts (`records` are loop.worker.RolloutRecord). `formats`: each
+    harness's action format (the run store's `action_formats()`); a harness missing there is
+    judged by the dialect's tool calls."""
     n = len(records)
     if n == 0:
         return {}
@@ -29,10 +34,7 @@ def rollout_metrics(records: Sequence[Any], trainer_version: int) -> dict[str, f
         out["rollout/format_error_rate"] = sum(1 for t in policy_turns if t.format_error) / len(policy_turns)
         stale = [trainer_version - t.policy_version for t in policy_turns]
         out["policy/staleness_mean"] = sum(stale) / len(stale)
-    lasts = [max((t for t in r.turns if not t.side_call), key=lambda t: t.index, default=None) for r in records]
-    ended = [t for t in lasts if t is not None]
-    if ended:
-        out["rollout/prose_end_rate"] = sum(1 for t in ended if not t.tool_calls) / len(ended)
+    out.update(action_metrics(records, formats or {}))
     out["rollout/response_tokens_mean"] = sum(r.trajectory.stats.sampled_tokens for r in records) / n
     out["rollout/turns_mean"] = sum(sum(1 for t in r.turns if not t.side_call) for r in records) / n
     out["rollout/segments_mean"] = sum(r.trajectory.stats.segments for r in records) / n
@@ -40,4 +42,34 @@ def rollout_metrics(records: Sequence[Any], trainer_version: int) -> dict[str, f
     out["rollout/tamper_flags"] = float(
         sum(1 for r in records if any(f in TAMPER_FLAGS for f in r.trajectory.outcome.flags))
     )
+    return out
+
+
+def action_metrics(records: Sequence[Any], formats: Mapping[str, ActionFormat]) -> dict[str, float]:
+    """Each policy turn judged by its harness's action format (`legorl.harness.actions`):
+    the share that acted, the share that failed to parse (overall and per harness), and the
+    share of trajectories whose last turn failed to parse."""
+    per: dict[str, list[bool]] = {}
+    acted = ended = unparsed_end = 0
+    for r in records:
+        harness = r.trajectory.harness or ""
+        fmt = formats.get(harness, TOOL_CALLS)
+        turns = sorted((t for t in r.turns if not t.side_call), key=lambda t: t.index)
+        ok = [fmt.parses(t) for t in turns]
+        per.setdefault(harness, []).extend(ok)
+        acted += sum(1 for t in turns if fmt.acts(t))
+        if turns:
+            ended += 1
+            unparsed_end += not ok[-1]
+    n = sum(len(v) for v in per.values())
+    if not n:
+        return {}
+    out = {
+        "rollout/action_rate": acted / n,
+        "rollout/parse_failure_rate": sum(v.count(False) for v in per.values()) / n,
+        "rollout/unparsed_end_rate": unparsed_end / ended,
+    }
+    for harness, ok in sorted(per.items()):
+        if ok and harness:
+            out[f"rollout/parse_failure_rate/{harness}"] = ok.count(False) / len(ok)
     return out

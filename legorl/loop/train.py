@@ -30,13 +30,15 @@ from rich.console import Console
 
 from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromDisk, WeightsInPlace
 from legorl.engine.registry import make_engine
+from legorl.harness.actions import format_of
+from legorl.harness.install import HarnessNotInstalled
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
 from legorl.loop.report import Report
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
-from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker
+from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker, make_harness
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.store import RunStore
@@ -97,6 +99,16 @@ def _record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> No
             pieces = [tokenizer.decode([i]) for i in turn.completion_ids]
             store.add_turn(turn, pieces)
         store.add_trajectory(t)
+
+
+def record_action_format(store: RunStore, cfg: RunConfig) -> None:
+    """Tell the store how the configured harness takes an action from a turn (its adapter's
+    `action_format`), so the metrics and monitors judge its turns by that format."""
+    try:
+        harness = make_harness(cfg.harness, cfg.proxy.served_model)
+        store.set_action_formats({harness.name: format_of(harness)})
+    except (ValueError, OSError, HarnessNotInstalled) as e:
+        raise RunError(f"harness {cfg.harness.name!r}: {e}") from None
 
 
 def rollout_backend(cfg: RunConfig, engine: Engine) -> Any:
@@ -174,6 +186,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     tasks = load_task_split(cfg, cfg.run.split)
     heldout = load_task_split(cfg, cfg.heldout.split)[: cfg.heldout.tasks] if cfg.heldout.tasks else []
     store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
+    record_action_format(store, cfg)
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
@@ -327,7 +340,7 @@ async def train_on(
     metrics = await asyncio.to_thread(
         trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv, checkpoint=False
     )
-    metrics.update(rollout_metrics(records, sampled_by))
+    metrics.update(rollout_metrics(records, sampled_by, store.action_formats()))
     metrics.update(
         {
             "time/rollout_s": t1 - t0,

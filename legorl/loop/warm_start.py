@@ -21,9 +21,8 @@ import random
 from collections.abc import Callable
 
 from legorl.loop.worker import RolloutBackend, RolloutRecord
+from legorl.monitor.phases import WARM_START_STEP
 from legorl.types import Status, Task, Trajectory
-
-WARM_START_STEP = -1  # the run-store step of demonstrations
 
 
 def demo_tasks(train: list[Task], n: int, seed: int) -> list[Task]:

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from legorl.harness.actions import MINI_BASH_TOOL, TOOL_CALLS
+from legorl.monitor.phases import HELDOUT_STEP, WARM_START_STEP
 from legorl.monitor.store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
 
@@ -32,6 +34,12 @@ HARNESSES = (
     ("mini_swe_agent", Dialect.OPENAI_CHAT),
     ("openhands", Dialect.RESPONSES),
 )
+ACTION_FORMATS = {  # how each demo harness acts (its adapter's `action_format`)
+    "claude_code": TOOL_CALLS,
+    "opencode": TOOL_CALLS,
+    "mini_swe_agent": MINI_BASH_TOOL,
+    "openhands": TOOL_CALLS,
+}
 COMMANDS = (
     "grep -rn 'def separability_matrix' astropy/",
     "sed -n 240,275p astropy/modeling/separable.py",
@@ -279,13 +287,19 @@ def write_demo_run(
     group_size: int = 4,
     seed: int = 0,
     on_session: Callable[[Trajectory], None] | None = None,
+    phases: bool = False,
 ) -> list[Trajectory]:
-    """A whole run: `steps` x `tasks` groups of `group_size` sessions, with metrics and alerts."""
+    """A whole run: `steps` x `tasks` groups of `group_size` sessions, with metrics and alerts.
+    `phases`: first the phases `legorl train` runs before GSPO (held-out evaluation and warm-start
+    demonstrations, under their run-store steps) and the held-out report at the end."""
     from legorl.monitor.monitors import MonitorConfig, run_monitors
 
     rng = random.Random(seed)
     names = [f"astropy__astropy-{12907 + k}" for k in range(tasks)]
+    store.set_action_formats(ACTION_FORMATS)
     out: list[Trajectory] = []
+    if phases:
+        out += write_phases(store, random.Random(seed + 1), names)
     for step in range(steps):
         store.begin_step(step, policy_version=step)
         batch: list[Trajectory] = []
@@ -308,7 +322,7 @@ def write_demo_run(
                     on_session(t)
             graded = [t for t in group if t.outcome and not t.outcome.masked]
             rewards = np.array([t.outcome.reward for t in graded if t.outcome])
-            if len(rewards):
+            if len(rewards) > 1 and rewards.max() > rewards.min():  # zero-variance groups are skipped, untrained
                 adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
                 store.set_advantages({t.session_id: float(a) for t, a in zip(graded, adv)})
             batch += group
@@ -316,7 +330,40 @@ def write_demo_run(
         store.end_step(step)
         run_monitors(store, MonitorConfig(), step=step)
         out += batch
+    if phases:
+        write_heldout_report(store, steps)
     return out
+
+
+def write_phases(store: RunStore, rng: random.Random, tasks: list[str]) -> list[Trajectory]:
+    """A held-out evaluation of the untrained policy and warm-start demonstrations."""
+    out = []
+    for step, tag, p in ((HELDOUT_STEP, "eval-start", 0.1), (WARM_START_STEP, "demo", 0.5)):
+        for k, task in enumerate(tasks):
+            harness, dialect = HARNESSES[k % len(HARNESSES)]
+            sid = f"{tag}-{k:02d}"
+            out.append(
+                write_session(
+                    store, rng, session_id=sid, step=step, task=task, harness=harness, dialect=dialect, p_resolve=p
+                )
+            )
+    return out
+
+
+def write_heldout_report(store: RunStore, steps: int) -> dict[str, Any]:
+    """The held-out before/after table as `legorl train` writes it: `heldout_results.json`
+    beside the store and a `heldout` event in it (numbers of the shape the quickstart gets)."""
+    from legorl.loop.report import Report
+    from legorl.loop.stats import Evaluation
+
+    report = Report(store.path.parent)
+    rows = (("start", 0, 0), ("warm_start", 89, 1), ("end", 154, 1 + steps), ("control", 87, 2 + steps))
+    for label, resolved, version in rows:
+        counts = {"resolved": resolved, "failed": 200 - resolved}
+        report.add(Evaluation(label, resolved, 200, 0, 12.0, counts), step=version)
+    report.finish(555.0, budget_s=900.0)
+    store.add_event("heldout", report.as_dict())
+    return report.as_dict()
 
 
 def step_metrics(batch: list[Trajectory], group_size: int, rng: random.Random, step: int) -> dict[str, float]:
@@ -336,8 +383,12 @@ def step_metrics(batch: list[Trajectory], group_size: int, rng: random.Random, s
     m["rollout/turns_mean"] = float(np.mean([sum(len(s.turn_indices) for s in t.segments) for t in batch]))
     m["rollout/response_tokens_mean"] = float(np.mean([t.stats.sampled_tokens for t in batch]))
     m["rollout/tool_call_rate"] = 1.0 - 1.0 / max(m["rollout/turns_mean"], 1.0)
-    m["rollout/prose_end_rate"] = 0.0
     m["rollout/format_error_rate"] = 0.01 * rng.random()
+    m["rollout/action_rate"] = m["rollout/tool_call_rate"]
+    for k, (harness, _) in enumerate(HARNESSES):  # per harness, around the step's format errors
+        m[f"rollout/parse_failure_rate/{harness}"] = m["rollout/format_error_rate"] * (0.5 + 0.4 * k)
+    m["rollout/parse_failure_rate"] = float(np.mean([m[f"rollout/parse_failure_rate/{h}"] for h, _ in HARNESSES]))
+    m["rollout/unparsed_end_rate"] = 0.0
     m["rollout/tamper_flags"] = float(sum(bool(t.outcome and t.outcome.flags) for t in batch))
     m["mismatch/pearson"] = 0.998 - (0.02 if step == 3 else 0.0) - 0.001 * rng.random()
     m["mismatch/mean_abs_dp"] = 0.004 + 0.002 * rng.random()

@@ -6,7 +6,13 @@ with a severity: `info`, `warning` or `critical`. Alerts are stored in the run a
 in the UI; a critical alert stops the run when the config says so (`should_stop`).
 They catch the failures that silently ruin RL runs on agents: a trainer that no longer
 computes what the engine sampled, infrastructure failing, reward hacking, the policy
-dropping tool use, output blowing up, groups without learning signal, a stuck reward.
+dropping tool use or writing actions its harness cannot parse, output blowing up, groups
+without learning signal, a stuck reward.
+
+Tool use is judged by each harness's own action format (`legorl.harness.actions`, recorded
+in the run store): mini-swe-agent's text-based agent acts through one fenced command block
+per turn and never through a tool call, so "no tool call" is no failure there; a turn its
+harness cannot parse is, whatever the format (`parse_failures`, `tool_collapse`).
 
 Metric keys (emitted by the rollout loop and the trainer, one value per step):
 
@@ -19,9 +25,12 @@ Metric keys (emitted by the rollout loop and the trainer, one value per step):
 | `mismatch/mean_abs_dp` | mean abs difference of those probabilities |
 | `train/clip_frac` | share of tokens (or sequences, GSPO) whose ratio was clipped |
 | `train/entropy` | mean token entropy of the policy on sampled tokens |
-| `rollout/tool_call_rate` | share of policy turns that contain a tool call |
-| `rollout/prose_end_rate` | share of trajectories whose last turn is prose without a tool call |
-| `rollout/format_error_rate` | share of turns whose tool call could not be parsed |
+| `rollout/action_rate` | share of policy turns from which the harness took an action, in its own action format |
+| `rollout/parse_failure_rate` | share of policy turns that did not parse as the harness's action format |
+| `rollout/parse_failure_rate/<harness>` | the same, for one harness of the run |
+| `rollout/unparsed_end_rate` | share of trajectories whose last turn did not parse as the harness's action format |
+| `rollout/tool_call_rate` | share of policy turns that contain a tool call of the dialect |
+| `rollout/format_error_rate` | share of turns whose tool call markup the proxy could not parse |
 | `rollout/response_tokens_mean` | mean completion tokens per trajectory |
 | `rollout/turns_mean` | mean policy turns per trajectory |
 | `rollout/tamper_flags` | number of trajectories flagged for tampering (test edits, ...) |
@@ -40,6 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.types import INFRA_STATUSES
 
 MONITOR_NAMES = (
@@ -47,7 +57,7 @@ MONITOR_NAMES = (
     "infra_errors",
     "tamper",
     "tool_collapse",
-    "format_errors",
+    "parse_failures",
     "length_blowup",
     "zero_variance",
     "reward_flat",
@@ -75,15 +85,15 @@ class MonitorConfig(BaseModel):
     tamper_flags_critical: int = 5
     """Any tamper flag warns; this many in one step is critical."""
     tool_call_drop_warn: float = 0.3
-    """Warn when `rollout/tool_call_rate` falls by this fraction below its recent baseline."""
+    """Warn when `rollout/action_rate` (turns the harness acted on) falls this fraction below its baseline."""
     tool_call_drop_critical: float = 0.6
-    """Critical when the tool-call rate falls by this fraction (tool-use collapse)."""
-    prose_end_rate_warn: float = 0.5
-    """Warn when more than this share of trajectories end in prose without a tool call."""
-    format_error_rate_warn: float = 0.05
-    """Warn when more than this share of turns had an unparseable tool call."""
-    format_error_rate_critical: float = 0.25
-    """Critical above this share of format errors."""
+    """Critical when the action rate falls by this fraction (tool-use collapse)."""
+    unparsed_end_rate_warn: float = 0.5
+    """Warn when more than this share of trajectories end in a turn their harness could not parse."""
+    parse_failure_rate_warn: float = 0.05
+    """Warn when more than this share of a step's turns (of one harness) did not parse as its action format."""
+    parse_failure_rate_critical: float = 0.25
+    """Critical above this share of parse failures: the policy is losing the harness's format."""
     growth_warn: float = 2.0
     """Warn when response length or turn count exceeds this multiple of its recent baseline."""
     growth_critical: float = 4.0
@@ -122,6 +132,21 @@ class MonitorConfig(BaseModel):
         if unknown:
             raise ValueError(f"unknown monitor name(s) {unknown}; known: {list(MONITOR_NAMES)}")
         return names
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the monitors know of a run besides its metrics: how each harness acts
+    (`RunStore.action_formats()`); a harness not named is taken to act through tool calls."""
+
+    action_formats: Mapping[str, ActionFormat] = field(default_factory=dict)
+
+    def format_label(self, harness: str | None = None) -> str:
+        """The action format in words: of one harness, or of all the run's."""
+        if harness is not None:
+            return self.action_formats.get(harness, TOOL_CALLS).label
+        labels = sorted({f.label for f in self.action_formats.values()}) or [TOOL_CALLS.label]
+        return " / ".join(labels)
 
 
 @dataclass
@@ -164,7 +189,7 @@ def _level(value: float, warn: float, critical: float, above: bool = True) -> st
     return "critical" if hit(critical) else ("warning" if hit(warn) else None)
 
 
-def mismatch(history: History, cfg: MonitorConfig) -> list[Alert]:
+def mismatch(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     out = []
     r = _now(history, "mismatch/pearson")
     if r is not None and (sev := _level(r, cfg.mismatch_pearson_warn, cfg.mismatch_pearson_critical, above=False)):
@@ -194,7 +219,7 @@ def mismatch(history: History, cfg: MonitorConfig) -> list[Alert]:
     return out
 
 
-def infra_errors(history: History, cfg: MonitorConfig) -> list[Alert]:
+def infra_errors(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     rates = [_now(history, f"status/{s}") for s in sorted(INFRA_STATUSES)]
     if all(r is None for r in rates):
         return []
@@ -217,7 +242,7 @@ def infra_errors(history: History, cfg: MonitorConfig) -> list[Alert]:
     )
 
 
-def tamper(history: History, cfg: MonitorConfig) -> list[Alert]:
+def tamper(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     n = _now(history, "rollout/tamper_flags") or 0.0
     hack = _now(history, "status/hack_detected") or 0.0
     if n <= 0 and hack <= 0:
@@ -236,9 +261,10 @@ def tamper(history: History, cfg: MonitorConfig) -> list[Alert]:
     ]
 
 
-def tool_collapse(history: History, cfg: MonitorConfig) -> list[Alert]:
+def tool_collapse(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     out = []
-    rate, base = _now(history, "rollout/tool_call_rate"), _baseline(history, "rollout/tool_call_rate", cfg)
+    fmt = run.format_label()
+    rate, base = _now(history, "rollout/action_rate"), _baseline(history, "rollout/action_rate", cfg)
     if rate is not None and base is not None and base > 0:
         drop = 1.0 - rate / base
         if sev := _level(drop, cfg.tool_call_drop_warn, cfg.tool_call_drop_critical):
@@ -247,43 +273,52 @@ def tool_collapse(history: History, cfg: MonitorConfig) -> list[Alert]:
                     _step(history),
                     "tool_collapse",
                     sev,
-                    f"tool-call rate {rate:.2f} is {drop:.0%} below its baseline {base:.2f}",
+                    f"the harness acted on {rate:.0%} of turns ({fmt}), {drop:.0%} below its baseline {base:.0%}",
                     rate,
                     base * (1 - cfg.tool_call_drop_warn),
                 )
             )
-    prose = _now(history, "rollout/prose_end_rate")
-    if prose is not None and prose > cfg.prose_end_rate_warn:
+    end = _now(history, "rollout/unparsed_end_rate")
+    if end is not None and end > cfg.unparsed_end_rate_warn:
         out.append(
             Alert(
                 _step(history),
                 "tool_collapse",
                 "warning",
-                f"{prose:.0%} of trajectories end in prose without a tool call",
-                prose,
-                cfg.prose_end_rate_warn,
+                f"{end:.0%} of trajectories end in a turn that did not parse as {fmt} (parse failures)",
+                end,
+                cfg.unparsed_end_rate_warn,
             )
         )
     return out
 
 
-def format_errors(history: History, cfg: MonitorConfig) -> list[Alert]:
-    rate = _now(history, "rollout/format_error_rate")
-    if rate is None or not (sev := _level(rate, cfg.format_error_rate_warn, cfg.format_error_rate_critical)):
-        return []
-    return [
-        Alert(
-            _step(history),
-            "format_errors",
-            sev,
-            f"{rate:.0%} of turns had unparseable tool calls",
-            rate,
-            cfg.format_error_rate_warn,
+def parse_failures(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
+    """The share of turns whose output did not parse as the harness's action format: per
+    harness where the step logged it (the harness is named), else the step's overall share."""
+    prefix = "rollout/parse_failure_rate/"
+    per = {k[len(prefix) :]: k for k in (history[-1] if history else {}) if k.startswith(prefix)}
+    keys: dict[str | None, str] = {**per} or {None: "rollout/parse_failure_rate"}
+    out = []
+    for harness, key in sorted(keys.items(), key=lambda kv: kv[0] or ""):
+        rate = _now(history, key)
+        if rate is None or not (sev := _level(rate, cfg.parse_failure_rate_warn, cfg.parse_failure_rate_critical)):
+            continue
+        whose = f"{harness}'s turns" if harness else "turns"
+        out.append(
+            Alert(
+                _step(history),
+                "parse_failures",
+                sev,
+                f"{rate:.0%} of {whose} did not parse as {run.format_label(harness)}",
+                rate,
+                cfg.parse_failure_rate_warn,
+            )
         )
-    ]
+    return out
 
 
-def length_blowup(history: History, cfg: MonitorConfig) -> list[Alert]:
+def length_blowup(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     out = []
     for key, what in (("rollout/response_tokens_mean", "response length"), ("rollout/turns_mean", "turn count")):
         now, base = _now(history, key), _baseline(history, key, cfg)
@@ -303,7 +338,7 @@ def length_blowup(history: History, cfg: MonitorConfig) -> list[Alert]:
     return out
 
 
-def zero_variance(history: History, cfg: MonitorConfig) -> list[Alert]:
+def zero_variance(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     share = _now(history, "groups/zero_variance_share")
     if share is None:
         return []
@@ -328,7 +363,7 @@ def zero_variance(history: History, cfg: MonitorConfig) -> list[Alert]:
     )
 
 
-def reward_flat(history: History, cfg: MonitorConfig) -> list[Alert]:
+def reward_flat(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     if _now(history, "reward/mean") is None:
         return []
     vals = [float(h["reward/mean"]) for h in history if h.get("reward/mean") is not None][-cfg.reward_flat_steps :]
@@ -346,7 +381,7 @@ def reward_flat(history: History, cfg: MonitorConfig) -> list[Alert]:
     ]
 
 
-def staleness(history: History, cfg: MonitorConfig) -> list[Alert]:
+def staleness(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     s = _now(history, "policy/staleness_mean")
     if s is None or not (sev := _level(s, cfg.staleness_warn, cfg.staleness_critical)):
         return []
@@ -362,7 +397,7 @@ def staleness(history: History, cfg: MonitorConfig) -> list[Alert]:
     ]
 
 
-def stale_drops(history: History, cfg: MonitorConfig) -> list[Alert]:
+def stale_drops(history: History, cfg: MonitorConfig, run: RunFacts) -> list[Alert]:
     dropped, n = _now(history, "async/dropped_stale"), _now(history, "rollout/count")
     if dropped is None or not n:
         return []
@@ -381,13 +416,13 @@ def stale_drops(history: History, cfg: MonitorConfig) -> list[Alert]:
     ]
 
 
-Monitor = Callable[[History, MonitorConfig], list[Alert]]
+Monitor = Callable[[History, MonitorConfig, RunFacts], list[Alert]]
 MONITORS: dict[str, Monitor] = {  # same order as MONITOR_NAMES (the config validates against that)
     "mismatch": mismatch,
     "infra_errors": infra_errors,
     "tamper": tamper,
     "tool_collapse": tool_collapse,
-    "format_errors": format_errors,
+    "parse_failures": parse_failures,
     "length_blowup": length_blowup,
     "zero_variance": zero_variance,
     "reward_flat": reward_flat,
@@ -396,15 +431,15 @@ MONITORS: dict[str, Monitor] = {  # same order as MONITOR_NAMES (the config vali
 }
 
 
-def evaluate(history: History, cfg: MonitorConfig | None = None) -> MonitorResult:
+def evaluate(history: History, cfg: MonitorConfig | None = None, run: RunFacts | None = None) -> MonitorResult:
     """Run every enabled monitor on the latest step of `history`."""
-    cfg = cfg or MonitorConfig()
+    cfg, run = cfg or MonitorConfig(), run or RunFacts()
     result = MonitorResult()
     if not history:
         return result
     for name, fn in MONITORS.items():
         if name not in cfg.disabled:
-            result.alerts += fn(history, cfg)
+            result.alerts += fn(history, cfg, run)
     for a in result.alerts:
         if a.severity == "critical" and (cfg.stop_on_critical or a.name in cfg.stop_on):
             result.should_stop = True
@@ -413,12 +448,13 @@ def evaluate(history: History, cfg: MonitorConfig | None = None) -> MonitorResul
 
 
 def run_monitors(store: Any, cfg: MonitorConfig | None = None, step: int | None = None) -> MonitorResult:
-    """Evaluate on the store's metric history (up to `step`), store the alerts, and record
-    a `run_stop_requested` event when the run should stop. `store` is a `RunStore`."""
+    """Evaluate on the store's metric history (up to `step`) and its harnesses' action
+    formats, store the alerts, and record a `run_stop_requested` event when the run should
+    stop. `store` is a `RunStore`."""
     history = store.metrics_history()
     if step is not None:
         history = [h for h in history if h["step"] <= step]
-    result = evaluate(history, cfg)
+    result = evaluate(history, cfg, RunFacts(store.action_formats()))
     for a in result.alerts:
         store.add_alert(a.step, a.name, a.severity, a.message, value=a.value, threshold=a.threshold)
     if result.should_stop:

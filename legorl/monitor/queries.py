@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from legorl.harness.actions import ActionFormat
 from legorl.monitor import codec
 from legorl.monitor import messages as msgs
+from legorl.monitor.phases import HELDOUT_STEP, WARM_START_STEP, phase_name
 from legorl.monitor.rebuild import RebuiltTurn, loads, rebuild_turns
 from legorl.monitor.schema import TURN_ROW_BITS
 from legorl.types import (
@@ -42,6 +44,7 @@ SUMMARY_COLS = (
 )
 FROM = "FROM trajectories t LEFT JOIN outcomes o ON o.traj_id = t.id"
 SPECIAL_STATUSES = ("running", "infra")  # filters that are not a Status value
+ZERO_VARIANCE_TOL = 1e-12  # legorl.train.advantages' (not imported: that module loads torch)
 
 
 def fts_query(text: str) -> str:
@@ -75,7 +78,9 @@ class StoreQueries:
             )
             harnesses = [r[0] for r in c.execute("SELECT DISTINCT harness FROM trajectories WHERE harness IS NOT NULL")]
             flags = [r[0] for r in c.execute("SELECT DISTINCT flag FROM flags")]
-            steps = c.execute("SELECT min(step), max(step) FROM trajectories").fetchone()
+            steps = c.execute("SELECT min(step), max(step) FROM trajectories WHERE step >= 0").fetchone()
+            phases = c.execute("SELECT step, count(*) FROM trajectories WHERE step < 0 GROUP BY step ORDER BY step")
+            phases = [{"step": r[0], "name": phase_name(r[0]) or f"step {r[0]}", "trajectories": r[1]} for r in phases]
             last_metric = c.execute("SELECT max(step) FROM metrics").fetchone()[0]
             n_turns = c.execute("SELECT coalesce(sum(n_turns), 0) FROM trajectories").fetchone()[0]
         return {
@@ -88,10 +93,19 @@ class StoreQueries:
             "status_counts": counts,
             "harnesses": sorted(harnesses),
             "flags": sorted(flags),
-            "first_step": steps[0],
+            "first_step": steps[0],  # GSPO steps only: the phases before them are `phases`
             "last_step": steps[1],
+            "phases": phases,
             "last_metric_step": last_metric,
         }
+
+    def action_formats(self) -> dict[str, ActionFormat]:
+        """harness -> how it takes an action from a turn, as the run recorded it (empty for a
+        store written before formats were recorded: every harness is then judged by tool calls)."""
+        with self._read() as c:
+            row = c.execute("SELECT info FROM runs ORDER BY id LIMIT 1").fetchone()
+        recorded = loads(row["info"], {}).get("action_formats", {}) if row else {}
+        return {name: ActionFormat.from_dict(d) for name, d in recorded.items()}
 
     def steps(self) -> list[dict[str, Any]]:
         with self._read() as c:
@@ -227,7 +241,46 @@ class StoreQueries:
                 "evidence": {k: v for k, v in evidence.items() if k not in ("diff", "patch")},
             }
         out["turns"] = [self._turn_view(t, seg_of.get(t.row["idx"])) for t in rebuild_turns(rows)]
+        out["phase"] = phase_name(out["step"])
+        with self._read() as c:
+            out["untrained"] = self._why_untrained(c, out)
         return out
+
+    @staticmethod
+    def _why_untrained(c: sqlite3.Connection, t: dict[str, Any]) -> str | None:
+        """Why a trajectory has no advantage (None when it has one): a phase that is not
+        GSPO, not graded yet, masked, its step still training, or a zero-variance group
+        that the trainer skipped (`zero_variance_groups = "skip"`)."""
+        if t["advantage"] is not None:
+            return None
+        step = t["step"]
+        if step == HELDOUT_STEP:
+            return "held-out evaluation: scored, never trained"
+        if step == WARM_START_STEP:
+            return "warm-start demonstration: imitated by SFT, no advantage"
+        if step is None:
+            return "abandoned: its step was re-run after a resume, not trained" if "abandoned" in t["flags"] else None
+        if t["status"] is None:
+            return "not graded yet"
+        if t["masked"] or t["status"] in {s.value for s in INFRA_STATUSES}:
+            return "masked (infrastructure failure): left out of its group, not trained"
+        done = c.execute("SELECT t_end FROM steps WHERE step=?", (step,)).fetchone()
+        if done is None or done[0] is None:
+            return "its step is still running: no advantage yet"
+        infra = sorted(s.value for s in INFRA_STATUSES)
+        rewards = [
+            r[0]
+            for r in c.execute(
+                "SELECT reward FROM trajectories WHERE step=? AND instance_id=? AND status IS NOT NULL AND masked=0 "
+                f"AND status NOT IN ({','.join('?' * len(infra))})",
+                (step, t["instance_id"], *infra),
+            )
+        ]
+        if len(rewards) < 2 or max(rewards) - min(rewards) <= ZERO_VARIANCE_TOL:
+            n = len(rewards)
+            why = f"all {n} graded rollouts scored {rewards[0]:g}" if n > 1 else "one graded rollout"
+            return f"group skipped: zero variance ({why}), not trained"
+        return "not trained in its step (older than run.max_staleness: dropped)"
 
     @staticmethod
     def _turn_view(t: RebuiltTurn, segment: int | None) -> dict[str, Any]:
@@ -433,9 +486,8 @@ def turn_of(session_id: str, t: RebuiltTurn) -> Turn:
         response_text=r["response_text"] or "",
         tool_calls=loads(r["tool_calls"], []),
         routed_experts=as_routing(routing),
-        routing_base=(r["routing_base"] or 0)
-        if "routing_base" in r.keys()
-        else 0,  # v1 store, read-only format_error=bool(r["format_error"]),
+        routing_base=(r["routing_base"] or 0) if "routing_base" in r.keys() else 0,  # 0: a v1 store, read-only
+        format_error=bool(r["format_error"]),
         side_call=bool(r["side_call"]),
         policy_version=r["policy_version"] or 0,
         model=r["model"] or "",

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from legorl.harness.actions import ActionFormat
 from legorl.monitor import codec
 from legorl.monitor import messages as msgs
 from legorl.monitor.queries import StoreQueries
@@ -152,6 +153,17 @@ class RunStore(StoreQueries):
                 c.execute("UPDATE runs SET config=?", (dumps(dict(config)),))
             if info is not None:
                 c.execute("UPDATE runs SET info=?", (dumps(dict(info)),))
+
+    def set_action_formats(self, formats: Mapping[str, ActionFormat]) -> None:
+        """Record how each harness of the run takes an action from a turn (run info
+        `action_formats`, merged with what is there): the metrics and monitors read it back
+        (`action_formats()`), so a harness that acts through text blocks is not judged by
+        tool calls."""
+        with self._write() as c:
+            row = c.execute("SELECT info FROM runs ORDER BY id LIMIT 1").fetchone()
+            info = loads(row[0], {}) if row else {}
+            info["action_formats"] = {**info.get("action_formats", {}), **{k: f.to_dict() for k, f in formats.items()}}
+            c.execute("UPDATE runs SET info=?", (dumps(info),))
 
     def begin_step(
         self, step: int, *, policy_version: int | None = None, info: Mapping[str, Any] | None = None

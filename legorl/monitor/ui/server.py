@@ -29,6 +29,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from legorl.loop.report import RESULTS_FILE
 from legorl.monitor.monitors import describe_metrics
 from legorl.monitor.queries import compare_tasks
 from legorl.monitor.schema import db_path
@@ -52,6 +53,15 @@ def sibling_runs(run_dir: Path) -> dict[str, Path]:
     """Run directories next to this one (for comparing runs), by directory name."""
     parent = run_dir.resolve().parent
     return {p.name: p for p in sorted(parent.iterdir()) if p.is_dir() and (p / "run.sqlite").exists()}
+
+
+def heldout_report(run_dir: Path, store: RunStore) -> dict[str, Any]:
+    """The held-out report of the run in `run_dir` (see `/api/heldout`)."""
+    try:
+        data = orjson.loads((run_dir / RESULTS_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        data = next((e["data"] for e in reversed(store.events(0, 5000)) if e["kind"] == "heldout"), {})
+    return data if isinstance(data, dict) else {}
 
 
 def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
@@ -92,6 +102,13 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
         info["runs"] = list(sibling_runs(run_dir))
         info["run_dir"] = run_dir.name
         return info
+
+    @app.get("/api/heldout")
+    async def heldout() -> dict[str, Any]:
+        """The run's held-out before/after table: `heldout_results.json` (rewritten after
+        every evaluation, so it is current on a live run), else the store's last `heldout`
+        event (a store copied without its directory); `{}` before the first evaluation."""
+        return await call(heldout_report, run_dir, store)
 
     @app.get("/api/metrics")
     async def metrics(keys: str = "", since_id: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:

@@ -38,6 +38,7 @@ function connect() {
     es.addEventListener("trajectory", (e) => { const row = JSON.parse(e.data); refreshRun(); call("onTrajectory", row); });
     es.addEventListener("metrics", (e) => { mergeMetrics(JSON.parse(e.data).series); call("onMetrics"); });
     es.addEventListener("alert", (e) => { if (addAlert(JSON.parse(e.data))) call("onAlert"); });
+    es.addEventListener("event", (e) => call("onEvent", JSON.parse(e.data)));
     es.onerror = () => { live.textContent = "● reconnecting"; live.className = "live off"; resolve(); };
     setTimeout(resolve, 3000); // never block the first render on the stream
   });

@@ -67,3 +67,13 @@ function debounce(fn, ms) {
   let t = null;
   return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); };
 }
+
+// Run-store steps below 0 are phases of the run (legorl/monitor/phases.py), not GSPO steps.
+const HELDOUT_STEP = -2;
+const PHASE_NAMES = { [-2]: "held-out evaluation", [-1]: "warm start" };
+
+function stepLabel(step, long = false) {
+  if (step === null || step === undefined) return "—";
+  if (step < 0) return PHASE_NAMES[step] || `phase ${step}`;
+  return long ? `step ${step}` : String(step);
+}

@@ -11,7 +11,8 @@ const CHARTS = [
   { title: "Entropy", keys: ["train/entropy"] },
   { title: "Response tokens (mean)", keys: ["rollout/response_tokens_mean"], alert: "length_blowup" },
   { title: "Turns (mean)", keys: ["rollout/turns_mean"], alert: "length_blowup" },
-  { title: "Tool use", keys: ["rollout/tool_call_rate", "rollout/prose_end_rate", "rollout/format_error_rate"], alert: "tool_collapse", legend: true },
+  { title: "Tool use", keys: ["rollout/action_rate", "rollout/unparsed_end_rate", "rollout/tool_call_rate", "rollout/format_error_rate"], alert: "tool_collapse", legend: true },
+  { title: "Parse failures (share of turns)", keys: ["rollout/parse_failure_rate"], prefix: "rollout/parse_failure_rate/", exclude: [], keepZero: true, alert: "parse_failures", legend: true, threshold: "parse_failure_rate_warn" },
   { title: "Zero-variance groups (share)", keys: ["groups/zero_variance_share"], alert: "zero_variance" },
   { title: "Policy staleness (versions)", keys: ["policy/staleness_mean"], alert: "staleness" },
   { title: "Tamper flags", keys: ["rollout/tamper_flags"], alert: "tamper" },
@@ -19,21 +20,73 @@ const CHARTS = [
 
 function chartKeys(def, all) {
   if (!def.prefix) return def.keys;
-  return all.filter((k) => k.startsWith(def.prefix) && !def.exclude.includes(k) &&
-    (S.metrics[k] || []).some((p) => p[1]));
+  return (def.keys || []).concat(all.filter((k) => k.startsWith(def.prefix) && !def.exclude.includes(k) &&
+    (def.keepZero || (S.metrics[k] || []).some((p) => p[1]))));
+}
+
+// A metric's meaning; a per-harness key (`rollout/parse_failure_rate/<harness>`) has its family's.
+function metricDoc(k) {
+  const docs = S.run.metric_docs || {};
+  return docs[k] || docs[k.replace(/\/[^/]+$/, "/<harness>")] || "";
+}
+
+// The reference line of a chart whose monitor threshold is in the run's [monitor] config.
+function chartRefs(def) {
+  if (!def.threshold) return def.refs;
+  const y = ((S.run.config || {}).monitor || {})[def.threshold] ?? DEFAULT_THRESHOLDS[def.threshold];
+  return y === undefined ? def.refs : [{ y, label: `monitor threshold ${y}` }];
+}
+const DEFAULT_THRESHOLDS = { parse_failure_rate_warn: 0.05 };
+
+const HELDOUT_ROWS = [["start", "start (untrained)"], ["warm_start", "warm start"], ["end", "end (after GSPO)"],
+  ["control", "control (more SFT instead of GSPO)"]];
+const GAIN_NAMES = { gspo_over_warm_start: "GSPO over its warm start", gspo_over_start: "GSPO over the start",
+  control_over_warm_start: "control over the warm start" };
+const pct = (v) => `${(100 * v).toFixed(1)}%`;
+
+// The held-out before/after table: the run's headline (heldout_results.json / the store's heldout event).
+function heldoutView(rep) {
+  const evals = (rep && rep.evaluations) || {};
+  if (!Object.keys(evals).length) return h("p", { class: "muted" }, "No held-out evaluation yet.");
+  const known = HELDOUT_ROWS.filter(([k]) => evals[k]);
+  const extra = Object.keys(evals).filter((k) => !HELDOUT_ROWS.some(([r]) => r === k)).map((k) => [k, k]);
+  const rows = known.concat(extra).map(([k, label]) => {
+    const e = evals[k];
+    return h("tr", { "data-label": k }, h("td", {}, label), h("td", { class: "num big" }, pct(e.resolved_rate)),
+      h("td", { class: "num" }, `[${pct(e.ci95[0])}, ${pct(e.ci95[1])}]`), h("td", { class: "num" }, `${e.resolved}/${e.episodes}`),
+      h("td", { class: "num" }, e.masked), h("td", { class: "num" }, `v${e.policy_version ?? "—"}`));
+  });
+  const gains = Object.entries(rep.gains || {}).map(([k, g]) => h("li", { "data-gain": k },
+    `${GAIN_NAMES[k] || k}: `, h("b", {}, `${g.points >= 0 ? "+" : ""}${g.points.toFixed(1)} points`),
+    ` [${g.ci95[0] >= 0 ? "+" : ""}${g.ci95[0].toFixed(1)}, ${g.ci95[1] >= 0 ? "+" : ""}${g.ci95[1].toFixed(1)}]`,
+    g.ci95[0] > 0 ? h("span", { class: "badge v-improved" }, "interval above 0") : ""));
+  return h("div", { class: "heldout" },
+    h("table", { class: "grid heldout-table" }, h("tr", {}, ["checkpoint", "held-out resolved", "95% interval",
+      "resolved / graded", "masked", "policy"].map((c) => h("th", {}, c))), rows),
+    gains.length ? h("ul", { class: "gains" }, gains) : "",
+    h("p", { class: "muted" }, "95% Wilson intervals; gains in points with Newcombe's interval.",
+      rep.wall_s !== undefined ? ` Whole run ${rep.wall_s.toFixed(0)} s${rep.time_budget_s ? ` (budget ${rep.time_budget_s.toFixed(0)} s)` : ""}.` : ""));
 }
 
 const OverviewPage = {
   async render() {
     this.root = h("div", { class: "overview" });
     this.cards = h("div", { class: "cards" });
+    this.heldout = h("section", { class: "heldout-box" });
+    this.formats = h("p", { class: "muted formats" });
     this.charts = h("div", { class: "charts" });
     this.other = h("div", { class: "charts" });
     this.alertBox = h("div", {});
-    this.root.append(this.cards, h("h2", {}, "Training curves"), this.charts,
-      h("h2", {}, "Alerts"), this.alertBox, h("details", {}, h("summary", {}, "Other metrics"), this.other));
+    this.root.append(this.cards, h("h2", {}, "Held-out evaluation"), this.heldout, h("h2", {}, "Training curves"),
+      this.formats, this.charts, h("h2", {}, "Alerts"), this.alertBox,
+      h("details", {}, h("summary", {}, "Other metrics"), this.other));
     this.draw();
+    await this.loadHeldout();
     return this.root;
+  },
+  async loadHeldout() {
+    try { this.heldout.replaceChildren(heldoutView(await api("api/heldout"))); }
+    catch (e) { this.heldout.replaceChildren(h("p", { class: "error" }, e.message)); }
   },
   draw() {
     const r = S.run, counts = r.status_counts || {};
@@ -41,12 +94,16 @@ const OverviewPage = {
     const card = (label, value, cls) => h("div", { class: `card ${cls || ""}` }, h("div", { class: "v" }, value), h("div", { class: "l" }, label));
     this.cards.replaceChildren(
       card("trajectories", r.trajectories), card("turns", r.turns),
-      card("steps", r.last_step === null ? "—" : `${r.first_step}–${r.last_step}`),
+      card("GSPO steps", r.last_step === null ? "—" : `${r.first_step}–${r.last_step}`, "steps"),
+      (r.phases || []).length ? h("div", { class: "card phases" }, h("div", { class: "v" }, r.phases.map((p) => p.name).join(" · ")),
+        h("div", { class: "l" }, `phases before GSPO: ${r.phases.map((p) => `${p.name} ${p.trajectories} rollouts`).join(", ")}`)) : "",
       card("resolved", graded ? `${((counts.resolved || 0) / graded * 100).toFixed(1)}%` : "—"),
       card("running", counts.running || 0),
       card("alerts", S.alerts.length, S.alerts.some((a) => a.severity === "critical") ? "bad" : ""),
       h("div", { class: "status-bar" }, Object.entries(counts).sort((a, b) => b[1] - a[1]).map(([k, v]) =>
         h("a", { href: `#/trajectories?status=${k}`, class: `badge st-${k}` }, `${k} ${v}`))));
+    const formats = Object.entries((r.info || {}).action_formats || {});
+    this.formats.replaceChildren(formats.length ? `How each harness acts (what counts as a parse failure): ${formats.map(([n, f]) => `${n}: ${f.label}`).join("; ")}` : "");
     const all = Object.keys(S.metrics).sort(), used = new Set();
     this.charts.replaceChildren(...CHARTS.map((def) => {
       const keys = chartKeys(def, all);
@@ -54,7 +111,7 @@ const OverviewPage = {
       if (def.prefix) all.filter((k) => k.startsWith(def.prefix)).forEach((k) => used.add(k));
       const marks = S.alerts.filter((a) => a.name === def.alert).map((a) => ({ step: a.step, severity: a.severity, text: a.message }));
       return lineChart(def.title, keys.map((k) => ({ name: k, points: S.metrics[k] || [] })),
-        { refs: def.refs, zero: def.zero, marks, legend: def.legend, doc: keys.map((k) => `${k}: ${S.run.metric_docs[k] || ""}`).join("\n") });
+        { refs: chartRefs(def), zero: def.zero, marks, legend: def.legend, doc: keys.map((k) => `${k}: ${metricDoc(k)}`).join("\n") });
     }));
     this.other.replaceChildren(...all.filter((k) => !used.has(k)).map((k) => lineChart(k, [{ name: k, points: S.metrics[k] }])));
     const rows = S.alerts.slice().reverse().slice(0, 100);
@@ -67,7 +124,10 @@ const OverviewPage = {
   onMetrics() { this.redraw(); },
   onAlert() { this.redraw(); },
   onRun() { this.redraw(); },
+  onTrajectory(row) { if (row.step === HELDOUT_STEP && row.status) this.reloadHeldout(); },
+  onEvent(ev) { if (ev.kind === "heldout") this.reloadHeldout(); },
   redraw: debounce(() => { if (S.page === OverviewPage) OverviewPage.draw(); }, 250),
+  reloadHeldout: debounce(() => { if (S.page === OverviewPage) OverviewPage.loadHeldout(); }, 500),
 };
 
 const STATUSES = ["resolved", "failed", "no_patch", "agent_timeout", "max_turns", "format_error", "agent_crash",
@@ -77,7 +137,7 @@ const FILTERS = ["status", "harness", "task", "step", "min_reward", "max_reward"
 function trajRow(r, fresh) {
   return h("tr", { class: `row${fresh ? " fresh" : ""}`, "data-sid": r.session_id, onclick: () => setHash(`/t/${encodeURIComponent(r.session_id)}`, {}) },
     h("td", {}, r.id), h("td", { class: "mono" }, h("a", { href: `#/t/${encodeURIComponent(r.session_id)}` }, r.session_id)),
-    h("td", {}, r.step ?? "—"), h("td", {}, r.instance_id || "—"), h("td", {}, r.harness || "—"),
+    h("td", {}, stepLabel(r.step)), h("td", {}, r.instance_id || "—"), h("td", {}, r.harness || "—"),
     h("td", {}, statusBadge(r.status, r.masked)), h("td", { class: "num" }, fmt(r.reward)),
     h("td", { class: "num" }, fmt(r.advantage)), h("td", { class: "num" }, r.n_turns),
     h("td", { class: "num" }, r.completion_tokens), h("td", {}, flagBadges(r.flags)));
@@ -161,11 +221,13 @@ const GroupPage = {
     const g = await api(`api/group?step=${encodeURIComponent(step)}&task=${encodeURIComponent(task)}`);
     const graded = g.trajectories.filter((t) => t.status && !t.masked).map((t) => t.reward);
     const mean = graded.length ? graded.reduce((a, b) => a + b, 0) / graded.length : null;
-    return h("div", {}, h("h2", {}, `Group: ${task} · step ${step}`),
+    const zeroVar = Number(step) >= 0 && graded.length > 0 && graded.every((r) => r === graded[0]);
+    return h("div", {}, h("h2", {}, `Group: ${task} · ${stepLabel(Number(step), true)}`),
       h("p", { class: "muted" }, `${g.trajectories.length} trajectories · mean reward ${fmt(mean)} (masked ones excluded)`),
       h("div", { class: "group" }, g.trajectories.map((t) => h("a", { class: "gcard", href: `#/t/${encodeURIComponent(t.session_id)}` },
         h("div", { class: "mono" }, t.session_id), h("div", {}, t.harness || ""), statusBadge(t.status, t.masked),
-        h("div", { class: "big" }, `reward ${fmt(t.reward)}`), h("div", {}, `advantage ${fmt(t.advantage)}`),
+        h("div", { class: "big" }, `reward ${fmt(t.reward)}`), h("div", {}, t.advantage === null && t.status && !t.masked && zeroVar
+          ? "advantage — (group skipped: zero variance, not trained)" : `advantage ${fmt(t.advantage)}`),
         h("div", {}, `${t.n_turns} turns · ${t.completion_tokens} tokens`),
         h("div", {}, `tests ${t.tests_passed}/${t.tests_total}`), h("div", {}, flagBadges(t.flags))))));
   },

@@ -47,13 +47,14 @@ const TrajectoryPage = {
   },
   draw() {
     const t = this.t, o = t.outcome;
-    const groupLink = t.step !== null && t.instance_id
+    const groupLink = t.step !== null && t.step >= 0 && t.instance_id
       ? h("a", { href: `#/group?step=${t.step}&task=${encodeURIComponent(t.instance_id)}` }, "group view") : "";
     const header = h("div", { class: "thead" },
       h("h2", {}, h("span", { class: "mono" }, t.session_id), " ", statusBadge(t.status, t.masked), " ", flagBadges(t.flags)),
-      h("div", { class: "kv" }, kv("task", t.instance_id), kv("harness", t.harness), kv("step", t.step),
-        kv("reward", fmt(t.reward)), kv("advantage", fmt(t.advantage)), kv("turns", t.n_turns),
-        kv("segments", t.n_segments), kv("sampled tokens", t.completion_tokens), groupLink));
+      h("div", { class: "kv" }, kv("task", t.instance_id), kv("harness", t.harness), kv(t.phase ? "phase" : "step", stepLabel(t.step)),
+        kv("reward", fmt(t.reward)), kv("advantage", t.advantage === null && t.untrained ? "none" : fmt(t.advantage)), kv("turns", t.n_turns),
+        kv("segments", t.n_segments), kv("sampled tokens", t.completion_tokens), groupLink),
+      t.untrained ? h("p", { class: "untrained" }, h("span", { class: "badge sev-info" }, "no advantage"), " ", t.untrained) : "");
     const outcome = o ? h("section", { class: "outcome" },
       h("div", { class: "cols" },
         h("div", {}, h("h3", {}, "Outcome"), h("div", { class: "kv" }, kv("failure class", o.status), kv("reward", fmt(o.reward)),
@@ -84,7 +85,9 @@ const TrajectoryPage = {
   turnView(turn) {
     const tags = [turn.side_call ? h("span", { class: "badge" }, "side call (not trained)") : "",
       turn.format_error ? h("span", { class: "badge sev-critical" }, "format error") : "",
-      turn.trainer_logprobs ? "" : h("span", { class: "badge muted" }, "no trainer logprobs yet")];
+      turn.trainer_logprobs || turn.side_call ? "" : this.t.untrained
+        ? h("span", { class: "badge muted", title: this.t.untrained }, "not trained: no trainer logprobs")
+        : h("span", { class: "badge muted" }, "no trainer logprobs yet")];
     const req = h("div", { class: "req" });
     const showReq = h("a", { href: "#", onclick: async (e) => {
       e.preventDefault();
