@@ -41,6 +41,7 @@ from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record
 from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker, make_harness
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
+from legorl.monitor.sinks import open_trackers
 from legorl.monitor.store import RunStore
 from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
 from legorl.sandbox.images import ImageStore
@@ -218,6 +219,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
         record(store, [rec], tokenizer)
 
     summary: dict[str, Any] = {"run_dir": str(run_dir), "steps": []}
+    trackers = open_trackers(cfg.monitor.sinks, run_dir, run_dir.name, cfg.model_dump(mode="json"))
+    if trackers is not None:
+        store.attach(trackers)  # every metric and alert the store records, from here on
     try:
         async with rollout_backend(cfg, engine) as worker:
             placed = getattr(worker, "placement", None)  # Ray: which node runs what
@@ -227,7 +231,17 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
             async def evaluate(label: str) -> None:
                 ev = await evaluate_heldout(worker, heldout, label, limit, on_record)
                 report.add(ev, step=trainer.version)
-                store.log_metrics(trainer.step_count, {f"heldout/{label}/resolved_rate": ev.rate})
+                row = ev.as_dict()
+                store.log_metrics(
+                    trainer.step_count,
+                    {
+                        f"heldout/{label}/resolved_rate": ev.rate,
+                        f"heldout/{label}/ci95_low": row["ci95"][0],
+                        f"heldout/{label}/ci95_high": row["ci95"][1],
+                        f"heldout/{label}/episodes": float(ev.episodes),
+                        f"heldout/{label}/masked": float(ev.masked),
+                    },
+                )
                 console.print(
                     f"held-out {label}: {ev.resolved}/{ev.episodes} resolved ({ev.rate:.1%}), "
                     f"{ev.masked} masked, {ev.wall_s:.0f}s"
@@ -249,6 +263,8 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
             async with contextlib.aclosing(steps):  # a stop cancels the later steps' rollouts now
                 async for metrics in steps:
                     verdict = run_monitors(store, cfg.monitor, step)
+                    if trackers is not None:  # the step's record says what the trackers had to drop
+                        store.log_metrics(step, trackers.take_dropped())
                     console.print(
                         f"step {step}: reward {metrics.get('reward/mean', 0):.3f} resolved "
                         f"{metrics.get('resolved_rate', 0):.2f} "
@@ -280,7 +296,13 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
         if report.rows:
             report.finish(time.monotonic() - t_run, budget_s=cfg.run.time_budget_s)
             store.add_event("heldout", report.as_dict())
+            if trackers is not None:
+                trackers.summary("heldout", report.as_dict())
             console.print(report.text())
+        if trackers is not None:
+            late = {k: v for k, v in trackers.close().items() if v}
+            if late:  # dropped after the last step's record: the run's events say so
+                store.add_event("tracker_dropped", late)
         store.close()
     if report.rows:
         summary["heldout"] = report.as_dict()

@@ -50,6 +50,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
+from legorl.monitor.sinks import SinkName, warn_missing
 from legorl.types import INFRA_STATUSES
 
 MONITOR_NAMES = (
@@ -124,6 +125,9 @@ class MonitorConfig(BaseModel):
     """Stop the run on any critical alert."""
     stop_on: list[str] = []
     """Monitors whose critical alerts stop the run even when `stop_on_critical` is false."""
+    sinks: list[SinkName] = []
+    """Trackers that get a copy of every step metric, alert, held-out evaluation and the config
+    (`tensorboard`, `wandb`, `mlflow`; extra `legorl[trackers]`): see legorl/monitor/sinks.py."""
 
     @field_validator("disabled", "stop_on")
     @classmethod
@@ -131,6 +135,13 @@ class MonitorConfig(BaseModel):
         unknown = sorted(set(names) - set(MONITOR_NAMES))
         if unknown:
             raise ValueError(f"unknown monitor name(s) {unknown}; known: {list(MONITOR_NAMES)}")
+        return names
+
+    @field_validator("sinks")
+    @classmethod
+    def _installed(cls, names: list[str]) -> list[str]:
+        names = list(dict.fromkeys(names))
+        warn_missing(names)  # one line each, at config load; the run goes on without them
         return names
 
 

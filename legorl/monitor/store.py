@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -43,6 +43,13 @@ from legorl.monitor.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_p
 from legorl.types import Outcome, Trajectory, Turn
 
 SEVERITIES = ("info", "warning", "critical")
+
+
+class StoreListener(Protocol):
+    """Told of each metric batch and alert once committed (`RunStore.attach`)."""
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None: ...
+    def alert(self, step: int, name: str, severity: str, message: str, value: float | None = None) -> None: ...
 
 
 class RunStore(StoreQueries):
@@ -70,6 +77,7 @@ class RunStore(StoreQueries):
         self._traj_ids: dict[str, int] = {}
         self._last_turn: OrderedDict[str, TurnState] = OrderedDict()
         self._cache_sessions = cache_sessions
+        self._listeners: list[StoreListener] = []
         if not readonly:
             with self._lock:
                 init_schema(self._conn)
@@ -80,6 +88,11 @@ class RunStore(StoreQueries):
                     )
                 elif run_name is not None or config is not None:
                     self.set_run_info(name=run_name, config=config)
+
+    def attach(self, listener: StoreListener) -> None:
+        """Also hand every metric and alert this store records to `listener` (the trackers,
+        legorl/monitor/sinks.py), after its commit. A listener must not block or raise."""
+        self._listeners.append(listener)
 
     # ----------------------------------------------------------------- plumbing
     @contextmanager
@@ -464,6 +477,8 @@ class RunStore(StoreQueries):
             rows.append((int(step), key, v if math.isfinite(v) else None, time.time()))
         with self._write() as c:
             c.executemany("INSERT INTO metrics(step, key, value, t) VALUES (?,?,?,?)", rows)
+        for listener in self._listeners:
+            listener.metrics(int(step), {k: v for _, k, v, _ in rows if v is not None})
 
     def add_alert(
         self,
@@ -482,6 +497,8 @@ class RunStore(StoreQueries):
                 "INSERT INTO alerts(step, name, severity, message, value, threshold, t) VALUES (?,?,?,?,?,?,?)",
                 (int(step), name, severity, message, value, threshold, time.time()),
             )
+        for listener in self._listeners:
+            listener.alert(int(step), name, severity, message, value)
 
     def add_event(self, kind: str, data: Mapping[str, Any] | None = None, *, step: int | None = None) -> None:
         """A free-form run event (checkpoint saved, weights synced, run stopped by a monitor...)."""
