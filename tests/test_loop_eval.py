@@ -5,6 +5,7 @@ what the endpoint answers decides the outcome."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from legorl.loop.stats import wilson
 from legorl.tasks.loader import load_shipped, shipped_tasks_dir
 
 AGENT = """#!/bin/bash
@@ -113,3 +115,26 @@ limit = 1
     assert official["schema_version"] == 2 and official["submitted_ids"] == [task.instance_id]
     assert official["resolved_ids"] == ([task.instance_id] if expected else [])
     assert official["instances"][task.instance_id]["resolved"] is bool(expected)
+    # the manifest beside the results: what the number was measured with
+    manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    assert summary["manifest"] == str(tmp_path / "out.manifest.json")
+    agent_sha = hashlib.sha256((tmp_path / "agent.sh").read_bytes()).hexdigest()
+    assert manifest["harness"] == {
+        "name": "command",
+        "max_turns": 8,
+        "version": None,
+        "command_file": str(tmp_path / "agent.sh"),
+        "command_sha256": agent_sha,
+    }
+    assert manifest["model"]["endpoint"] == f"http://127.0.0.1:{port}/v1" and manifest["model"]["sha256"] is None
+    tasks_file = shipped_tasks_dir() / "train.jsonl"
+    assert manifest["tasks"]["sha256"] == hashlib.sha256(tasks_file.read_bytes()).hexdigest()
+    assert manifest["tasks"]["instance_ids"] == [task.instance_id] and manifest["tasks"]["split"] == "train"
+    keys = manifest["images"]
+    assert len(keys["base"]) == 32 and len(keys["tasks"][task.instance_id]) == 32
+    assert keys["tasks"][task.instance_id] != keys["base"]
+    assert manifest["sampling"]["samples_per_task"] == 2 and manifest["sampling"]["temperature"] == 1.0
+    n = 2 if expected else 0
+    assert manifest["failure_classes"] == {"resolved": n, "agent": 2 - n, "infrastructure": 0, "masked": 0}
+    assert manifest["pass@2"]["value"] == expected and manifest["pass@1"]["value"] == expected
+    assert manifest["pass@2"]["ci95"] == pytest.approx(list(wilson(int(expected), 1)))

@@ -5,7 +5,8 @@ Anthropic-compatible endpoint (`--endpoint`), so a baseline model is measured wi
 same harness, sandboxes and grading. pass@k uses the unbiased estimator of Chen et al.
 (2021) with n = k samples per task, i.e. "any of the k resolved"; pass@1 is the mean
 resolved rate over all samples. Infrastructure errors are reported, and left out of the
-rates (a crashed sandbox says nothing about the model).
+rates (a crashed sandbox says nothing about the model). Every evaluation writes its
+manifest beside its results (legorl/loop/manifest.py): what the number was measured with.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from rich.table import Table
 
 from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
+from legorl.loop.manifest import build as build_manifest
+from legorl.loop.manifest import path_for as manifest_path
 from legorl.loop.train import load_task_split
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
-from legorl.types import Status
+from legorl.types import Status, Task
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -57,6 +60,16 @@ def summarize(records: list[RolloutRecord], k: int) -> dict[str, Any]:
         "tasks_scored": len(p1),
         "status_counts": dict(sorted(statuses.items())),
     }
+
+
+async def image_keys(w: RolloutWorker, tasks: list[Task], records: list[RolloutRecord]) -> dict[str, Any]:
+    """Content keys of the images the evaluation ran in (the worker has them cached); a
+    task whose image could not be built has none."""
+    unbuilt = {r.trajectory.instance_id for r in records if "task_image" in r.trajectory.outcome.flags}
+    per: dict[str, str | None] = {}
+    for t in tasks:
+        per[t.instance_id] = None if t.instance_id in unbuilt else await w.images.for_task(t)
+    return {"base": (await w.images.base()).key, "tasks": per}
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:
@@ -95,6 +108,7 @@ async def evaluate(
             cfg, engine, upstream=endpoint, upstream_api_key=api_key or cfg.eval.endpoint_api_key
         ) as w:
             groups = await asyncio.gather(*(w.group(t, k, step=0, limit=sem) for t in tasks))
+            images = await image_keys(w, tasks, [r for g in groups for r in g])
     finally:
         if engine is not None:
             await engine.close()
@@ -106,6 +120,13 @@ async def evaluate(
         {r.trajectory.instance_id: r.trajectory.outcome.status.value for r in records} if k == 1 else {}
     )
     print_summary(summary, console)
+    manifest = build_manifest(
+        cfg, split=split or cfg.run.eval_split, endpoint=endpoint, tasks=tasks, records=records, k=k, images=images
+    )
+    where = manifest_path(cfg, out)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text(json.dumps(manifest, indent=1))
+    summary["manifest"] = str(where)
     if out is not None:
         from legorl.loop.official_report import run_report
 
