@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from legorl.loop.config import HarnessSection, RunConfig
-from legorl.loop.manifest import failure_classes, harness_info, model_info, rates, sha256_tree, tasks_info
+from legorl.loop.manifest import failure_classes, harness_info, model_info, rates, sampling, sha256_tree, tasks_info
 from legorl.loop.stats import wilson
 from legorl.loop.worker import RolloutRecord
 from legorl.models import resolve_model
@@ -65,6 +65,10 @@ def test_model_hash_follows_the_weights(tmp_path: Path) -> None:
     assert model_info(cfg, None)["sha256"] != first["sha256"]
     ext = model_info(cfg, "http://127.0.0.1:9/v1")
     assert ext["endpoint"] == "http://127.0.0.1:9/v1" and ext["sha256"] is None
+    cfg.proxy.temperature, cfg.proxy.max_tokens = 0.7, 256
+    ours = sampling(cfg, None, 3)
+    assert (ours["temperature"], ours["max_tokens"], ours["samples_per_task"]) == (0.7, 256, 3)
+    assert "temperature" not in sampling(cfg, "http://127.0.0.1:9/v1", 3)  # relayed: the harness's own
 
 
 def test_task_file_and_harness_versions(tmp_path: Path) -> None:

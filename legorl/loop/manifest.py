@@ -179,6 +179,22 @@ def rates(records: list[RolloutRecord], k: int) -> dict[str, Any]:
     return out
 
 
+def sampling(cfg: RunConfig, endpoint: str | None, k: int) -> dict[str, Any]:
+    """The proxy's sampling settings (the harness's own are only recorded by it); against an
+    external endpoint the requests are relayed as the harness wrote them, so none of ours apply."""
+    if endpoint:
+        return {"applies_to": "the harness's own requests, relayed unchanged to the endpoint", "samples_per_task": k}
+    p = cfg.proxy
+    return {
+        "applies_to": "every policy call, whatever the harness asked (the proxy's settings)",
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "max_tokens": p.max_tokens,
+        "samples_per_task": k,
+    }
+
+
 def _version() -> str | None:
     try:
         return metadata.version("legorl")
@@ -196,7 +212,6 @@ def build(
     k: int,
     images: dict[str, Any],
 ) -> dict[str, Any]:
-    p = cfg.proxy
     return {
         "manifest_version": MANIFEST_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -205,14 +220,7 @@ def build(
         "model": model_info(cfg, endpoint),
         "tasks": tasks_info(cfg, split, tasks),
         "images": images,
-        "sampling": {
-            "applies_to": "the harness's own requests (relayed)" if endpoint else "our engine (the proxy's settings)",
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "top_k": p.top_k,
-            "max_tokens": p.max_tokens,
-            "samples_per_task": k,
-        },
+        "sampling": sampling(cfg, endpoint, k),
         "limits": {
             "backend": cfg.sandbox.backend,
             "agent_timeout_s": cfg.sandbox.agent_timeout_s,

@@ -38,6 +38,7 @@ Metric keys (emitted by the rollout loop and the trainer, one value per step):
 | `policy/staleness_mean` | mean (trainer version - version that sampled) over trained tokens |
 | `async/dropped_stale` | trajectories of the step left out as older than `run.max_staleness` |
 | `async/trainer_idle_s` | seconds the trainer waited for the step's rollouts (asynchronous runs) |
+| `tracker/<sink>/dropped` | writes a tracker (`[monitor] sinks`) dropped since the step before |
 """
 
 from __future__ import annotations
