@@ -250,3 +250,28 @@ at = ["end"]
     assert arts["config.json"]["harness"]["name"] == "command"
     assert {a["step"] for a in arts["alerts.json"] if a["name"] == "mismatch"} == {0, 1}
     assert arts["heldout.json"]["evaluations"]["end"]["episodes"] == 1
+
+
+@pytest.mark.slow
+def test_train_goes_on_past_a_tracker_that_fails(tmp_path: Path) -> None:
+    """W&B cannot start (a `WANDB_MODE` it rejects): the run finishes, says so in one line,
+    and each step's record counts the writes the tracker dropped."""
+    config = write_run(tmp_path, group_size=2, extra='[monitor]\nsinks = ["wandb"]\n')
+    old = os.environ.get("WANDB_MODE")
+    os.environ["WANDB_MODE"] = "no-such-mode"
+    try:
+        proc = train(config)
+    finally:
+        os.environ.pop("WANDB_MODE") if old is None else os.environ.__setitem__("WANDB_MODE", old)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "tracker 'wandb'" in line]
+    assert len(lines) == 1 and "open failed" in lines[0], proc.stderr[-3000:]
+    series, _ = _store_series(tmp_path / "run")
+    dropped = series["tracker/wandb/dropped"]  # counted as the tracker's thread finds out: per step, then at the end
+    db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    late = [
+        json.loads(d)["tracker/wandb/dropped"]
+        for (d,) in db.execute("SELECT data FROM events WHERE kind = ?", ("tracker_dropped",))
+    ]
+    assert set(dropped) == {0, 1} and sum(dropped.values()) + sum(late) >= 1 + 2 * 2  # the open, 2 batches a step...
+    assert "reward/mean" in series and set(series["reward/mean"]) == {0, 1}  # the run itself lost nothing
