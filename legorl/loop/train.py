@@ -300,9 +300,11 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 trackers.summary("heldout", report.as_dict())
             console.print(report.text())
         if trackers is not None:
+            t_close = time.monotonic()
             late = {k: v for k, v in trackers.close().items() if v}
             if late:  # dropped after the last step's record: the run's events say so
                 store.add_event("tracker_dropped", late)
+            console.print(f"trackers {', '.join(trackers.names)}: flushed in {time.monotonic() - t_close:.1f}s")
         store.close()
     if report.rows:
         summary["heldout"] = report.as_dict()

@@ -3,11 +3,13 @@ TensorBoard, Weights & Biases and MLflow (`[monitor] sinks`, any subset; none by
 
 The run store stays the record: a tracker is a copy for a team's own dashboard, so it may
 never stop or slow the run. Each sink therefore gets a bounded queue drained by a thread of
-its own; the loop only enqueues (a full queue drops the write), a write that raises is
-dropped, and either prints one warning line per sink for the whole run. The loop puts the
-count in each step's record (`tracker/<sink>/dropped`, writes dropped since the step
-before). The store forwards to `Trackers` (`RunStore.attach`), so every metric and alert it
-records reaches the sinks, from one place.
+its own, which hands each write to the sink's own process (`ProcessSink`: the libraries
+never run in, nor take the GIL of, the training process); the loop only enqueues (a full
+queue drops the write), a write that raises is dropped, and either prints one warning line
+per sink for the whole run. The loop puts the count in each step's record
+(`tracker/<sink>/dropped`, writes dropped since the step before). The store forwards to
+`Trackers` (`RunStore.attach`), so every metric and alert it records reaches the sinks,
+from one place.
 
 Where each writes, all inside the run directory:
 - `tensorboard`: event files in `RUN_DIR/tensorboard` (torch's `SummaryWriter`);
@@ -22,6 +24,7 @@ is named in one line when the config is loaded, and left out.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -29,6 +32,7 @@ import math
 import os
 import queue
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -234,6 +238,96 @@ SINKS: dict[str, Callable[[], Sink]] = {"tensorboard": TensorBoardSink, "wandb":
 _CLOSE = object()
 
 
+class ProcessSink:
+    """A sink in a child process of its own (`python -m legorl.monitor.sinks NAME`), so that
+    importing and running a tracker library (MLflow's database set-up, W&B's service, tens
+    of seconds of CPU on a busy machine) never holds the training process's GIL. One JSON
+    line per call, answered by one line; called from its lane's thread only, so a slow or
+    hung child blocks that thread, never the run. Its output goes to RUN_DIR/trackers/NAME.log."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._proc: subprocess.Popen[str] | None = None
+
+    def _call(self, kind: str, *args: Any) -> None:
+        assert self._proc is not None and self._proc.stdin is not None and self._proc.stdout is not None
+        try:
+            self._proc.stdin.write(json.dumps([kind, args], default=str) + "\n")
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise RuntimeError(f"its process exited ({self._proc.poll()}); see {self._log}") from None
+        answer = self._proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"its process exited ({self._proc.wait()}); see {self._log}")
+        error = json.loads(answer)
+        if error:
+            raise RuntimeError(error)
+
+    def open(self, run_dir: Path, run_name: str, config: Mapping[str, Any]) -> None:
+        self._log = run_dir / "trackers" / f"{self.name}.log"
+        self._log.parent.mkdir(parents=True, exist_ok=True)
+        with self._log.open("a") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "legorl.monitor.sinks", self.name],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                start_new_session=True,  # a Ctrl-C reaches the run, which then closes us in order
+            )
+        self._call("open", str(run_dir), run_name, dict(config))
+
+    def metrics(self, step: int, values: Mapping[str, float]) -> None:
+        self._call("metrics", step, _finite(values))
+
+    def alert(self, step: int, name: str, severity: str, message: str, value: float | None) -> None:
+        self._call("alert", step, name, severity, message, value)
+
+    def summary(self, name: str, data: Mapping[str, Any]) -> None:
+        self._call("summary", name, data)
+
+    def close(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._call("close")
+        finally:
+            self.kill()
+
+    def kill(self, wait_s: float = 10.0) -> None:
+        """End the child (it has closed its tracker, or is past saving)."""
+        if self._proc is None:
+            return
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def serve(name: str) -> None:
+    """The child's side of `ProcessSink`: one JSON call per stdin line, the error (or null)
+    per line on the original stdout; anything the library prints goes to stderr (the log)."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sink = SINKS[name]()
+    for line in sys.stdin:
+        kind, args = json.loads(line)
+        if kind == "open":
+            args[0] = Path(args[0])
+        try:
+            getattr(sink, kind)(*args)
+            error = None
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which drops the write
+            error = f"{type(e).__name__}: {e}"
+        reply.write(json.dumps(error) + "\n")
+        reply.flush()
+        if kind == "close":
+            break
+
+
 class _Lane:
     """One sink behind its bounded queue and thread; counts what it had to drop."""
 
@@ -339,11 +433,17 @@ class Trackers:
             lane.thread.join(max(0.0, deadline - time.monotonic()))
             if lane.thread.is_alive():
                 lane._drop(lane.q.qsize(), f"still busy after {timeout_s:.0f} s at the end of the run")
+                if isinstance(lane.sink, ProcessSink):
+                    lane.sink.kill(wait_s=0.0)
         return self.take_dropped()
 
 
 def open_trackers(names: list[str], run_dir: Path, run_name: str, config: Mapping[str, Any]) -> Trackers | None:
     """The configured sinks that are installed (the missing ones were named at config load)."""
     gone = set(missing(names))
-    sinks = [SINKS[n]() for n in dict.fromkeys(names) if n not in gone]
+    sinks: list[Sink] = [ProcessSink(n) for n in dict.fromkeys(names) if n not in gone]
     return Trackers(sinks, run_dir, run_name, config) if sinks else None
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
