@@ -125,7 +125,28 @@ def test_sinks_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: p
     assert err == ["warning: tracker 'wandb' is not installed and is left out: pip install 'legorl[trackers]'"]
     t = sinks.open_trackers(cfg.monitor.sinks, tmp_path, "r", {})
     assert t is not None and t.names == ["tensorboard"]
-    t.close(timeout_s=60)
+    t.metrics(3, {"x": 1.5})
+    assert t.close(timeout_s=60) == {"tracker/tensorboard/dropped": 0.0}
+    assert read_tensorboard(tmp_path)[0]["x"] == [(3, 1.5)]  # written by the sink's own process
+
+
+def test_a_tracker_process_that_dies_only_loses_its_writes(tmp_path: Path) -> None:
+    lines: list[str] = []
+    sink = sinks.ProcessSink("tensorboard")
+    t = Trackers([sink], tmp_path, "r", {}, warn=lines.append)
+    t.metrics(0, {"x": 1.0})
+    deadline = time.monotonic() + 60
+    while t.lanes[0].q.qsize() and time.monotonic() < deadline:  # the open and the first write are through
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert sink._proc is not None
+    sink._proc.kill()  # the child we started, by its own handle
+    sink._proc.wait()
+    t.metrics(1, {"x": 2.0})
+    t.metrics(2, {"x": 3.0})
+    dropped = t.close(timeout_s=60)
+    assert dropped["tracker/tensorboard/dropped"] >= 2
+    assert len(lines) == 1 and "process exited" in lines[0]
 
 
 # ---- the three libraries' own readers -------------------------------------------------------
