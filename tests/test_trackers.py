@@ -195,7 +195,8 @@ def read_wandb(run_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dic
 def read_mlflow(run_dir: Path, out: Path) -> tuple[Any, Any, dict[str, Any]]:
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri(run_dir))
+    uri = tracking_uri(run_dir)
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     exp = client.get_experiment_by_name("legorl")
     (run,) = client.search_runs([exp.experiment_id])
     arts = {}

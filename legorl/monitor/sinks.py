@@ -195,7 +195,7 @@ class MlflowSink:
         root = run_dir / "mlruns"
         root.mkdir(parents=True, exist_ok=True)
         self.uri = tracking_uri(run_dir)
-        self._c = MlflowClient(tracking_uri=self.uri)
+        self._c = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
         exp = self._c.get_experiment_by_name("legorl")
         exp_id = (
             exp.experiment_id
