@@ -49,7 +49,7 @@ WATCH_ATTRS = {
     "sys": ("exit", "settrace", "gettrace", "setprofile", "getprofile", "addaudithook", "_getframe"),
     "threading": ("settrace", "setprofile"),
     "atexit": ("register",),
-    "builtins": ("open", "__import__"),
+    "builtins": ("open", "__import__", "__lg_probe__"),
 }
 
 
@@ -647,6 +647,30 @@ class Watch:
                 return "module_hook"
         return "ok"
 
+    def probe(self, value):
+        """`value`, noting an equality forgery: an object whose `__eq__` (or `__ne__`) is the
+        agent's code and which claims to equal a fresh object of a class nobody has seen (an
+        honest `__eq__` never does: "always equal" return values make `assert f(x) == y` pass
+        with the bug still there)."""
+        t = type(value)
+        if t in _PLAIN:
+            return value
+        try:
+            for name, lie in (("__eq__", True), ("__ne__", False)):
+                code = getattr(getattr(t, name, None), "__code__", None)
+                if code is not None and self.is_agents(code.co_filename):
+                    if bool(value == _Nobody()) if lie else not (value != _Nobody()):
+                        where = code.co_filename
+                        note = "equality_forged:%s" % (
+                            where[len(self.repo) :] if where.startswith(self.repo) else where
+                        )
+                        if note not in self.events and len(self.events) < 50:
+                            self.events.append(note)
+                        break
+        except Exception:
+            pass
+        return value
+
     def hooks_now(self, threading_mod):
         """The interpreter-wide hooks active right now that are the agent's code."""
         import sys as _sys
@@ -665,6 +689,51 @@ class Watch:
             fn = code.co_filename if code is not None else "<unknown>"
             out.append("%s:%s" % (kind, fn[len(self.repo) :] if fn.startswith(self.repo) else fn))
         return out
+
+
+class _Nobody:
+    """A fresh object of a class no code under test knows: nothing honest equals it."""
+
+    __slots__ = ()
+
+
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset})
+
+
+def probe_comparisons(tree):
+    """Wrap each operand of `==`/`!=` in a test module's code in `__lg_probe__(...)` (a builtin the
+    recorder adds), so every value a test compares is checked by `Watch.probe`; the
+    comparison's result and pytest's explanations of a failing assert are unchanged."""
+    import ast
+
+    class _T(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                wrap = lambda e: ast.copy_location(  # noqa: E731
+                    ast.Call(func=ast.Name(id="__lg_probe__", ctx=ast.Load()), args=[e], keywords=[]), e
+                )
+                node.left = wrap(node.left)
+                node.comparators = [wrap(c) for c in node.comparators]
+            return node
+
+    tree = _T().visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree
+
+
+def probe_assert_equal(case_cls, watch):
+    """unittest's equality assertions check their operands with `watch.probe` first."""
+    for name in ("assertEqual", "assertNotEqual"):
+        real = vars(case_cls)[name]
+
+        def checked(self, first, second, *a, _real=real, **kw):
+            watch.probe(first)
+            watch.probe(second)
+            return _real(self, first, second, *a, **kw)
+
+        checked.__name__ = checked.__qualname__ = name
+        setattr(case_cls, name, checked)
 
 
 def origin_of(exc, watch, test_file):
@@ -727,15 +796,24 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             importlib.import_module("_pytest." + plugin)
         except ImportError:
             pass
+    import builtins
     import threading
     import unittest.case
 
-    from _pytest.assertion.rewrite import rewrite_asserts
+    import _pytest.assertion.rewrite as assert_rewrite
 
     skipped_exc, xfailed_exc = _pytest.outcomes.Skipped, _pytest.outcomes.XFailed
     function_cls = _pytest.python.Function
     repo = cfg["repo"].rstrip("/") + "/"
     watch = Watch(repo, cfg.get("agent_files", []), cfg.get("test_files", []), started_ns, sys._getframe)
+    pytest_rewrite = assert_rewrite.rewrite_asserts
+
+    def rewrite_asserts(mod, source, module_path=None, config=None):
+        # pytest's own rewrite, after every operand of == / != is routed through the probe
+        return pytest_rewrite(probe_comparisons(mod), source, module_path, config)
+
+    assert_rewrite.rewrite_asserts = rewrite_asserts
+    builtins.__lg_probe__ = watch.probe
     watch.rewrite = rewrite_asserts
     extras = {}  # nodeid -> what the recorder saw besides outcomes (provenance, skip origin, markers)
     current = [None]  # the item whose call phase is running
@@ -763,6 +841,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         return r
 
     unittest.case.TestCase._callTestMethod = _callTestMethod
+    probe_assert_equal(unittest.case.TestCase, watch)
     snap = snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
     write, dumps, mac_of, gettrace = os.write, json.dumps, hmac.digest, sys.gettrace
