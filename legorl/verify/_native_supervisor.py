@@ -131,9 +131,12 @@ def child(cfg, key, rec_w, log_w, go_r):
 
             def wrapped(self, *a, **kw):
                 if when == "call" and a:
-                    extras.setdefault(id(self), {})["own"] = watch.provenance(
+                    x = extras.setdefault(id(self), {})
+                    x["own"] = watch.provenance(
                         getattr(self, "_testMethodName", ""), a[0], sys.modules.get(type(self).__module__)
                     )
+                    if x["own"] == "own":
+                        x["code"] = watch.pending
                 try:
                     r = fn(self, *a, **kw)
                 except BaseException as exc:
@@ -183,10 +186,11 @@ def child(cfg, key, rec_w, log_w, go_r):
 
         def record(func, file, key):
             own = watch.provenance(key, func)
+            code = watch.pending if own == "own" else None
 
             @functools.wraps(func)
             def test(*a, **kw):
-                x = {"own": own} if own != "own" else {}
+                x = {"own": own} if own != "own" else {"code": code}
                 try:
                     r = func(*a, **kw)
                 except BaseException as exc:
@@ -242,7 +246,6 @@ def child(cfg, key, rec_w, log_w, go_r):
         wrappers["exec"] = exec_
         builtins.exec = exec_
         builtins.__lg_probe__ = watch.probe
-        watch.rewrite = lambda tree, src, fn, config: base.probe_comparisons(tree)
         owner = builtins
     snap = base.snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
@@ -329,6 +332,10 @@ def main():
     guarded = base.digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
+    probed = (lambda tree, src, path: base.probe_comparisons(tree)) if cfg["runner"] == "sympy" else None
+    fresh = base.FreshCompiles(
+        cfg["repo"].rstrip("/") + "/", cfg.get("guard", []), [None] + ([probed] if probed else [])
+    )
     status, strays, bufs, still_open = base.collect(pid, (rec_r, log_r))
     after = base.digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
@@ -340,6 +347,7 @@ def main():
     if wanted and canaries:
         keep = wanted | set(canaries.values())
         records = [r for r in records if r.get("k") != "test" or r["id"] in keep or r.get("legacy") in keep]
+    fresh.verify(records)
     summary = {
         "exit": os.waitstatus_to_exitcode(status),
         "records": records,
