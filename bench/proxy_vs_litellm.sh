@@ -11,7 +11,7 @@
 #
 # Method (bench/loadgen.py's docstring has the load generator's, bench/fake_backend.py the upstream's):
 # - bench/loadgen.py drives both proxies: closed loop, one keep-alive connection per worker,
-#   the same ~7k-token Claude-Code-shaped coding-agent turn in each dialect, streaming and not,
+#   the same ~6.9k-token Claude-Code-shaped coding-agent turn in each dialect, streaming and not,
 #   N >= MIN_WAVES x C measured requests after max(20, C) unmeasured ones, CPU per request of
 #   the proxy's whole process tree read from /proc around the measured phase (--proxy-pid).
 # - LiteLLM (litellm[proxy]==1.108.7, its own venv under $WORK, the only step that needs the
@@ -19,7 +19,7 @@
 #   forwards to bench/fake_backend.py, which answers at once with a fixed 10-token reply.
 # - Ours runs standalone (`run_standalone`, scripted engine replaying the fake backend's
 #   10-token reply, recording every turn to JSONL) and does MORE per request than LiteLLM:
-#   it renders and tokenises the whole ~7k-token (cl100k; ~9.6k in our tokenizer) prompt,
+#   it renders and tokenises the whole ~6.9k-token (cl100k; ~9.7k in our tokenizer) prompt,
 #   runs the engine in-process, detokenises and parses every token, and records the turn.
 #   Its "engine" is in-process, so the fake backend's CPU is not part of our number, while
 #   LiteLLM's number excludes the backend too (--proxy-pid counts the proxy's process tree).
