@@ -433,9 +433,8 @@ def turn_of(session_id: str, t: RebuiltTurn) -> Turn:
         response_text=r["response_text"] or "",
         tool_calls=loads(r["tool_calls"], []),
         routed_experts=as_routing(routing),
-        routing_base=(r["routing_base"] or 0)
-        if "routing_base" in r.keys()
-        else 0,  # v1 store, read-only format_error=bool(r["format_error"]),
+        routing_base=(r["routing_base"] or 0) if "routing_base" in r.keys() else 0,  # a v1 store, read-only
+        format_error=bool(r["format_error"]),
         side_call=bool(r["side_call"]),
         policy_version=r["policy_version"] or 0,
         model=r["model"] or "",
