@@ -13,15 +13,14 @@ means something. Token ids and logprobs match the store exactly; reading a file 
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from atif_util import LEGORL, ROOT, export, exported_and_valid, harbor_errors
 
 from legorl.monitor.atif import SCHEMA_VERSION, read_turns
 from legorl.monitor.demo import encode, write_demo_run
@@ -29,43 +28,7 @@ from legorl.monitor.store import RunStore
 from legorl.trajectory import assemble
 from legorl.types import Dialect, FinishReason, Outcome, Status, Turn
 
-ROOT = Path(__file__).resolve().parents[1]
-HARBOR_PY = Path(os.environ.get("LEGORL_HARBOR_VENV", ROOT / ".venv-harbor")) / "bin" / "python"
 FIXTURE = Path(__file__).parent / "fixtures" / "harness_requests" / "codex-subagents.json"
-LEGORL = [sys.executable, "-m", "legorl.cli"]
-
-VALIDATE = """
-import json, sys
-from pathlib import Path
-from harbor.utils.trajectory_validator import TrajectoryValidator
-out = {}
-for p in sorted(Path(sys.argv[1]).glob("*.json")):
-    v = TrajectoryValidator()
-    out[p.name] = [] if v.validate(p) else v.get_errors()
-print(json.dumps(out))
-"""
-
-
-def harbor_errors(directory: Path) -> dict[str, list[str]]:
-    """Harbor's TrajectoryValidator over every .json in `directory`: file -> its errors."""
-    if not HARBOR_PY.exists():
-        pytest.fail(f"no Harbor venv at {HARBOR_PY.parent.parent}: run scripts/setup_harbor.sh")
-    proc = subprocess.run(
-        [str(HARBOR_PY), "-c", VALIDATE, str(directory)], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout)
-
-
-def export(run: Path, out: Path, fmt: str = "atif") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*LEGORL, "export", str(run), "--format", fmt, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
 
 
 # ----------------------------------------------------------------- sessions with sub-agents
@@ -285,6 +248,8 @@ def test_sub_agents_are_embedded_and_side_calls_marked(exported: Path) -> None:
     assert doc["agent"] == {**doc["agent"], "name": "codex", "version": "0.169.0", "model_name": "legorl-policy"}
     tools = {d["function"]["name"] for d in doc["agent"]["tool_definitions"]}
     assert {"exec_command", "spawn_agent", "wait_agent"} <= tools  # the namespace's functions, flattened
+    sub_tools = {d["function"]["name"] for d in subs[0]["agent"]["tool_definitions"]}
+    assert "exec_command" in sub_tools and "spawn_agent" not in sub_tools  # what the sub-agent was offered
 
 
 def test_an_unmarked_sub_agent_is_found_by_interleaving_and_a_compaction_stays_in_the_root(exported: Path) -> None:
@@ -346,3 +311,56 @@ def test_bad_input_is_one_line(run_dir: Path, tmp_path: Path, case: str, expect:
     proc = export(run, out, fmt)
     assert proc.returncode != 0 and expect in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_jsonl_and_parquet_through_the_same_command(run_dir: Path, tmp_path: Path) -> None:
+    proc = export(run_dir, tmp_path / "run.jsonl", "jsonl")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["trajectories"] == 19, proc.stderr
+    assert len((tmp_path / "run.jsonl").read_text().splitlines()) == 19
+    proc = export(run_dir, tmp_path / "pq", "parquet")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["trajectories"] == 19, proc.stderr
+    proc = export(run_dir, tmp_path, "jsonl")
+    assert proc.returncode != 0 and "is a directory" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+QUICKSTART_SLICE = {  # examples/quickstart.toml, one small step: (section, key) -> value
+    ("run", "steps"): "1",
+    ("run", "tasks_per_step"): "2",
+    ("run", "group_size"): "4",
+    ("heldout", "tasks"): "0",
+    ("warm_start", "episodes"): "8",
+    ("warm_start", "steps"): "2",
+    ("warm_start", "control_steps"): "0",
+}
+
+
+@pytest.mark.harness
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_every_file_of_a_quickstart_run_validates(tmp_path: Path) -> None:
+    """`legorl train` on a slice of the quickstart (the warm mini-swe-agent, the hf engine,
+    local sandboxes), then `legorl export --format atif`: Harbor accepts every file, and
+    every recorded turn is one agent step with its ids and logprobs."""
+    lines, section = [], ""
+    for line in (ROOT / "examples" / "quickstart.toml").read_text().splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        key = line.split("=", 1)[0].strip()
+        if (section, key) in QUICKSTART_SLICE:
+            line = f"{key} = {QUICKSTART_SLICE[section, key]}"
+        elif (section, key) == ("run", "dir"):
+            line = f'dir = "{tmp_path / "run"}"'
+        lines.append(line)
+    config = tmp_path / "quickstart-slice.toml"
+    config.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(
+        [*LEGORL, "train", str(config)], capture_output=True, text=True, timeout=1100, check=False, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    docs = exported_and_valid(tmp_path / "run", tmp_path / "atif")
+    with RunStore(tmp_path / "run", readonly=True) as store:
+        n_turns = sum(len(store.load_turns(sid)) for sid in store.iter_session_ids())
+        assert len(docs) == len(list(store.iter_session_ids())) >= 8 + 8  # warm start + one step
+    steps = [s for d in docs for s in _agent_steps(d)]
+    assert len(steps) == n_turns > 0
+    assert all(len(s["metrics"]["logprobs"]) == len(s["metrics"]["completion_token_ids"]) for s in steps)

@@ -303,16 +303,19 @@ def to_atif(
     seg_of = {i: k for k, s in enumerate(traj.segments) for i in s.turn_indices}
     subs = sub_agent_segments(traj, by_index)
     harness = traj.harness or "legorl"
-    policy_models = [t.model for t in turns if t.model and not t.side_call]
-    agent = _drop_none(
-        {
-            "name": harness,
-            "version": _harness_version(harness),
-            "model_name": policy_models[0] if policy_models else None,
-            "tool_definitions": _tool_definitions(turns[0].request) if turns else None,
-            "extra": {EXTRA: {"exporter": f"legorl {_version()}"}},
-        }
-    )
+
+    def agent(first: Turn | None) -> dict[str, Any]:
+        """The agent of a conversation: its model and the tools its first policy call offered."""
+        return _drop_none(
+            {
+                "name": harness,
+                "version": _harness_version(harness),
+                "model_name": (first.model or None) if first is not None else None,
+                "tool_definitions": _tool_definitions(first.request) if first is not None else None,
+                "extra": {EXTRA: {"exporter": f"legorl {_version()}"}},
+            }
+        )
+
     root = _Thread()
     threads = {k: _Thread() for k in sorted(subs)}
     sub_ids = {k: f"{session_id}#segment-{k}" for k in threads}
@@ -344,7 +347,7 @@ def to_atif(
         root,
         sid=session_id,
         tid=session_id,
-        agent=agent,
+        agent=agent(next((t for t in turns if not t.side_call and seg_of.get(t.index) not in subs), None)),
         extra={
             "instance_id": traj.instance_id,
             "step": traj.step,
@@ -358,7 +361,13 @@ def to_atif(
     )
     if threads:
         out["subagent_trajectories"] = [
-            _trajectory(th, sid=session_id, tid=sub_ids[k], agent=agent, extra={"segment": k})
+            _trajectory(
+                th,
+                sid=session_id,
+                tid=sub_ids[k],
+                agent=agent(by_index.get(traj.segments[k].turn_indices[0])),
+                extra={"segment": k},
+            )
             for k, th in threads.items()
         ]
     return out
