@@ -364,3 +364,43 @@ def test_every_file_of_a_quickstart_run_validates(tmp_path: Path) -> None:
     steps = [s for d in docs for s in _agent_steps(d)]
     assert len(steps) == n_turns > 0
     assert all(len(s["metrics"]["logprobs"]) == len(s["metrics"]["completion_token_ids"]) for s in steps)
+
+
+def test_another_producers_file_reads_in_file_order(tmp_path: Path) -> None:
+    """A file without our `extra` (another producer's): steps with ids are policy calls in
+    file order, sub-agents' after the root's; steps without ids are skipped; ids without a
+    logprob per token are refused, never filled in."""
+
+    def step(i: int, prompt: list[int], completion: list[int], logprobs: list[float] | None) -> dict[str, Any]:
+        m: dict[str, Any] = {"prompt_token_ids": prompt, "completion_token_ids": completion}
+        if logprobs is not None:
+            m["logprobs"] = logprobs
+        return {"step_id": i, "source": "agent", "message": "", "metrics": m}
+
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "session_id": "foreign",
+        "agent": {"name": "terminus-2", "version": "2"},
+        "steps": [
+            {"step_id": 1, "source": "user", "message": "hi"},
+            step(2, [1, 2], [3], [-0.5]),
+            {"step_id": 3, "source": "agent", "message": "no ids", "metrics": {"prompt_tokens": 4}},
+            step(4, [1, 2, 3, 9], [4, 5], [-0.25, -1.0]),
+        ],
+        "subagent_trajectories": [
+            {"trajectory_id": "sub", "agent": {"name": "s", "version": "1"}, "steps": [step(1, [7], [8], [-2.0])]}
+        ],
+    }
+    (tmp_path / "foreign.json").write_text(json.dumps(doc))
+    assert harbor_errors(tmp_path) == {"foreign.json": []}  # valid ATIF
+    turns = read_turns(tmp_path / "foreign.json")
+    assert [(t.index, t.prompt_ids, t.completion_ids, t.logprobs) for t in turns] == [
+        (0, [1, 2], [3], [-0.5]),
+        (1, [1, 2, 3, 9], [4, 5], [-0.25, -1.0]),
+        (2, [7], [8], [-2.0]),
+    ]
+    traj = assemble(turns, "foreign")
+    assert [s.turn_indices for s in traj.segments] == [[0, 1], [2]]
+    doc["steps"][3]["metrics"].pop("logprobs")
+    with pytest.raises(ValueError, match="step 4: no logprobs for 2 completion tokens"):
+        read_turns(doc)

@@ -418,17 +418,24 @@ def read_turns(doc: dict[str, Any] | Path | str) -> list[Turn]:
     """The model calls of an ATIF trajectory (root and sub-agents) as `Turn`s, in call order.
 
     Steps without token ids (another producer's, or copied context) are skipped: there is
-    nothing to train on. Our own `extra.legorl` fields restore call order, dialect and
-    side calls; without them steps count in file order as OpenAI-chat policy calls."""
+    nothing to train on. A step with ids but no logprob for each completion token is a
+    ValueError (never made up). Our own `extra.legorl` fields restore call order, dialect
+    and side calls; without them steps count in file order as OpenAI-chat policy calls."""
     if not isinstance(doc, dict):
         doc = orjson.loads(Path(doc).read_bytes())
     sid = doc.get("session_id") or doc.get("trajectory_id") or ""
     turns = []
-    for n, step in enumerate(_agent_steps(doc)):
+    for step in _agent_steps(doc):
         m, ours = step["metrics"], (step.get("extra") or {}).get(EXTRA, {})
         if m.get("completion_token_ids") is None or m.get("prompt_token_ids") is None:
             continue
-        completion = list(m["completion_token_ids"])
+        completion, logprobs = list(m["completion_token_ids"]), m.get("logprobs")
+        if logprobs is None or len(logprobs) != len(completion):
+            got = "no logprobs" if logprobs is None else f"{len(logprobs)} logprobs"
+            raise ValueError(
+                f"step {step.get('step_id')}: {got} for {len(completion)} completion tokens "
+                "(training needs the sampler's logprob of every token)"
+            )
         calls = [
             {
                 "id": c["tool_call_id"],
@@ -440,11 +447,11 @@ def read_turns(doc: dict[str, Any] | Path | str) -> list[Turn]:
         turns.append(
             Turn(
                 session_id=sid,
-                index=int(ours.get("turn_index", n)),
+                index=int(ours.get("turn_index", len(turns))),
                 dialect=Dialect(ours.get("dialect", Dialect.OPENAI_CHAT)),
                 prompt_ids=list(m["prompt_token_ids"]),
                 completion_ids=completion,
-                logprobs=list(m["logprobs"]) if m.get("logprobs") is not None else [0.0] * len(completion),
+                logprobs=list(logprobs),
                 finish_reason=FinishReason(ours.get("finish_reason", FinishReason.STOP)),
                 sampling_used=ours.get("sampling_used") or {},
                 response_text=step.get("message") if isinstance(step.get("message"), str) else "",
