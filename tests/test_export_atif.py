@@ -127,7 +127,18 @@ def claude_session(store: RunStore, sid: str = "claude-subagent") -> list[Turn]:
     t0 = _turn(sid, 0, A, p0, "Delegating.", body(user), tool_calls=[agent_call])
     s0, _ = encode("fix calc.py")
     sub_user = {"role": "user", "content": "fix calc.py"}
-    t1 = _turn(sid, 1, A, s0, "Editing.", body(sub_user), format_error=True)
+    handed = [  # history the sub-agent starts from (copied context, not sampled in this session)
+        {"role": "user", "content": "Context:"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Read it first."},
+                {"type": "tool_use", "id": "toolu_0", "name": "Read", "input": {"path": "calc.py"}},
+            ],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "def add"}]},
+    ]
+    t1 = _turn(sid, 1, A, s0, "Editing.", body(*handed, sub_user), format_error=True)
     s1 = s0 + t1.completion_ids + encode("ok")[0]
     t2 = _turn(
         sid,
@@ -135,7 +146,7 @@ def claude_session(store: RunStore, sid: str = "claude-subagent") -> list[Turn]:
         A,
         s1,
         "Edited.",
-        body(sub_user, {"role": "assistant", "content": "Editing."}, {"role": "user", "content": "ok"}),
+        body(*handed, sub_user, {"role": "assistant", "content": "Editing."}, {"role": "user", "content": "ok"}),
     )
     p1 = p0 + t0.completion_ids + encode("Edited.")[0]
     echo = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Agent", "input": {}}]}
@@ -261,7 +272,21 @@ def test_an_unmarked_sub_agent_is_found_by_interleaving_and_a_compaction_stays_i
     assert root == [(0, 0), (3, 0), (4, 2)]
     (sub,) = doc["subagent_trajectories"]
     assert [s["extra"]["legorl"]["turn_index"] for s in _agent_steps(sub)] == [1, 2]
-    assert sub["steps"][0] == {"step_id": 1, "source": "system", "message": "You are Claude Code."}
+    assert sub["steps"][:2] == [
+        {"step_id": 1, "source": "system", "message": "You are Claude Code."},
+        {"step_id": 2, "source": "user", "message": "Context:"},
+    ]
+    call = {"tool_call_id": "toolu_0", "function_name": "Read", "arguments": {"path": "calc.py"}}
+    assert sub["steps"][2] == {
+        "step_id": 3,
+        "source": "agent",
+        "message": "",
+        "is_copied_context": True,  # handed over, not sampled: no metrics, not to be trained on
+        "reasoning_content": "Read it first.",
+        "tool_calls": [call],
+        "observation": {"results": [{"source_call_id": "toolu_0", "content": "def add"}]},
+    }
+    assert [s["source"] for s in sub["steps"][3:]] == ["user", "agent", "user", "agent"]
     assert _agent_steps(sub)[0]["extra"]["legorl"]["format_error"] is True  # kept through the store
     (result,) = [r for s in doc["steps"] for r in s.get("observation", {}).get("results", []) if "content" in r]
     assert result == {"source_call_id": "toolu_1", "content": "Edited."}

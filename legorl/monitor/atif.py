@@ -180,7 +180,7 @@ class _Thread:
             while n < min(len(shown), len(self.shown)) and shown[n] == self.shown[n]:
                 n += 1
             new = shown[n:]
-            while new and new[0]["role"] == "assistant" and self.agent_steps:  # the echo of our own reply
+            while new and new[0].get("role") == "assistant" and self.agent_steps:  # the echo of our own reply
                 new = new[1:]
         self.shown = shown
         copied: dict[str, Any] | None = None  # history the harness handed over (e.g. after a compaction)
@@ -192,8 +192,8 @@ class _Thread:
                 if kind == "tool_call":
                     cid = m.get("call_id") or f"copied-{len(self.steps)}-{len(copied.get('tool_calls', []))}"
                     copied.setdefault("tool_calls", []).append(_tool_call(str(cid), m.get("name"), text))
-                elif kind == "thinking":
-                    copied["reasoning_content"] = (copied.get("reasoning_content", "") + text).strip() or None
+                elif kind == "thinking" and text.strip():
+                    copied["reasoning_content"] = ((copied.get("reasoning_content") or "") + "\n" + text).strip()
                 else:
                     copied["message"] = (copied["message"] + "\n" + text).strip()
                 continue
