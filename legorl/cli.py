@@ -211,7 +211,7 @@ EXPORT_FORMATS = ("jsonl", "parquet", "atif")
 @app.command()
 @friendly
 def export(
-    run: Path = typer.Argument(..., help="Run directory (holds run.sqlite)."),
+    run: Path = typer.Argument(..., metavar="RUN_DIR", help="Run directory (holds run.sqlite)."),
     format: str = typer.Option("jsonl", "--format", help="jsonl (one file), parquet or atif (a directory)."),
     out: Path = typer.Option(..., help="jsonl: the file to write; parquet, atif: the directory."),
 ) -> None:
