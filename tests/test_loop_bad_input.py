@@ -202,7 +202,11 @@ def test_a_dead_engine_masks_rollouts_then_ends_with_one_message(tmp_path: Path)
         ("harness", 'name = "codex"\noptions = { sub_agents = [1] }', "harness.options.sub_agents: expected bool"),
         ("harness", 'name = "opencode"\noptions = { max_turns = 3 }', "harness.options.max_turns: unknown option"),
         ("engine", 'kind = "hf"\noptions = { bogus = 1 }', "engine.options.bogus: unknown option for engine kind 'hf'"),
-        ("engine", 'kind = "vllm"\nurl = "http://x"\noptions = { route = "x" }', "engine.options.route: expected one of"),
+        (
+            "engine",
+            'kind = "vllm"\nurl = "http://x"\noptions = { route = "x" }',
+            "engine.options.route: expected one of",
+        ),
         (
             "warm_start.engine",
             'kind = "quickstart-expert"\noptions = { p_read = "high" }',
