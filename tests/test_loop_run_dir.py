@@ -18,6 +18,16 @@ from pathlib import Path
 import pytest
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
+AGENT = """#!/bin/bash
+# One model call through the proxy: enough for a trajectory with sampled tokens.
+python3 - <<'PY'
+import json, os, urllib.request
+body = {"model": "policy", "messages": [{"role": "user", "content": "fix calc.py"}], "max_tokens": 8}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={"content-type": "application/json"})
+urllib.request.urlopen(req, timeout=120).read()
+PY
+"""
 
 CONFIG = """
 [run]
@@ -35,9 +45,8 @@ model = "quickstart-qwen3"
 [proxy]
 max_tokens = 16
 [harness]
-name = "mini-swe-agent-warm"
-max_turns = 2
-options = {{ config = "quickstart" }}
+name = "command"
+command_file = "{agent}"
 [trainer]
 model = "quickstart-qwen3"
 lr = {lr}
@@ -53,7 +62,9 @@ model = "quickstart-qwen3"
 
 
 def write_config(path: Path, run_dir: Path, *, steps: int = 1, lr: float = 1e-5) -> Path:
-    path.write_text(CONFIG.format(dir=run_dir, steps=steps, lr=lr))
+    agent = path.parent / "agent.sh"
+    agent.write_text(AGENT)
+    path.write_text(CONFIG.format(dir=run_dir, steps=steps, lr=lr, agent=agent))
     return path
 
 
@@ -97,13 +108,12 @@ def copy_of(finished_run: Path, tmp_path: Path, **kw: object) -> tuple[Path, Pat
 def test_a_second_start_is_refused_and_overwrite_starts_afresh(finished_run: Path, tmp_path: Path) -> None:
     config, run_dir = copy_of(finished_run, tmp_path)
     before = store_rows(run_dir)
-    assert before["per_step"] == {-1: 2, 0: 2} and before["run_id"], before
     refused(legorl_train(config), "already holds a run", "--resume", "another run.dir", "--overwrite")
-    assert store_rows(run_dir) == before  # nothing merged into it
+    assert store_rows(run_dir) == before and before["per_step"] == {-1: 2, 0: 2}, before  # nothing merged into it
     again = legorl_train(config, "--overwrite")
     assert again.returncode == 0, again.stderr[-3000:]
     after = store_rows(run_dir)
-    assert after["per_step"] == {-1: 2, 0: 2} and after["run_id"] != before["run_id"], after  # one run, the new one
+    assert after["per_step"] == {-1: 2, 0: 2} and before["run_id"] != after["run_id"] is not None, after  # the new run
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_00000000", "step_00000001"], ckpts  # the new run's, after its warm start and step 0
 
@@ -130,6 +140,7 @@ def test_resume_refuses_another_runs_checkpoint_and_a_changed_config(finished_ru
     assert store_rows(run_dir)["per_step"] == {-1: 2, 0: 2}  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_a_kill_in_step_0_after_the_warm_start_resumes_at_step_0(tmp_path: Path) -> None:
     """SIGKILL once step 0's rollouts are under way: `--resume` continues from the
     checkpoint written after the warm start (demonstrations and SFT are not redone), and
