@@ -282,8 +282,10 @@ async def train(
                         await report.timed("eval_warm_start", evaluate("warm_start"))
                     ran = True
                 trainer.data_state = {**trainer.data_state, "pre_gspo_done": True, "next_step": 0}
-                if ran:  # a kill in step 0 now resumes at step 0, without redoing these
-                    await asyncio.to_thread(save_or_fail, trainer, "the warm start", None)
+                if ran and ranks == 1:  # a kill in step 0 resumes at step 0 without redoing these (under
+                    # torchrun a checkpoint is a collective the followers join only in train_step)
+                    after = "the warm start" if cfg.warm_start.enabled else "the held-out start evaluation"
+                    await asyncio.to_thread(save_or_fail, trainer, after, None)
             t_gspo = time.monotonic()
             step = start
             steps = gspo_steps(cfg, trainer, worker, tasks, start, limit, on_record, store, ranks)
