@@ -225,7 +225,11 @@ async def train(
         )
     start = 0
     if stored is not None:
-        start = await _resume(trainer, lambda path, state: check_checkpoint(path, state, stored, cfg))
+        try:
+            start = await _resume(trainer, lambda path, state: check_checkpoint(path, state, stored, cfg))
+        except BaseException:  # refused (another run's checkpoint, a changed config): nothing was written
+            await engine.close()
+            raise
         ident = {"run_id": stored["info"]["run_id"], "config_hash": config_hash(cfg)}
     else:
         ident = {"run_id": new_run_id(), "config_hash": config_hash(cfg)}
