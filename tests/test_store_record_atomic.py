@@ -62,13 +62,13 @@ def graded(run: Path) -> dict[str, int]:
 
 
 def test_sigkill_between_the_writes_of_a_record_leaves_no_half_record(tmp_path: Path) -> None:
-    """The writer is killed at many arbitrary instants (each run a few records in, at a
-    random offset): every record it reported is whole, and no row lacks its outcome."""
+    """The writer is killed at arbitrary instants (each run a few records in, at a random
+    offset): every record it reported is whole, and no row lacks its outcome."""
     import random
 
     rng = random.Random(0)
     recorded: list[str] = []
-    for attempt in range(4):
+    for attempt in range(2):
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(tmp_path / f"run{attempt}")],
             stdout=subprocess.PIPE,
@@ -91,7 +91,7 @@ def test_sigkill_between_the_writes_of_a_record_leaves_no_half_record(tmp_path: 
         assert half_written(run) == [], f"attempt {attempt}: trajectory rows without an outcome"
         whole = graded(run)
         assert all(n == 6 for n in whole.values()), whole
-    assert len(recorded) == 32
+    assert len(recorded) == 16
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
