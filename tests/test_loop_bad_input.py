@@ -243,4 +243,8 @@ def test_bad_options_and_missing_models_write_nothing(tmp_path: Path) -> None:
     one_message(proc, "engine.model: model 'no-such-model'")
     proc = train(config(tmp_path, trainer='model = "no-such-model"'))
     one_message(proc, "trainer.model: model 'no-such-model'")
+    proc = train(config(tmp_path, warm_start="episodes = 2"))  # its engine's model: tiny-qwen3, another vocabulary
+    one_message(
+        proc, "warm_start.engine.model 'tiny-qwen3' has another tokenizer than trainer.model 'quickstart-qwen3'"
+    )
     assert not (tmp_path / "run").exists()

@@ -169,6 +169,17 @@ def check_models(cfg: RunConfig) -> None:
             check_model(name)
         except ModelNotFound as e:
             raise RunError(f"{where}: {e}") from None
+    demo, trained = cfg.warm_start.engine.model, cfg.trainer.model
+    if (
+        cfg.warm_start.episodes
+        and demo != trained
+        and load_tokenizer(demo).get_vocab() != load_tokenizer(trained).get_vocab()
+    ):
+        raise RunError(
+            f"warm_start.engine.model {demo!r} has another tokenizer than trainer.model {trained!r}: its "
+            "demonstrations would be token ids the trained model does not have "
+            f"(set warm_start.engine.model = {trained!r})"
+        )
 
 
 def _stored_run(run_dir: Path) -> dict[str, Any]:
