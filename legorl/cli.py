@@ -126,6 +126,9 @@ def _run_config(config: Path | None) -> Any:
 def train(
     config: Path = typer.Argument(..., help="Run config (TOML), e.g. examples/quickstart.toml."),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint of the run directory."),
+    overwrite: bool = typer.Option(
+        False, help="Delete what an earlier run left in the run directory (its store, checkpoints), then start."
+    ),
 ) -> None:
     """Train: rollouts in sandboxes through the proxy, graded, GSPO, weight sync."""
     import asyncio
@@ -133,7 +136,7 @@ def train(
 
     from legorl.loop.train import train as run_train
 
-    summary = asyncio.run(run_train(_run_config(config), resume=resume))
+    summary = asyncio.run(run_train(_run_config(config), resume=resume, overwrite=overwrite))
     if "run_dir" in summary:  # rank 0 (followers under torchrun return their own summary)
         out = {"run_dir": summary["run_dir"], "steps": len(summary["steps"])}
         if "heldout" in summary:

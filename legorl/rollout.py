@@ -78,10 +78,11 @@ class _Infra(Exception):
     """An infrastructure fault of the agent stage; retried by the worker. `flag` names a
     known cause (`killed_by_signal_9`, `backend_died`)."""
 
-    def __init__(self, status: Status, message: str, flag: str = "") -> None:
+    def __init__(self, status: Status, message: str, flag: str = "", evidence: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.flag = flag
+        self.evidence = evidence or {}
 
 
 async def _lost(sb: Sandbox, exc: SandboxError) -> str:
@@ -148,8 +149,10 @@ async def _agent_stage(
                 run = AgentRun(exit_code=-1, details={"error": str(exc)})
                 return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
             raise _Infra(Status.SANDBOX_START_FAILED, f"sandbox lost during the agent stage: {exc}") from None
-        if run.status is not None and run.status.is_infra:
-            raise _Infra(run.status, run.details.get("error", f"harness reported {run.status.value}"))
+        if run.status is not None and run.status.is_infra:  # the harness's own flag and evidence go along
+            extra = {k: v for k, v in run.details.items() if k not in ("error", "flag")}
+            message = run.details.get("error", f"harness reported {run.status.value}")
+            raise _Infra(run.status, message, run.details.get("flag", ""), extra)
         if run.status is None and run.timed_out:
             run.status = Status.AGENT_TIMEOUT
         try:
@@ -195,7 +198,7 @@ async def run_rollout(
             Status.INFRA_ERROR,
             masked=True,
             flags=[exc.flag] if exc.flag else [],
-            evidence={"cause": exc.flag or exc.status.value, "errors": errors},
+            evidence={**exc.evidence, "cause": exc.flag or exc.status.value, "errors": errors},
         )
         return RolloutResult(task.instance_id, harness.name, outcome, timings={"agent_s": time.monotonic() - t0})
     timings["agent_s"] = time.monotonic() - t0
