@@ -1,5 +1,9 @@
 """Load SWE-bench-format task files (JSONL) into `legorl.types.Task`, with clear errors.
 
+A directory instead of a file is a Harbor task directory or a directory of them
+(`harbor.py`); rows of the SWE-bench family (SWE-smith, SWE-Gym, R2E-Gym, SWE-rebench) are
+mapped to these fields first (`family.py`).
+
 One JSON object per line with the SWE-bench instance fields
 (`instance_id, repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS,
 PASS_TO_PASS`) plus `repo_path`: a local git repository or `git bundle`, relative to the
@@ -257,6 +261,8 @@ def load_tasks(
     one line each, so the rest of a large official set loads. `repos_dir`: where rows
     without `repo_path` find their repository (`owner__name`, a clone or a bundle)."""
     path = Path(path)
+    if path.is_dir():  # a Harbor task directory, or a directory of them (harbor.py)
+        return _load_harbor(path, split, skipped)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -296,6 +302,25 @@ def load_tasks(
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks
+
+
+def _load_harbor(path: Path, split: str | None, skipped: list[str] | None) -> list[Task]:
+    import logging
+
+    from legorl.tasks.harbor import load_harbor
+
+    errs: list[str] = []
+    notes: list[str] = []
+    tasks = load_harbor(path, errs, notes)
+    for note in notes:  # settings of a task we cannot honour: said, never silently dropped
+        logging.getLogger(__name__).warning("%s", note)
+    if errs and skipped is not None:
+        skipped.extend(errs)
+    elif errs:
+        raise TaskFileError(path, errs)
+    if not tasks:
+        raise TaskFileError(path, [f"{path}: contains no tasks"] + (skipped or []))
+    return [t for t in tasks if t.split == split] if split is not None else tasks
 
 
 def get_task(tasks: list[Task], instance_id: str) -> Task:

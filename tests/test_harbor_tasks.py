@@ -1,0 +1,225 @@
+"""Harbor task directories as a task source (issue 25): parsed, built into the image cache,
+run and state-graded on real sandboxes, and checked by `legorl tasks validate`.
+
+The fixtures (tests/fixtures/harbor) are written from Harbor's documented layout: two valid
+tasks (a root one with reward.txt; a non-root USER with reward.json and [verifier] env),
+broken ones (bad/), and agent scripts: an honest solution, an empty run, a wrong answer,
+planted reward files and start-up hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tasks_util import require_backend
+
+from legorl.harness.command import CommandHarness
+from legorl.rollout import run_rollout
+from legorl.sandbox import open_backend
+from legorl.tasks.dockerfile import DockerfileError, parse_dockerfile
+from legorl.tasks.harbor import harbor_spec
+from legorl.tasks.harbor_image import HarborImageError, resolve_base
+from legorl.tasks.image import TaskImages
+from legorl.tasks.loader import TaskFileError, get_task, load_tasks
+from legorl.verify import state
+from legorl.verify.state_grade import NoReward, parse_reward
+
+FIX = Path(__file__).parent / "fixtures" / "harbor"
+TASKS = FIX / "tasks"
+CLI = [sys.executable, "-m", "legorl.tasks.cli"]
+
+
+def test_directory_of_tasks_loads_with_names_and_settings() -> None:
+    tasks = load_tasks(TASKS)
+    assert sorted(t.instance_id for t in tasks) == ["fixtures/count-lines", "upper-case"]
+    up = get_task(tasks, "upper-case")
+    assert up.kind == "harbor" and up.problem_statement.startswith("The file /app/words.txt")
+    spec = harbor_spec(up)
+    assert spec.workdir == "/app" and spec.user == "root" and spec.env["GREETING"] == "hello"
+    assert (spec.limits.memory_mb, spec.limits.disk_mb, spec.limits.cpus) == (1024, 512, 1.0)
+    assert (spec.agent_timeout_s, spec.verifier_timeout_s) == (120.0, 60.0)
+    assert any("CMD ignored" in n for n in spec.notes)
+    cl = harbor_spec(get_task(tasks, "fixtures/count-lines"))
+    assert cl.workdir == "/srv/work" and cl.user == "worker" and cl.limits.memory_mb == 1024
+    assert cl.verifier_env == {"EXPECTED_FILE": "/srv/work/count.txt"}
+    assert [t.instance_id for t in load_tasks(TASKS / "upper-case")] == ["upper-case"]
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("no-test-sh", "missing tests/test.sh"),
+        ("bad-toml", "task.toml: not valid TOML"),
+        ("unsupported", "Dockerfile:2: instruction ADD is not supported"),
+    ],
+)
+def test_bad_task_directories_are_named_errors(name: str, needle: str) -> None:
+    with pytest.raises(TaskFileError, match=needle):
+        load_tasks(FIX / "bad" / name)
+
+
+def test_dockerfile_subset() -> None:
+    df = parse_dockerfile(
+        'FROM python:3.12-slim AS b\nARG V=1\nENV A=x B="y z" \\\n  C=${A}-$V\nWORKDIR /w\nWORKDIR sub\n'
+        'COPY ["a b", "./"]\nUSER 1000:1000\nEXPOSE 80\nRUN ["echo", "hi there"]\n'
+    )
+    wd, user, env = df.final({"PATH": "/bin"})
+    assert (df.base, wd, user) == ("python:3.12-slim", "/w/sub", "1000:1000")
+    assert env == {"A": "x", "B": "y z", "C": "x-1"}
+    assert df.steps[-1].args == ("echo 'hi there'",) and len(df.notes) == 1
+    for text, needle in [
+        ("FROM a\nFROM b\n", "second FROM"),
+        ("RUN true\n", "before FROM"),
+        ("FROM a\nCOPY --from=x a b\n", "COPY --from is not supported"),
+        ("FROM a\nVOLUME /x\n", "VOLUME is not supported"),
+        ("FROM a\nRUN <<EOF\nx\nEOF\n", "heredoc"),
+    ]:
+        with pytest.raises(DockerfileError, match=needle):
+            parse_dockerfile(text)
+
+
+def test_base_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    for image in ("ubuntu:24.04", "debian:bookworm-slim", "python:3.12-slim", "docker.io/library/python:3.11"):
+        assert resolve_base(image) == "base"
+    with pytest.raises(HarborImageError, match="FROM alpine:3.19: .*LEGORL_HARBOR_BASES"):
+        resolve_base("alpine:3.19")
+    monkeypatch.setenv("LEGORL_HARBOR_BASES", "alpine:*=0123456789abcdef")
+    assert resolve_base("alpine:3.19") == "0123456789abcdef"
+    monkeypatch.setenv("LEGORL_HARBOR_BASES", "nonsense")
+    with pytest.raises(HarborImageError, match="not PATTERN=TARGET"):
+        resolve_base("alpine:3.19")
+
+
+def test_reward_files_as_harbor_reads_them() -> None:
+    assert parse_reward(None, b"0.5\n") == (0.5, {"reward": 0.5})
+    assert parse_reward(b'{"reward": 1, "style": 0}', b"0") == (1.0, {"reward": 1.0, "style": 0.0})  # json first
+    assert parse_reward(b'{"a": 1, "b": 0}', None)[0] == 0.5
+    for js, txt in [(None, None), (None, b"yes"), (b"[1]", None), (b'{"r": "1"}', None), (None, b"nan")]:
+        with pytest.raises(NoReward):
+            parse_reward(js, txt)
+
+
+def test_state_summary_names_protected_entries() -> None:
+    text = (
+        f"{state.HEADER} /\n"
+        + json.dumps({"p": "logs/verifier/reward.txt", "t": "f", "b64": "MQo="})
+        + "\n"
+        + json.dumps({"p": "app/x", "t": "f", "b64": ""})
+        + "\n"
+        + json.dumps({"p": "app/y", "t": "x"})
+        + "\n"
+    )
+    s = state.StateSummary.of(text)
+    assert (s.files, s.deleted, s.protected) == (1, 1, ["logs/verifier/reward.txt"])
+    assert state.is_empty(f"{state.HEADER} /app\n") and not state.is_empty(text)
+
+
+async def _rollouts(backend_name: str, agents: list[str]) -> dict[str, dict]:
+    task = get_task(load_tasks(TASKS), "upper-case")
+    images = TaskImages(backend_name)
+    image = await images.for_task(task)
+    out = {}
+    async with open_backend(backend_name) as backend:
+        for a in agents:
+            res = await run_rollout(task, CommandHarness.from_file(FIX / "agents" / f"{a}.sh"), backend, image)
+            out[a] = res.to_json()
+    return out
+
+
+AGENTS = ["honest", "empty", "wrong", "planted", "startup"]
+
+
+def _check_rollouts(got: dict[str, dict]) -> None:
+    assert got["honest"]["status"] == "resolved" and got["honest"]["reward"] == 1.0, got["honest"]
+    assert got["empty"]["status"] == "no_patch" and got["empty"]["reward"] == 0.0
+    assert got["wrong"]["status"] == "failed" and got["wrong"]["reward"] == 0.0
+    for forger in ("planted", "startup"):  # a reward it could have written counts for nothing
+        assert got[forger]["status"] == "failed" and got[forger]["reward"] == 0.0, got[forger]
+        assert not got[forger]["masked"]
+        assert got[forger]["evidence"]["rewards"] == {"reward": 0.0}
+
+
+def test_rollouts_on_local() -> None:
+    _check_rollouts(asyncio.run(_rollouts("local", AGENTS)))
+
+
+@pytest.mark.docker
+def test_rollouts_on_docker() -> None:
+    require_backend("docker")
+    _check_rollouts(asyncio.run(_rollouts("docker", AGENTS)))
+
+
+def test_forged_state_entries_are_refused() -> None:
+    """The state text comes from the agent's sandbox: paths out of the workdir, through a
+    link, or into /logs are refused when applied; setuid bits are dropped."""
+    task = get_task(load_tasks(TASKS), "upper-case")
+
+    async def run() -> dict:
+        image = await TaskImages("local").for_task(task)
+        from legorl.verify.state_grade import grade_state
+
+        entries = [
+            {"p": "../logs/verifier/reward.txt", "t": "f", "m": 420, "u": 0, "g": 0, "b64": "MQo="},
+            {"p": "link", "t": "l", "m": 0, "u": 0, "g": 0, "s": "/logs/verifier"},
+            {"p": "link/reward.txt", "t": "f", "m": 420, "u": 0, "g": 0, "b64": "MQo="},
+            {"p": "out.txt", "t": "f", "m": 0o6755, "u": 0, "g": 0, "b64": "TEVHTwpCUklDS1MK"},
+        ]
+        text = f"{state.HEADER} /app\n" + "".join(json.dumps(e) + "\n" for e in entries)
+        async with open_backend("local") as backend:
+            return (await grade_state(task, text, backend, image)).to_dict()
+
+    out = asyncio.run(run())
+    assert out["reward"] == 1.0 and out["status"] == "resolved", out  # out.txt is right; nothing else counts
+    skipped = {p: why for p, why in out["evidence"]["state"]["skipped"]}
+    assert skipped == {"../logs/verifier/reward.txt": "path leaves the workdir", "link/reward.txt": "through a link"}
+    assert "state_entries_refused" in out["flags"]
+
+
+def cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=900)
+
+
+def test_validate_accepts_the_fixtures_on_local() -> None:
+    proc = cli("validate", TASKS, "--sandbox", "local", "--json")
+    rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and len(rows) == 2 and all(r["ok"] for r in rows), proc.stdout + proc.stderr
+    assert all(r["gold"] == "resolved" and r["empty"] == "failed" for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "needle"),
+    [
+        ("no-test-sh", 2, "missing tests/test.sh"),
+        ("bad-toml", 2, "not valid TOML"),
+        ("unsupported", 2, "instruction ADD is not supported"),
+        ("build-fails", 1, "environment/Dockerfile:2 RUN failed (exit 3)"),
+        ("unmapped-from", 1, "FROM alpine:3.19: this image cannot be pulled here"),
+        ("no-reward", 1, "infrastructure error"),
+    ],
+)
+def test_validate_reports_broken_tasks(name: str, code: int, needle: str) -> None:
+    proc = cli("validate", FIX / "bad" / name, "--sandbox", "local")
+    assert proc.returncode == code and needle in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_rollout_command_takes_a_harbor_directory() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from legorl.tasks.cli import rollout_command as r; "
+            f"r(__import__('pathlib').Path('{TASKS}'), 'upper-case', command_file=__import__('pathlib').Path("
+            f"'{FIX / 'agents' / 'honest.sh'}'))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["instance_id"] == "upper-case" and line["reward"] == 1.0, proc.stderr[-2000:]
