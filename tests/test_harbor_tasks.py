@@ -223,3 +223,41 @@ def test_rollout_command_takes_a_harbor_directory() -> None:
     )
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["instance_id"] == "upper-case" and line["reward"] == 1.0, proc.stderr[-2000:]
+
+
+def harbor_python() -> Path:
+    import os
+
+    venv = Path(os.environ.get("LEGORL_HARBOR_VENV") or Path(__file__).resolve().parents[1] / ".venv-harbor")
+    py = venv / "bin" / "python"
+    if not py.exists():
+        pytest.fail(f"no Harbor venv at {venv}: run `bash scripts/setup_harbor.sh` (scripts/setup.sh runs it)")
+    return py
+
+
+def test_harbor_itself_reads_the_fixtures_as_we_do() -> None:
+    """The pinned `harbor` package parses the same directories: same names, timeouts, resources."""
+    code = (
+        "import json, sys; from pathlib import Path; from harbor.models.task.task import Task\n"
+        "out = {}\n"
+        "for d in sorted(Path(sys.argv[1]).iterdir()):\n"
+        "    t = Task(d); c = t.config\n"
+        "    out[t.name] = [c.agent.timeout_sec, c.verifier.timeout_sec, c.environment.cpus,\n"
+        "                   c.environment.memory_mb, c.environment.storage_mb, t.instruction]\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([harbor_python(), "-c", code, TASKS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = json.loads(proc.stdout)
+    ours = {}
+    for t in load_tasks(TASKS):
+        s = harbor_spec(t)
+        ours[t.instance_id] = [
+            s.agent_timeout_s,
+            s.verifier_timeout_s,
+            s.limits.cpus,
+            s.limits.memory_mb,
+            s.limits.disk_mb,
+            t.problem_statement,
+        ]
+    assert theirs == ours

@@ -24,10 +24,12 @@ Every problem is reported with its line number and field, all at once:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+from legorl.tasks.family import normalise
 from legorl.types import Task
 from legorl.verify.runner import TestCmdError
 from legorl.verify.runners import django_label_covers, native_command
@@ -272,6 +274,7 @@ def load_tasks(
     errs: list[str] = []
     tasks: list[Task] = []
     seen: dict[str, int] = {}
+    notes: dict[str, list[str]] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -282,6 +285,10 @@ def load_tasks(
             errs.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
             continue
         n_errs = len(errs)
+        if isinstance(row, dict):  # SWE-smith / R2E-Gym / SWE-rebench rows in our fields (family.py)
+            row, row_notes = normalise(row, where)
+            for note in row_notes:
+                _note_once(notes, note)
         task = task_from_dict(row, path.parent, where, errs, check_repos, Path(repos_dir) if repos_dir else None)
         if task is None:
             if skipped is not None:
@@ -295,6 +302,9 @@ def load_tasks(
             continue
         seen[task.instance_id] = lineno
         tasks.append(task)
+    for first in notes.values():  # each field we cannot honour, said once (with how many rows)
+        more = f" (and {len(first) - 1} more rows)" if len(first) > 1 else ""
+        logging.getLogger(__name__).warning("%s%s", first[0], more)
     if errs:
         raise TaskFileError(path, errs)
     if not tasks and not errs:
@@ -304,9 +314,12 @@ def load_tasks(
     return tasks
 
 
-def _load_harbor(path: Path, split: str | None, skipped: list[str] | None) -> list[Task]:
-    import logging
+def _note_once(notes: dict[str, list[str]], note: str) -> None:
+    key = re.sub(r"(branch|commit) '[^']*'", r"\1 _", note.split(": ", 1)[-1])
+    notes.setdefault(key, []).append(note)
 
+
+def _load_harbor(path: Path, split: str | None, skipped: list[str] | None) -> list[Task]:
     from legorl.tasks.harbor import load_harbor
 
     errs: list[str] = []
