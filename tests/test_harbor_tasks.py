@@ -270,3 +270,106 @@ def test_preflight_grading_self_test_runs_the_oracle(tmp_path: Path) -> None:
 
     cfg = RunConfig.model_validate({"run": {"tasks": str(TASKS / "upper-case"), "split": "train"}})
     assert "upper-case: gold resolved, empty failed" in grading_check(cfg).fn()
+
+
+def _variant(tmp_path: Path, files: dict[str, str], src: Path = TASKS / "upper-case") -> Path:
+    """A copy of a fixture task with some files replaced (tests/test.sh made executable)."""
+    import shutil
+
+    dest = tmp_path / src.name
+    shutil.copytree(src, dest)
+    for rel, text in files.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text)
+    (dest / "tests" / "test.sh").chmod(0o755)
+    return dest
+
+
+async def _rollout_on(task_dir: Path, script: str, backend_name: str = "local") -> dict:
+    (task,) = load_tasks(task_dir)
+    image = await TaskImages(backend_name).for_task(task)
+    async with open_backend(backend_name) as backend:
+        res = await run_rollout(task, CommandHarness(script), backend, image)
+    out = res.to_json()
+    out["diff"] = res.diff
+    return out
+
+
+def _state_file(diff: str, rel: str) -> str:
+    import base64
+
+    for ln in diff.splitlines()[1:]:
+        e = json.loads(ln)
+        if e["p"] == rel:
+            return base64.b64decode(e["b64"]).decode()
+    raise AssertionError(f"{rel} not in the state")
+
+
+def test_agent_never_sees_tests_or_solution() -> None:
+    script = (
+        "find / -xdev \\( -name solve.sh -o -name test.sh -o -path /tests -o -path /solution \\) "
+        "-print 2>/dev/null > /app/found.txt; grep -rlE 'A helper of the verifie[r]|Harbor verifier: rewar[d] 1' "
+        "/app /root /etc /opt /srv /home /var /tmp /usr/local 2>/dev/null >> /app/found.txt; echo done >> /app/found.txt"
+    )
+    out = asyncio.run(_rollout_on(TASKS / "upper-case", script))
+    assert _state_file(out["diff"], "found.txt") == "done\n"
+
+
+def test_verifier_runs_as_the_task_user_with_its_env() -> None:
+    from legorl.tasks.harbor_validate import oracle_changes
+    from legorl.verify.state_grade import grade_state
+
+    task = get_task(load_tasks(TASKS), "fixtures/count-lines")
+
+    async def run() -> dict:
+        image = await TaskImages("local").for_task(task)
+        async with open_backend("local") as backend:
+            diff = await oracle_changes(task, backend, image)
+            return (await grade_state(task, diff, backend, image)).to_dict()
+
+    out = asyncio.run(run())
+    assert out["reward"] == 1.0 and out["evidence"]["rewards"] == {"reward": 1.0, "ran_as_worker": 1.0}, out
+
+
+def test_verifier_timeout_is_the_agents_and_its_reward_ignored(tmp_path: Path) -> None:
+    toml = (TASKS / "upper-case" / "task.toml").read_text().replace("timeout_sec = 60.0", "timeout_sec = 3.0")
+    test_sh = "#!/bin/bash\necho 1 > /logs/verifier/reward.txt\nif [ -f /app/slow ]; then sleep 60; fi\n"
+    d = _variant(tmp_path, {"task.toml": toml, "tests/test.sh": test_sh})
+    assert harbor_spec(load_tasks(d)[0]).verifier_timeout_s == 3.0
+    out = asyncio.run(_rollout_on(d, "touch /app/slow"))
+    assert out["status"] == "failed" and out["reward"] == 0.0 and "test_timeout" in out["flags"], out
+    assert not out["masked"]
+
+
+def test_missing_reward_is_the_agents_only_when_the_unchanged_workdir_grades(tmp_path: Path) -> None:
+    test_sh = "#!/bin/bash\nset -e\ncat /app/words.txt > /dev/null\necho 0 > /logs/verifier/reward.txt\n"
+    d = _variant(tmp_path, {"tests/test.sh": test_sh})
+    out = asyncio.run(_rollout_on(d, "rm /app/words.txt"))
+    assert out["status"] == "failed" and "no_reward" in out["flags"] and not out["masked"], out
+    never = asyncio.run(_rollout_on(FIX / "bad" / "no-reward", "echo x > /app/out.txt"))
+    assert never["status"] == "infra_error" and never["masked"], never  # the task's fault: never scored
+
+
+def test_harbors_own_task_template_runs(tmp_path: Path) -> None:
+    """`harbor tasks init`'s template (from the pinned package), filled in: loads, builds, validates."""
+    import shutil
+
+    src = harbor_python().parents[1] / "lib" / "python3.12" / "site-packages" / "harbor" / "cli" / "template-task"
+    assert src.is_dir(), src
+    d = tmp_path / "hello-template"
+    shutil.copytree(src, d, ignore=shutil.ignore_patterns("__pycache__"))
+    (d / "instruction.md").write_text("Create /app/hello.txt containing 'Hello, world!'.\n")
+    # the template's pytest variant, without the CTRF report plugin (not in our offline base)
+    (d / "tests" / "test.sh").write_text(
+        (d / "pytest-tests" / "test.sh").read_text().replace("--ctrf /logs/verifier/ctrf.json ", "")
+    )
+    (d / "tests" / "test_outputs.py").write_text(
+        "from pathlib import Path\n\n\ndef test_outputs():\n"
+        "    assert Path('/app/hello.txt').read_text().strip() == 'Hello, world!'\n"
+    )
+    (d / "solution" / "solve.sh").write_text("#!/bin/bash\necho 'Hello, world!' > /app/hello.txt\n")
+    (d / "tests" / "test.sh").chmod(0o755)
+    (t,) = load_tasks(d)
+    assert t.instance_id == "hello-template" and harbor_spec(t).workdir == "/app"
+    proc = cli("validate", d, "--sandbox", "local", "--json")
+    assert proc.returncode == 0 and '"ok": true' in proc.stdout, proc.stdout + proc.stderr

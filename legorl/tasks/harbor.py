@@ -160,6 +160,11 @@ def read_spec(root: Path) -> HarborSpec:
     eenv = env_t.get("env", {})
     if not isinstance(eenv, dict):
         raise HarborTaskError(f"{where}: [environment] env: expected a table of strings")
+    if verifier.get("environment_mode") == "separate" or verifier.get("environment"):
+        raise HarborTaskError(
+            f"{where}: [verifier] environment (a separate verifier container) is not supported: "
+            "the verifier runs in the task's own image"
+        )
     vuser = verifier.get("user")
     if (root / "environment" / "docker-compose.yaml").exists():
         notes.append(f"{where}: environment/docker-compose.yaml not used: one container per task here")

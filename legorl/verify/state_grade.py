@@ -10,7 +10,8 @@ ids; this one grades the workdir's *state*). In one fresh sandbox from the task 
 3. run tests/test.sh as that user (`[verifier] user`, else the image's USER) from the
    workdir, within `[verifier] timeout_sec`, with `[verifier] env`;
 4. read the reward as Harbor does: /logs/verifier/reward.json (name → number; its "reward",
-   else the mean, is the scalar) before /logs/verifier/reward.txt (one number).
+   else the mean, is the scalar; `rewards.json`, the name Harbor's task template uses, is
+   read the same way) before /logs/verifier/reward.txt (one number).
 
 Failure classes: the verifier timing out is the agent's (its code hangs the tests: 0, any
 reward file ignored). A verifier that writes no (readable) reward, or a sandbox lost while
@@ -38,6 +39,7 @@ from legorl.verify import state
 VERIFIER_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
 REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
+REWARDS_JSON = f"{VERIFIER_DIR}/rewards.json"  # the name Harbor's task template uses for reward.json
 
 
 class NoReward(RuntimeError):
@@ -96,7 +98,7 @@ def parse_reward(json_text: bytes | None, txt: bytes | None) -> tuple[float, dic
         if not math.isfinite(value):
             raise NoReward(f"reward.txt holds a non-finite reward {value!r}")
         return value, {"reward": value}
-    raise NoReward(f"the verifier wrote neither {REWARD_JSON} nor {REWARD_TXT}")
+    raise NoReward(f"the verifier wrote neither {REWARD_JSON} (or rewards.json) nor {REWARD_TXT}")
 
 
 async def _read(sb: Sandbox, path: str) -> bytes | None:
@@ -176,7 +178,8 @@ async def _grade_in(sb: Sandbox, task: Task, diff: str, ev: dict[str, Any], st: 
     if run.timed_out:  # the agent's code hung the verifier: 0, whatever file it left
         ev["duration_s"] = round(time.monotonic() - t0, 3)
         return Outcome(0.0, Status.FAILED, flags=[*flags, "test_timeout"], evidence=ev)
-    reward, rewards = parse_reward(await _read(sb, REWARD_JSON), await _read(sb, REWARD_TXT))
+    js = await _read(sb, REWARD_JSON)
+    reward, rewards = parse_reward(js if js is not None else await _read(sb, REWARDS_JSON), await _read(sb, REWARD_TXT))
     ev["rewards"] = rewards
     ev["duration_s"] = round(time.monotonic() - t0, 3)
     return Outcome(reward, Status.RESOLVED if reward >= 1.0 else Status.FAILED, flags=flags, evidence=ev)
