@@ -191,6 +191,14 @@ def test_validate_accepts_the_fixtures_on_local() -> None:
     assert all(r["gold"] == "resolved" and r["empty"] == "failed" for r in rows)
 
 
+@pytest.mark.docker
+def test_validate_accepts_the_fixtures_on_docker() -> None:
+    require_backend("docker")
+    proc = cli("validate", TASKS, "--sandbox", "docker", "--json")
+    rows = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert proc.returncode == 0 and len(rows) == 2 and all(r["ok"] for r in rows), proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "code", "needle"),
     [
@@ -309,7 +317,8 @@ def test_agent_never_sees_tests_or_solution() -> None:
     script = (
         "find / -xdev \\( -name solve.sh -o -name test.sh -o -path /tests -o -path /solution \\) "
         "-print 2>/dev/null > /app/found.txt; grep -rlE 'A helper of the verifie[r]|Harbor verifier: rewar[d] 1' "
-        "/app /root /etc /opt /srv /home /var /tmp /usr/local 2>/dev/null >> /app/found.txt; echo done >> /app/found.txt"
+        "/app /root /etc /opt /srv /home /var /tmp /usr/local 2>/dev/null >> /app/found.txt; "
+        "echo done >> /app/found.txt"
     )
     out = asyncio.run(_rollout_on(TASKS / "upper-case", script))
     assert _state_file(out["diff"], "found.txt") == "done\n"
@@ -373,3 +382,72 @@ def test_harbors_own_task_template_runs(tmp_path: Path) -> None:
     assert t.instance_id == "hello-template" and harbor_spec(t).workdir == "/app"
     proc = cli("validate", d, "--sandbox", "local", "--json")
     assert proc.returncode == 0 and '"ok": true' in proc.stdout, proc.stdout + proc.stderr
+
+
+HARBOR_AGENT = """#!/bin/bash
+# Asks the policy twice through the proxy, then solves the Harbor fixture task in half its runs.
+python3 - <<'PY'
+import json, os, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+msgs = [{"role": "user", "content": open(os.environ["LEGORL_PROBLEM_FILE"]).read()[:400]}]
+for _ in range(2):
+    body = {"model": "policy", "messages": msgs, "max_tokens": 12}
+    req = urllib.request.Request(base + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    reply = json.load(urllib.request.urlopen(req, timeout=120))
+    msgs += [reply["choices"][0]["message"], {"role": "user", "content": "continue"}]
+PY
+if [ $((RANDOM % 2)) -eq 0 ]; then
+  if [ -f /app/words.txt ]; then tr '[:lower:]' '[:upper:]' < /app/words.txt > /app/out.txt
+  else wc -l < /srv/work/data.csv | tr -d ' ' > /srv/work/count.txt; fi
+fi
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+def test_train_two_steps_on_harbor_tasks(tmp_path: Path, backend: str) -> None:
+    require_backend(backend)
+    (tmp_path / "agent.sh").write_text(HARBOR_AGENT)
+    config = tmp_path / "run.toml"
+    config.write_text(f"""
+[run]
+dir = "run"
+tasks = "{TASKS}"
+split = "train"
+steps = 2
+tasks_per_step = 2
+group_size = 2
+max_concurrent_rollouts = 4
+[engine]
+kind = "hf"
+model = "tiny-qwen3"
+[proxy]
+max_tokens = 12
+[sandbox]
+backend = "{backend}"
+[harness]
+name = "command"
+command_file = "agent.sh"
+[trainer]
+lr = 1e-4
+zero_variance_groups = "keep"
+""")
+    proc = subprocess.run(
+        [sys.executable, "-m", "legorl.cli", "train", str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "run" / "run.sqlite")
+    tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert "steps" in tables
+    assert db.execute("SELECT count(*) FROM steps WHERE t_end IS NOT NULL").fetchone()[0] == 2
+    rows = db.execute("SELECT instance_id, status, n_turns FROM trajectories").fetchall()
+    assert {r[0] for r in rows} == {"upper-case", "fixtures/count-lines"} and len(rows) == 8
+    assert all(st in ("resolved", "no_patch") for _, st, _ in rows), rows  # graded by the verifier's reward
+    assert all(n == 2 for _, _, n in rows), rows  # every agent reached the policy (a '/' in a name too)
