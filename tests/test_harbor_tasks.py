@@ -72,9 +72,11 @@ def test_dockerfile_subset() -> None:
     assert (df.base, wd, user) == ("python:3.12-slim", "/w/sub", "1000:1000")
     assert env == {"A": "x", "B": "y z", "C": "x-1"}
     assert df.steps[-1].args == ("echo 'hi there'",) and len(df.notes) == 1
+    assert parse_dockerfile("ARG BASE=ubuntu:22.04\nFROM ${BASE}\n").base == "ubuntu:22.04"
     for text, needle in [
         ("FROM a\nFROM b\n", "second FROM"),
         ("RUN true\n", "before FROM"),
+        ("ARG B=x\nRUN true\n", "before FROM"),
         ("FROM a\nCOPY --from=x a b\n", "COPY --from is not supported"),
         ("FROM a\nVOLUME /x\n", "VOLUME is not supported"),
         ("FROM a\nRUN <<EOF\nx\nEOF\n", "heredoc"),
@@ -451,3 +453,23 @@ zero_variance_groups = "keep"
     assert {r[0] for r in rows} == {"upper-case", "fixtures/count-lines"} and len(rows) == 8
     assert all(st in ("resolved", "no_patch") for _, st, _ in rows), rows  # graded by the verifier's reward
     assert all(n == 2 for _, _, n in rows), rows  # every agent reached the policy (a '/' in a name too)
+
+
+@pytest.mark.slow
+def test_eval_over_a_harbor_directory(tmp_path: Path) -> None:
+    config = tmp_path / "eval.toml"
+    config.write_text(
+        f'[run]\ndir = "run"\ntasks = "{TASKS}"\n[engine]\nkind = "hf"\nmodel = "tiny-qwen3"\n'
+        f'[harness]\nname = "command"\ncommand_file = "{FIX / "agents" / "honest.sh"}"\n'
+    )
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "legorl.cli", "eval", str(config), "--split", "train", "--k", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["per_task"] == {"fixtures/count-lines": "no_patch", "upper-case": "resolved"}
+    assert summary["pass@1"] == 0.5

@@ -140,6 +140,7 @@ def parse_dockerfile(text: str, where: str = "Dockerfile") -> Dockerfile:
     base = ""
     steps: list[Instruction] = []
     notes: list[str] = []
+    pre_args: dict[str, str] = {}
     for n, line in _logical_lines(text):
         at = f"{where}:{n}"
         word, _, rest = line.partition(" ")
@@ -156,13 +157,17 @@ def parse_dockerfile(text: str, where: str = "Dockerfile") -> Dockerfile:
                 f"{at}: instruction {kind} is not supported (supported: {', '.join(SUPPORTED)}; "
                 f"ignored: {', '.join(IGNORED)})"
             )
+        if kind == "ARG" and not base:  # a global ARG: only FROM may use it (as in Docker)
+            name, _, value = rest.partition("=")
+            pre_args[name.strip()] = value.strip().strip('"')
+            continue
         if kind == "FROM":
             if base:
                 raise DockerfileError(f"{at}: a second FROM (multi-stage builds) is not supported")
             parts = [p for p in rest.split() if not p.startswith("--")]
             if not parts:
                 raise DockerfileError(f"{at}: FROM needs an image")
-            base = parts[0]
+            base = expand(parts[0], pre_args)
             continue
         if not base:
             raise DockerfileError(f"{at}: {kind} before FROM")

@@ -166,6 +166,8 @@ def read_spec(root: Path) -> HarborSpec:
             "the verifier runs in the task's own image"
         )
     vuser = verifier.get("user")
+    if (root / "environment" / ".dockerignore").exists():
+        notes.append(f"{root}/environment/.dockerignore not honoured: COPY sees every file of environment/")
     if (root / "environment" / "docker-compose.yaml").exists():
         notes.append(f"{where}: environment/docker-compose.yaml not used: one container per task here")
     defaults = Limits()
