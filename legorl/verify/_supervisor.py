@@ -416,8 +416,9 @@ class Watch:
 
     `install()` adds the audit hook (before any repository code runs; an audit hook can be
     neither listed nor removed from Python), whose findings (`events`) go out with the
-    session's end record. `provenance(item, func)` says whether the function a test item
-    runs is the code compiled from the test file on disk at the item's location."""
+    session's end record. `provenance(name, func)` says whether the function a test item
+    runs can be the test file's own code, and leaves in `pending` the digests of that code
+    for the supervisor to find in its fresh compile of the file (`FreshCompiles`)."""
 
     def __init__(self, repo, agent_files, test_files, started_ns, getframe):
         self.repo = repo
@@ -426,7 +427,6 @@ class Watch:
         self.started_ns = started_ns
         self.getframe = getframe
         self.known = {}
-        self.fresh = {}
         self.events = []
         self.busy = False
         self.pending = []  # (file, digest) of the code the last `provenance` vouched for, to be checked
