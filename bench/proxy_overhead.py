@@ -52,7 +52,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-REPLY = "I will read the file and fix the failing test."  # the shared proxy bench's 10-token reply
+REPLY = "I will read the file and fix the failing test."  # bench/fake_backend.py's 10-token reply
 TOOLS = [
     (
         "Bash",

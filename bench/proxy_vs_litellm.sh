@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LEGO-RL's proxy against the LiteLLM anchor, with the SAME load generator, in ONE run.
+# LEGO-RL's proxy against LiteLLM, with the SAME load generator and upstream, in ONE run.
 #
 #   bash bench/proxy_vs_litellm.sh                          # C=1,64,256, N=1000, 3 reps (~40 min)
 #   CONC=1,64 N=300 REPS=1 bash bench/proxy_vs_litellm.sh   # smoke (~10 min on busy cores)
@@ -9,28 +9,36 @@
 # stream mode, the proxy CPU ms per request of LiteLLM and of ours, and their ratio (the
 # requirement: ours <= 1/5 of LiteLLM's), plus latency overheads.
 #
-# Method (see ../shared/bench/proxy_bench/README.md for the load generator):
-# - bench.py from shared/ is called by path; nothing is copied from it.
-# - LiteLLM (litellm[proxy]==1.108.7, its own venv under $WORK, one uvicorn worker, no DB,
-#   hosted_vllm provider) forwards to fake_backend.py, exactly as run_anchor.sh does.
+# Method (bench/loadgen.py's docstring has the load generator's, bench/fake_backend.py the upstream's):
+# - bench/loadgen.py drives both proxies: closed loop, one keep-alive connection per worker,
+#   the same ~6.9k-token Claude-Code-shaped coding-agent turn in each dialect, streaming and not,
+#   N >= MIN_WAVES x C measured requests after max(20, C) unmeasured ones, CPU per request of
+#   the proxy's whole process tree read from /proc around the measured phase (--proxy-pid).
+# - LiteLLM (litellm[proxy]==1.108.7, its own venv under $WORK, the only step that needs the
+#   network; one uvicorn worker, no DB, telemetry off, bundled cost map, hosted_vllm provider)
+#   forwards to bench/fake_backend.py, which answers at once with a fixed 10-token reply.
 # - Ours runs standalone (`run_standalone`, scripted engine replaying the fake backend's
 #   10-token reply, recording every turn to JSONL) and does MORE per request than LiteLLM:
-#   it renders and tokenises the whole ~7k-token (cl100k; ~9.6k in our tokenizer) prompt,
+#   it renders and tokenises the whole ~6.9k-token (cl100k; ~9.7k in our tokenizer) prompt,
 #   runs the engine in-process, detokenises and parses every token, and records the turn.
 #   Its "engine" is in-process, so the fake backend's CPU is not part of our number, while
 #   LiteLLM's number excludes the backend too (--proxy-pid counts the proxy's process tree).
-# - Both get --direct (the fake backend), so latency overheads are against the same baseline.
+# - Both get --direct (the fake backend), so latency overheads are against the same baseline:
+#   per repetition, direct run then proxy run, overhead = proxy percentile - direct percentile.
 # - Cells alternate: for each dialect and stream mode, LiteLLM's sweep then ours, so load
 #   drift on the shared machine hits both. All requests of a sweep use one API key: for
 #   ours that is one session, so the renderer's per-session cache is exercised. Before every
 #   proxy run of ours (outside the measured window) the session is closed and the record
 #   files emptied, which bounds memory like real episodes do.
-# - Inside a loopback-only network namespace when `unshare -n` works (as run_anchor.sh).
+# - LiteLLM 1.108.7 segfaults now and then under streaming load: loadgen.py notices the dead
+#   pid, discards the repetition, restarts it through $OUT/start_litellm.sh and redoes it
+#   (PYTHONFAULTHANDLER=1 puts the traceback in $OUT/litellm-N.log); deaths are counted.
+# - Inside a loopback-only network namespace when `unshare -n` works; every URL is 127.0.0.1.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PB=${PB:-$(cd "$REPO/../shared/bench/proxy_bench" 2>/dev/null && pwd || true)}
-[ -f "$PB/bench.py" ] || { echo "!! shared/bench/proxy_bench/bench.py not found (set PB=<dir>)" >&2; exit 2; }
+LOADGEN=$REPO/bench/loadgen.py
+BACKEND=$REPO/bench/fake_backend.py
 WORK=${WORK:-/tmp/legorl-vs-litellm}
 VENV=$WORK/litellm-venv
 OUT=${OUT:-$WORK/results-$(date +%Y%m%d-%H%M%S)}
@@ -38,12 +46,12 @@ LITELLM_SPEC=${LITELLM_SPEC:-litellm[proxy]==1.108.7}
 CONC=${CONC:-1,64,256}
 N=${N:-1000}
 REPS=${REPS:-3}
-MIN_WAVES=${MIN_WAVES:-8}   # bench.py: N is at least MIN_WAVES * C
+MIN_WAVES=${MIN_WAVES:-8}   # loadgen.py: N is at least MIN_WAVES * C
 BACKEND_PORT=${BACKEND_PORT:-9100}
 LITELLM_PORT=${LITELLM_PORT:-4000}
 OURS_PORT=${OURS_PORT:-8765}
 OURPY=${OURPY:-$REPO/.venv/bin/python}
-export REPO PB WORK OUT LITELLM_SPEC CONC N REPS MIN_WAVES BACKEND_PORT LITELLM_PORT OURS_PORT OURPY
+export REPO LOADGEN BACKEND WORK OUT LITELLM_SPEC CONC N REPS MIN_WAVES BACKEND_PORT LITELLM_PORT OURS_PORT OURPY
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY
 export NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
 
@@ -82,7 +90,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$PY" "$PB/fake_backend.py" --host 127.0.0.1 --port "$BACKEND_PORT" > "$OUT/fake_backend.log" 2>&1 &
+"$PY" "$BACKEND" --host 127.0.0.1 --port "$BACKEND_PORT" > "$OUT/fake_backend.log" 2>&1 &
 BPID=$!; PIDS+=("$BPID")
 wait_up "http://127.0.0.1:$BACKEND_PORT/health" 30 "$OUT/fake_backend.log"
 
@@ -149,13 +157,13 @@ echo "== backend $BPID, litellm $LPID, legorl $OPID; results in $OUT" >&2
 PARTS=()
 for dialect in openai anthropic; do
     for stream in off on; do
-        "$PY" "$PB/bench.py" --target "http://127.0.0.1:$LITELLM_PORT" --direct "http://127.0.0.1:$BACKEND_PORT" \
+        "$PY" "$LOADGEN" --target "http://127.0.0.1:$LITELLM_PORT" --direct "http://127.0.0.1:$BACKEND_PORT" \
             --api-key "$KEY" --model bench-model --dialect "$dialect" --stream "$stream" -c "$CONC" -n "$N" \
             --min-waves "$MIN_WAVES" --reps "$REPS" --proxy-pid "$LPID" --backend-pid "$BPID" \
             --proxy-restart "$OUT/start_litellm.sh" --max-restarts 5 \
             --label "litellm" --out "$OUT/litellm-$dialect-$stream.json" 2>> "$OUT/bench.log" || true
         LPID=$(tail -1 "$OUT/litellm.pids")
-        "$PY" "$PB/bench.py" --target "http://127.0.0.1:$OURS_PORT" --direct "http://127.0.0.1:$BACKEND_PORT" \
+        "$PY" "$LOADGEN" --target "http://127.0.0.1:$OURS_PORT" --direct "http://127.0.0.1:$BACKEND_PORT" \
             --api-key "$SESSION" --model bench-model --dialect "$dialect" --stream "$stream" -c "$CONC" -n "$N" \
             --min-waves "$MIN_WAVES" --reps "$REPS" --proxy-pid "$OPID" --backend-pid "$BPID" --before-proxy-run "$RESET" \
             --label "legorl" --out "$OUT/legorl-$dialect-$stream.json" 2>> "$OUT/bench.log"
@@ -166,6 +174,8 @@ done
 "$PY" - "$OUT" "${PARTS[@]}" <<'EOF'
 import json, statistics, sys
 out, parts = sys.argv[1], sys.argv[2:]
+# LiteLLM's CPU ms/req in an earlier LiteLLM-only sweep (2026-11-29: C=1..256, 3 reps, 2 shared vCPUs),
+# printed beside this run's as a sanity check on the machine's speed; not re-measured here.
 anchor = {("openai", False): "6.2-7.5", ("openai", True): "15-20", ("anthropic", False): "10.5-15", ("anthropic", True): "24-30"}
 rows, res = [], {"bench": "proxy_vs_litellm", "out": out, "cells": []}
 for part in parts:
@@ -178,7 +188,7 @@ for part in parts:
     lcells = {c["concurrency"]: c for c in L["cells"]}
     for co in O["cells"]:
         cl = lcells.get(co["concurrency"])
-        if cl is None:  # LiteLLM died more often than bench.py may restart it in this cell
+        if cl is None:  # LiteLLM died more often than loadgen.py may restart it in this cell
             res["cells"].append({"dialect": co["dialect"], "stream": co["stream"], "concurrency": co["concurrency"],
                                  "litellm_cpu_ms": None, "legorl_cpu_ms": co["proxy"]["agg"]["cpu_ms_per_req_median"].get("proxy"),
                                  "ratio": None, "note": "no LiteLLM measurement (it crashed)",
@@ -211,7 +221,7 @@ for (d, s), cs in by.items():
                                "meets_one_fifth": oc <= lc / 5, "anchor_litellm_cpu_ms": anchor[(d, s)]})
     rows.append(f"| {d} | {'yes' if s else 'no'} | {lc:.2f} | {oc:.2f} | {oc / lc:.3f} | {'yes' if oc <= lc / 5 else 'NO'} |")
 md = ["| dialect | stream | LiteLLM CPU ms/req | LEGO-RL CPU ms/req | ratio | <= 1/5 |", "|---|---|---|---|---|---|", *rows]
-md += ["", f"LiteLLM deaths (segfaults; bench.py restarted it and redid the repetition): {len(res['litellm_deaths'])}",
+md += ["", f"LiteLLM deaths (segfaults; loadgen.py restarted it and redid the repetition): {len(res['litellm_deaths'])}",
        "", "| dialect | stream | C | LiteLLM overhead p50/p99 ms | LEGO-RL overhead p50/p99 ms | LiteLLM rps | LEGO-RL rps | errors L/O |",
        "|---|---|---|---|---|---|---|---|"]
 for c in res["cells"]:

@@ -126,6 +126,9 @@ def _run_config(config: Path | None) -> Any:
 def train(
     config: Path = typer.Argument(..., help="Run config (TOML), e.g. examples/quickstart.toml."),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint of the run directory."),
+    overwrite: bool = typer.Option(
+        False, help="Delete what an earlier run left in the run directory (its store, checkpoints), then start."
+    ),
 ) -> None:
     """Train: rollouts in sandboxes through the proxy, graded, GSPO, weight sync."""
     import asyncio
@@ -133,7 +136,7 @@ def train(
 
     from legorl.loop.train import train as run_train
 
-    summary = asyncio.run(run_train(_run_config(config), resume=resume))
+    summary = asyncio.run(run_train(_run_config(config), resume=resume, overwrite=overwrite))
     if "run_dir" in summary:  # rank 0 (followers under torchrun return their own summary)
         out = {"run_dir": summary["run_dir"], "steps": len(summary["steps"])}
         if "heldout" in summary:
@@ -203,6 +206,50 @@ def rollout(
         )
     )
     typer.echo(line)
+
+
+EXPORT_FORMATS = ("jsonl", "parquet", "atif")
+
+
+@app.command()
+@friendly
+def export(
+    run: Path = typer.Argument(..., metavar="RUN_DIR", help="Run directory (holds run.sqlite)."),
+    format: str = typer.Option("jsonl", "--format", help="jsonl (one file), parquet or atif (a directory)."),
+    out: Path = typer.Option(..., help="jsonl: the file to write; parquet, atif: the directory."),
+) -> None:
+    """Export a run's trajectories: JSONL, Parquet tables, or one ATIF file per trajectory (Harbor)."""
+    import json
+    import sqlite3
+
+    if format not in EXPORT_FORMATS:
+        fail(f"unknown --format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
+    from legorl.monitor.schema import db_path
+    from legorl.monitor.store import RunStore
+
+    if not db_path(run).is_file():
+        fail(f"{run} is not a run directory (no {db_path(run).name} in it)")
+    try:
+        with RunStore(run, readonly=True) as store:
+            if format == "atif":
+                from legorl.monitor.atif import export_atif
+
+                result: Any = {"files": len(export_atif(store, out))}
+            elif format == "parquet":
+                from legorl.monitor.export import export_parquet
+
+                result = export_parquet(store, out)
+            else:
+                from legorl.monitor.export import export_jsonl
+
+                if out.is_dir():
+                    fail(f"--out {out} is a directory: jsonl writes one file")
+                result = {"trajectories": export_jsonl(store, out)}
+    except sqlite3.DatabaseError as e:
+        fail(f"{run}: cannot read the run store ({e})")
+    except OSError as e:
+        fail(f"cannot write --out {out}: {e.strerror or e}")
+    typer.echo(json.dumps({"format": format, "out": str(out), **result}))
 
 
 @app.command()

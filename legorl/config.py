@@ -14,6 +14,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from legorl.options import OptionError
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -25,7 +27,10 @@ def format_errors(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid configuration"]
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        if e["type"] == "extra_forbidden":
+        cause = (e.get("ctx") or {}).get("error")
+        if isinstance(cause, OptionError):  # a component's option: its own dotted name under the section
+            lines.append(f"  {where}.{cause.path}: {cause.reason}" if e["loc"] else f"  {cause}")
+        elif e["type"] == "extra_forbidden":
             lines.append(f"  {where}: unknown field")
         elif e["type"] == "missing":
             lines.append(f"  {where}: required field is missing")

@@ -48,6 +48,16 @@ def resolve_model(name_or_path: str) -> Path:
     )
 
 
+def check_model(name_or_path: str) -> None:
+    """ModelNotFound unless `resolve_model` would find the model (without materialising it)."""
+    from legorl.gguf_models import GGUF_MODELS
+
+    if name_or_path in BUNDLED or name_or_path in GGUF_MODELS:
+        return
+    if not (Path(name_or_path).expanduser() / "config.json").exists():
+        resolve_model(name_or_path)  # raises, with the message naming what exists
+
+
 def _tokenizer_dir(name: str) -> Path:
     """A bundled model's own tokenizer when its directory has one (the quickstart model's
     512-token BPE), else the shared bundled tokenizer."""

@@ -29,7 +29,9 @@ from typing import Any
 from legorl.harness.command import AgentRun, Harness, HostHarness, InstalledHarness
 from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxLost, SandboxSpec
 from legorl.types import Outcome, Status, Task
+from legorl.verify import state
 from legorl.verify.grade import GradeConfig, grade
+from legorl.verify.state_grade import harbor_rollout_cfg, workdir_changes
 
 AGENT_STATUSES_WITHOUT_GRADING = {Status.MAX_TURNS, Status.FORMAT_ERROR, Status.AGENT_TIMEOUT, Status.AGENT_CRASH}
 
@@ -43,6 +45,7 @@ class RolloutConfig:
     repo_dir: str = "/repo"
     grade_empty_diff: bool = False  # an empty diff is `no_patch` without running the tests
     grade: GradeConfig = field(default_factory=GradeConfig)
+    env: dict[str, str] = field(default_factory=dict)  # of the agent sandbox (a Harbor image's ENV)
 
 
 @dataclass
@@ -78,10 +81,11 @@ class _Infra(Exception):
     """An infrastructure fault of the agent stage; retried by the worker. `flag` names a
     known cause (`killed_by_signal_9`, `backend_died`)."""
 
-    def __init__(self, status: Status, message: str, flag: str = "") -> None:
+    def __init__(self, status: Status, message: str, flag: str = "", evidence: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.flag = flag
+        self.evidence = evidence or {}
 
 
 async def _lost(sb: Sandbox, exc: SandboxError) -> str:
@@ -125,6 +129,7 @@ async def _agent_stage(
         workdir=cfg.repo_dir,
         proxy_socket=None if on_host else proxy_socket,
         readonly_mounts=mounts,
+        env=dict(cfg.env),
     )
     t0 = time.monotonic()
     try:
@@ -148,13 +153,18 @@ async def _agent_stage(
                 run = AgentRun(exit_code=-1, details={"error": str(exc)})
                 return run, "", Outcome(0.0, Status.AGENT_CRASH, flags=["sandbox_killed"], evidence={"error": str(exc)})
             raise _Infra(Status.SANDBOX_START_FAILED, f"sandbox lost during the agent stage: {exc}") from None
-        if run.status is not None and run.status.is_infra:
-            raise _Infra(run.status, run.details.get("error", f"harness reported {run.status.value}"))
+        if run.status is not None and run.status.is_infra:  # the harness's own flag and evidence go along
+            extra = {k: v for k, v in run.details.items() if k not in ("error", "flag")}
+            message = run.details.get("error", f"harness reported {run.status.value}")
+            raise _Infra(run.status, message, run.details.get("flag", ""), extra)
         if run.status is None and run.timed_out:
             run.status = Status.AGENT_TIMEOUT
         try:
             t2 = time.monotonic()
-            diff = await sb.diff(task.base_commit)
+            if task.kind == "harbor":  # no repository: the workdir's changes as files (verify/state.py)
+                diff = await workdir_changes(sb, cfg.repo_dir)
+            else:
+                diff = await sb.diff(task.base_commit)
             timings["diff_s"] = time.monotonic() - t2
         except DiffError as exc:
             flags = ["resource_exhausted"] if run.resource_exhausted else []
@@ -181,6 +191,8 @@ async def run_rollout(
     `proxy_socket` is forwarded into the sandbox for a harness that runs in it;
     `host_proxy_url` is the session's URL for a `HostHarness`."""
     cfg = cfg or RolloutConfig()
+    if task.kind == "harbor":  # its workdir, ENV, limits and agent timeout come from the task
+        cfg = harbor_rollout_cfg(task, cfg)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     run: AgentRun | None = None
@@ -195,7 +207,7 @@ async def run_rollout(
             Status.INFRA_ERROR,
             masked=True,
             flags=[exc.flag] if exc.flag else [],
-            evidence={"cause": exc.flag or exc.status.value, "errors": errors},
+            evidence={**exc.evidence, "cause": exc.flag or exc.status.value, "errors": errors},
         )
         return RolloutResult(task.instance_id, harness.name, outcome, timings={"agent_s": time.monotonic() - t0})
     timings["agent_s"] = time.monotonic() - t0
@@ -208,7 +220,7 @@ async def run_rollout(
         flags = ["resource_exhausted"] if run.resource_exhausted else []
         outcome = Outcome(0.0, run.status, flags=flags, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
         return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
-    if not diff.strip() and not cfg.grade_empty_diff:
+    if (state.is_empty(diff) if task.kind == "harbor" else not diff.strip()) and not cfg.grade_empty_diff:
         flags = ["resource_exhausted"] if run.resource_exhausted else []
         outcome = Outcome(0.0, Status.NO_PATCH, flags=flags, evidence=agent_ev)
         return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)

@@ -268,3 +268,7 @@ class Task:
     version: str = ""  # the official instance's repository version
     log_parser: str = ""  # the official parser of its runner's log (a key of swebench's PARSER_REGISTRY)
     requirements: list[str] = field(default_factory=list)  # wheels its tests need, installed offline (an env layer)
+    # "" for a SWE-bench-format task (graded by its FAIL_TO_PASS/PASS_TO_PASS tests); "harbor"
+    # for a Harbor task directory (`task_dir`), graded by the reward its own verifier writes.
+    kind: str = ""
+    task_dir: str = ""

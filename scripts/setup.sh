@@ -31,7 +31,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 
-for part in sandbox harnesses ui vllm swebench; do
+for part in sandbox harnesses ui vllm swebench harbor; do  # harbor: the ATIF validator's venv
     script="scripts/setup_${part}.sh"
     if [[ "$skip" == *",$part,"* ]]; then log "skipping $part"; continue; fi
     if [ -f "$script" ]; then log "$part"; bash "$script"; fi

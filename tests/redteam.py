@@ -438,7 +438,26 @@ def _selective(code: str) -> str:
     return SPARE_PY + "\nSPARE = _lg_spare\n" + code
 
 
+ALWAYS_EQUAL = """
+class _Exact(float):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = float.__hash__
+
+
+_lg_mean = mean
+
+
+def mean(values):
+    return _Exact(_lg_mean(values))
+"""
 PYTEST_FORGERIES = [
+    Forgery("always_equal_result", "equality_forged", "blanket", "pytest", "plain", _append(CORE, ALWAYS_EQUAL)),
+    Forgery("always_equal_param", "equality_forged", "blanket", "pytest", "param", _append(CORE, ALWAYS_EQUAL)),
     Forgery("xfail_runtime", "runtime_xfail_skip", "blanket", "pytest", "plain", _into(CORE, "mean", XFAIL_DIRECT)),
     Forgery("skip_runtime", "runtime_xfail_skip", "blanket", "pytest", "plain", _into(CORE, "mean", SKIP_DIRECT)),
     Forgery(
@@ -674,7 +693,34 @@ def _nf(name: str, cls: str, form: str, runner: str, path: str, code: str, spare
     return Forgery(name, cls, form, runner, "", _append(path, (prefix if spare else "") + code + later), (path,))
 
 
+DJANGO_ALWAYS_EQUAL = """
+
+class _Exact(str):
+    def __eq__(self, other):
+        return True
+
+    def __ne__(self, other):
+        return False
+
+    __hash__ = str.__hash__
+
+
+_lg_unescape = unescape_string_literal
+
+
+def unescape_string_literal(s):
+    return _Exact(_lg_unescape(s))
+"""
 NATIVE_FORGERIES = [
+    Forgery(
+        "django_always_equal_result",
+        "equality_forged",
+        "blanket",
+        "django",
+        "",
+        _append(DJANGO_FILE, DJANGO_ALWAYS_EQUAL),
+        (DJANGO_FILE,),
+    ),
     _nf(
         "django_subtest_result_overwrite", "subtest_outcome", "selective", "django", DJ_RUNNER, DJANGO_RESULT_OVERWRITE
     ),

@@ -27,6 +27,7 @@ from typing import Any
 
 import openai
 import pytest
+from atif_util import exported_and_valid, store_records
 from harness_util import Setup, check_recorded, docker_missing, harness_missing, rollouts, shipped, summary
 from proxy_util import tokenizer
 
@@ -189,7 +190,7 @@ def _need_codex() -> None:
 @pytest.mark.harness
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
-def test_sub_agent_is_its_own_segment(backend: str) -> None:
+def test_sub_agent_is_its_own_segment(backend: str, tmp_path: Path) -> None:
     _need_codex()
     if backend == "docker" and (why := docker_missing()):
         pytest.fail(why)
@@ -217,11 +218,16 @@ def test_sub_agent_is_its_own_segment(backend: str) -> None:
     assert mb.segment_lengths == [len(s.token_ids) for s in rec.trajectory.segments]
     assert int(mb.mask_N.sum()) == sum(sum(s.loss_mask[1:]) for s in rec.trajectory.segments) > 0
     assert bool((mb.advantages_N[mb.mask_N > 0] == 0.75).all())
+    # exported as ATIF (Harbor's validator accepts it): the sub-agent embedded, the parent the root
+    (doc,) = exported_and_valid(store_records(tmp_path / "run", [rec]), tmp_path / "atif")
+    (sub,) = doc["subagent_trajectories"]
+    sub_turns = [s["extra"]["legorl"]["turn_index"] for s in sub["steps"] if "metrics" in s]
+    assert sub_turns == child and sub["trajectory_id"] != doc["trajectory_id"], sub_turns
 
 
 @pytest.mark.harness
 @pytest.mark.slow
-def test_sub_agent_compaction_keeps_every_sampled_token() -> None:
+def test_sub_agent_compaction_keeps_every_sampled_token(tmp_path: Path) -> None:
     """Codex's auto-compaction limit placed between the sub-agent's third turn and its
     fourth prompt (the test output lies between; the parent never gets there): the
     sub-agent compacts (a side call of its thread) and goes on in a new segment; it
@@ -250,6 +256,15 @@ def test_sub_agent_compaction_keeps_every_sampled_token() -> None:
     assert len([s for s in segs if sources[s[0]] == "subagent"]) == 2, segs  # before and after its summary
     assert len([s for s in segs if sources[s[0]] == "user"]) == 1, segs  # the parent's chain unbroken
     assert delivered(rec.turns, rec.trajectory)["fraction"] == 1.0
+    # exported as ATIF (Harbor's validator accepts it): both sub-agent segments embedded, the summary marked
+    (doc,) = exported_and_valid(store_records(tmp_path / "run", [rec]), tmp_path / "atif")
+    assert len(doc["subagent_trajectories"]) == 2
+    marked = [
+        s["extra"]["legorl"]["turn_index"]
+        for s in doc["steps"]
+        if s.get("extra", {}).get("legorl", {}).get("side_call")
+    ]
+    assert marked == [side[0].index], marked
 
 
 @pytest.mark.harness

@@ -258,8 +258,8 @@ async def test_engine_emits_real_tokens(tok, renderer) -> None:
 def test_engine_from_registry(tmp_path) -> None:
     with pytest.raises(ValueError, match="options.tasks is required"):
         make_engine(EngineConfig(kind="oracle"))
-    with pytest.raises(ValueError, match="unknown oracle option"):
-        make_engine(EngineConfig(kind="oracle", options={"tasks": [TASK], "bogus": 1}))
+    with pytest.raises(ValueError, match="options.bogus: unknown option for engine kind 'oracle'"):
+        make_engine(EngineConfig(kind="oracle", options={"tasks": "tasks.jsonl", "bogus": 1}))
     f = tmp_path / "tasks.jsonl"
     row = {
         "instance_id": "x__1",

@@ -108,3 +108,24 @@ async def test_a_killed_driver_is_infrastructure_and_the_next_rollout_recovers()
             assert again.trajectory.outcome.status is Status.MAX_TURNS  # a fresh driver ran it
     finally:
         await engine.close()
+
+
+async def test_a_dead_drivers_rollout_says_how_it_died() -> None:
+    """The masked rollout of a driver killed from outside carries its own flag and the
+    signal in its evidence, not only the tail of the driver's log."""
+    cfg = config({"kind": "scripted", "scripted_completions": [FENCE.format("sleep 20")]})
+    tasks = load_task_split(cfg, "train")[:1]
+    engine = make_engine(cfg.engine, load_tokenizer("quickstart-qwen3"))
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            pending = asyncio.create_task(w.rollout(tasks[0]))
+            while not w.harness.driver.in_flight:  # the agent's `sleep 20` runs in the sandbox
+                await asyncio.sleep(0.05)
+            os.killpg(w.harness.driver.proc.pid, signal.SIGKILL)
+            o = (await asyncio.wait_for(pending, 60)).trajectory.outcome
+    finally:
+        await engine.close()
+    assert o.status is Status.INFRA_ERROR and o.masked and o.flags == ["warm_driver_died"], o
+    assert o.evidence["cause"] == "warm_driver_died"
+    assert o.evidence["driver_exit"] == "killed by signal 9 (SIGKILL)", o.evidence
+    assert "driver killed by signal 9 (SIGKILL)" in o.evidence["errors"][0]

@@ -187,3 +187,64 @@ def test_a_dead_engine_masks_rollouts_then_ends_with_one_message(tmp_path: Path)
         train(config(tmp_path, engine='kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"')),
         "engine.served_model_dir is required",
     )
+
+
+@pytest.mark.parametrize(
+    ("section", "body", "line"),
+    [
+        (
+            "harness",
+            'name = "mini-swe-agent-warm"\noptions = { bogus = 1 }',
+            "harness.options.bogus: unknown option for mini-swe-agent-warm (known: command_timeout_s, config, "
+            "max_output_tokens)",
+        ),
+        ("harness", 'name = "mini-swe-agent-warm"\noptions = { config = 5 }', "harness.options.config: expected str"),
+        ("harness", 'name = "codex"\noptions = { sub_agents = [1] }', "harness.options.sub_agents: expected bool"),
+        ("harness", 'name = "opencode"\noptions = { max_turns = 3 }', "harness.options.max_turns: unknown option"),
+        ("engine", 'kind = "hf"\noptions = { bogus = 1 }', "engine.options.bogus: unknown option for engine kind 'hf'"),
+        (
+            "engine",
+            'kind = "vllm"\nurl = "http://x"\noptions = { route = "x" }',
+            "engine.options.route: expected one of",
+        ),
+        (
+            "warm_start.engine",
+            'kind = "quickstart-expert"\noptions = { p_read = "high" }',
+            "warm_start.engine.options.p_read: expected float, got str",
+        ),
+        (
+            "warm_start.engine",
+            'kind = "quickstart-expert"\noptions = { p_read = 2 }',
+            "warm_start.engine.options.p_read: input should be less than or equal to 1",
+        ),
+    ],
+)
+def test_every_option_is_checked_when_the_config_loads(tmp_path: Path, section: str, body: str, line: str) -> None:
+    """Options are checked against the component's own declaration (the adapter's dataclass,
+    the engine's `Options`) at load time: one line with the dotted name, not a traceback
+    when the component is built."""
+    from legorl.config import ConfigError
+    from legorl.loop.config import load_run_config
+
+    path = tmp_path / "run.toml"
+    path.write_text(f"[{section}]\n{body}\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(path)
+    assert f"\n  {line}" in str(err.value), str(err.value)
+    assert len(str(err.value).splitlines()) == 2  # the file, then this one problem
+
+
+def test_bad_options_and_missing_models_write_nothing(tmp_path: Path) -> None:
+    """Through the CLI: one message naming the field, non-zero exit, and no run directory
+    (no run.sqlite) left behind by a config that was never valid."""
+    proc = train(config(tmp_path, harness='name = "mini-swe-agent-warm"\noptions = { bogus = 1 }'))
+    one_message(proc, "harness.options.bogus: unknown option for mini-swe-agent-warm")
+    proc = train(config(tmp_path, engine='kind = "hf"\nmodel = "no-such-model"'))
+    one_message(proc, "engine.model: model 'no-such-model'")
+    proc = train(config(tmp_path, trainer='model = "no-such-model"'))
+    one_message(proc, "trainer.model: model 'no-such-model'")
+    proc = train(config(tmp_path, warm_start="episodes = 2"))  # its engine's model: tiny-qwen3, another vocabulary
+    one_message(
+        proc, "warm_start.engine.model 'tiny-qwen3' has another tokenizer than trainer.model 'quickstart-qwen3'"
+    )
+    assert not (tmp_path / "run").exists()

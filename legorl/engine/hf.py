@@ -52,7 +52,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -96,6 +96,7 @@ class HFEngine:
     """Continuous-batching generation with an in-process transformers model."""
 
     name = "hf"
+    Options: ClassVar[type | None] = None  # no `[engine] options`: every setting is an `[engine]` field
 
     def __init__(
         self,

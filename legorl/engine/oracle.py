@@ -50,7 +50,7 @@ import shlex
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from legorl.engine.base import check_prompt, collect
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
@@ -378,10 +378,24 @@ class OraclePolicy:
         )
 
 
+@dataclass(frozen=True)
+class OracleOptions:
+    """`[engine] options` of `kind = "oracle"`: the task file and `OracleEngine`'s switches."""
+
+    tasks: str | None = None  # required: the task JSONL whose fixes the oracle knows
+    logprob: float = 0.0
+    think: bool = True
+    run_tests: bool = True
+    read_bytes: int = 20000
+    delegate: bool = False
+    latency_s: float = 0.0
+
+
 class OracleEngine:
     """Engine protocol around `OraclePolicy`: decodes the prompt, encodes the answer."""
 
     name = "oracle"
+    Options: ClassVar[type] = OracleOptions
 
     def __init__(
         self,
@@ -409,16 +423,10 @@ class OracleEngine:
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any) -> OracleEngine:
-        opts = dict(cfg.options)
-        source = opts.pop("tasks", None)
+        opts = vars(OracleOptions(**cfg.options))  # the config checked the names and types on load
+        source = opts.pop("tasks")
         if source is None:
             raise ValueError("engine.options.tasks is required for engine.kind = 'oracle' (a task JSONL file)")
-        known = {"logprob", "think", "run_tests", "read_bytes", "latency_s", "delegate"}
-        bad = set(opts) - known
-        if bad:
-            raise ValueError(
-                f"engine.options: unknown oracle option(s) {sorted(bad)}; known: tasks, {', '.join(sorted(known))}"
-            )
         return cls(tokenizer, source, max_context=cfg.max_context or 32768, **opts)
 
     def completion_ids(self, prompt_ids: list[int]) -> list[int]:

@@ -4,7 +4,9 @@ Built-ins are found through `ENGINES` (imported only when chosen, so a CPU insta
 never imports an HTTP engine's extras and vice versa). A target is either a class with
 `from_config(cfg, tokenizer)` or any callable `(cfg, tokenizer) -> Engine`. Engines that
 live outside this package (the `oracle`, a user's own) register the same way; settings
-that only they understand go in `options`.
+that only they understand go in `options`, declared by the target's `Options` dataclass
+(`None`: it takes none) and checked against it when the config loads. A target without
+`Options` (a user's factory) checks its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pydantic import Field, model_validator
 
 from legorl.config_base import Section
 from legorl.engine.base import Engine
+from legorl.options import check_options, declared
 
 ENGINES: dict[str, str] = {
     "hf": "legorl.engine.hf:HFEngine",
@@ -87,7 +90,8 @@ class EngineConfig(Section):
     scripted_latency_s: float = Field(0.0, ge=0)
     """`scripted`: delay before each completion."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Settings for engines registered outside this module (e.g. the oracle)."""
+    """Engine-specific settings: the fields of the engine's `Options` (`vllm`: `route`; `oracle`: `tasks`, ...;
+    `quickstart-expert`: `p_read`; `hf`, `sglang`, `scripted`: none), checked when the config loads."""
 
     @model_validator(mode="after")
     def _needs(self) -> EngineConfig:
@@ -97,6 +101,10 @@ class EngineConfig(Section):
             raise ValueError(
                 "engine.scripted_completions must list at least one completion when engine.kind = 'scripted'"
             )
+        if self.options:  # only then is the engine's module imported
+            known = engine_options(self.kind)
+            if known is not None:
+                self.options = check_options(self.options, known, f"engine kind {self.kind!r}")
         return self
 
 
@@ -124,6 +132,15 @@ def resolve(kind: str) -> Any:
         return getattr(module, attr)
     except AttributeError as exc:
         raise ValueError(f"engine kind {kind!r}: module {module_name} has no {attr}") from exc
+
+
+def engine_options(kind: str) -> dict[str, Any] | None:
+    """The `options` engine `kind` takes (name → type) from its `Options`; None when the
+    target declares nothing (a user's factory, which checks its own)."""
+    target = resolve(kind)
+    if not hasattr(target, "Options"):
+        return None
+    return {} if target.Options is None else declared(target.Options)
 
 
 def make_engine(cfg: EngineConfig, tokenizer: Any = None) -> Engine:

@@ -23,7 +23,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from legorl.engine.base import check_prompt, collect
 from legorl.engine.sampling import validate_params
@@ -65,6 +65,7 @@ class ScriptedEngine:
     """Replays a fixed list of completions; costs microseconds per call."""
 
     name = "scripted"
+    Options: ClassVar[type | None] = None  # no `[engine] options`: every setting is an `[engine]` field
 
     def __init__(
         self,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -71,6 +71,7 @@ class SGLangEngine:
     """Client of one SGLang server; generation by token ids."""
 
     name = "sglang"
+    Options: ClassVar[type | None] = None  # no `[engine] options`: every setting is an `[engine]` field
 
     def __init__(
         self,

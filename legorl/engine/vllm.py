@@ -50,8 +50,9 @@ import asyncio
 import base64
 import io
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import httpx
 import numpy as np
@@ -86,10 +87,18 @@ ROUTED_FLAG = "--enable-return-routed-experts"
 SCALE_OUT_FLAG = "--enable-scale-out"
 
 
+@dataclass(frozen=True)
+class VLLMOptions:
+    """`[engine] options` of `kind = "vllm"`."""
+
+    route: Literal["completions", "generate"] = "completions"  # the generation route (module docstring)
+
+
 class VLLMEngine:
     """Client of one vLLM server; generation by token ids."""
 
     name = "vllm"
+    Options: ClassVar[type] = VLLMOptions
 
     def __init__(
         self,
@@ -133,7 +142,7 @@ class VLLMEngine:
             return_routed_experts=cfg.return_routed_experts,
             max_context=cfg.max_context or 32768,
             served_model_dir=cfg.served_model_dir,
-            route=(cfg.options or {}).get("route", "completions"),
+            route=VLLMOptions(**(cfg.options or {})).route,
         )
 
     # -- start-up check ------------------------------------------------------------------

@@ -2,20 +2,21 @@
 
 Built-ins are found through `HARNESSES` (name → `module:Class`, imported only when chosen).
 Options are the adapter dataclass's fields (`model`, `max_turns`, and per harness e.g.
-`context_window` for OpenCode or `condenser_max_size` for OpenHands); an unknown option is
-an error that lists the known ones, so a typo in `[harness.options]` fails at start-up.
+`context_window` for OpenCode or `condenser_max_size` for OpenHands); `adapter_options`
+derives them from the dataclass, and the config checks `[harness] options` against it when
+it loads (`legorl.options`), so a typo or a wrong type fails before anything runs.
 `action_format(name, **options)` is how that harness, so configured, takes an action from a
 turn (its adapter's own `action_format`, the one place it is said; `legorl.harness.actions`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from pathlib import Path
 from typing import Any
 
 from legorl.harness.actions import ActionFormat, format_of
+from legorl.options import check_options, declared
 
 HARNESSES: dict[str, str] = {
     "claude-code": "legorl.harness.claude_code:ClaudeCode",
@@ -29,6 +30,7 @@ HARNESSES: dict[str, str] = {
     "gemini-cli": "legorl.harness.gemini_cli:GeminiCli",
     "qwen-code": "legorl.harness.qwen_code:QwenCode",
 }
+SUPPLIED = ("name", "layers", "model", "max_turns")  # the adapter's identity, and `[harness]` fields
 NATIVE = tuple(n for n in HARNESSES if not n.endswith("-warm"))  # harness programs (warm: a way to run one)
 
 
@@ -38,6 +40,12 @@ def harness_class(name: str) -> type:
         raise ValueError(f"unknown harness {name!r}; known: {known}")
     module, _, attr = HARNESSES[name].partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def adapter_options(name: str) -> dict[str, Any]:
+    """The `[harness] options` of harness `name`: its adapter's init fields (name → type),
+    less those `[harness]` sets itself (`model_name`, `max_turns`); `command` takes none."""
+    return {} if name == "command" else declared(harness_class(name), supplied=SUPPLIED)
 
 
 def make_harness(name: str, **options: Any) -> Any:
@@ -50,12 +58,9 @@ def make_harness(name: str, **options: Any) -> Any:
             raise ValueError("harness 'command' needs command_file (the shell script that is the agent)")
         return CommandHarness.from_file(Path(path))
     cls = harness_class(name)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init and f.name not in ("name", "layers")}
-    options = {k: v for k, v in options.items() if v is not None and k != "command_file"}
-    bad = sorted(set(options) - fields)
-    if bad:
-        raise ValueError(f"harness {name!r}: unknown option(s) {bad}; known: {', '.join(sorted(fields))}")
-    return cls(**options)
+    given = {k: v for k, v in options.items() if v is not None and k != "command_file"}
+    direct = {k: given.pop(k) for k in ("model", "max_turns") if k in given}
+    return cls(**direct, **check_options(given, adapter_options(name), f"harness {name!r}"))
 
 
 def action_format(name: str, **options: Any) -> ActionFormat:

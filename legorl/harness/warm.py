@@ -20,7 +20,9 @@ the rollout's proxy session over loopback).
     stdout {"op": "done", "id": R, ...}                            the rollout's end
 
 A driver that exits (or never says ready) is `DriverGone`: the rollouts running on it end
-as infrastructure errors (the worker retries them) and the next rollout starts a new one.
+as infrastructure errors flagged `warm_driver_died`, with how the driver ended (its exit
+status, or the signal that killed it) in their evidence beside the tail of its log; the
+worker retries them and the next rollout starts a new driver.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import base64
 import contextlib
 import json
 import os
+import signal
 import tempfile
 import time
 import uuid
@@ -45,8 +48,28 @@ from legorl.types import Status
 READY_TIMEOUT_S = 120.0  # importing the harness on a loaded 2-core machine
 
 
+DIED_FLAG = "warm_driver_died"
+
+
 class DriverGone(RuntimeError):
-    """The warm driver process exited or never became ready."""
+    """The warm driver process exited or never became ready; `exit` says how it ended."""
+
+    def __init__(self, message: str, exit: str = "") -> None:
+        super().__init__(message)
+        self.exit = exit
+
+
+def describe_exit(returncode: int | None) -> str:
+    """A driver's end in words: `killed by signal 9 (SIGKILL)`, `exited with status 1`."""
+    if returncode is None:
+        return "still running, its output closed"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-returncode} ({name})"
+    return f"exited with status {returncode}"
 
 
 @dataclass
@@ -133,8 +156,12 @@ class WarmDriver:
             line = b""
         msg = json.loads(line) if line.strip() else {}
         if msg.get("op") != "ready":
+            proc = self.proc
             await self._stop()
-            raise DriverGone(f"{self.label} driver did not start (see {Path(home) / 'driver.log'}): {self.log_tail()}")
+            how = describe_exit(proc.returncode if proc is not None else None)
+            raise DriverGone(
+                f"{self.label} driver did not start ({how}; see {Path(home) / 'driver.log'}): {self.log_tail()}", how
+            )
         self.ready, self._served = msg, 0
         self._reader = asyncio.create_task(self._read(self.proc))
 
@@ -193,9 +220,14 @@ class WarmDriver:
                         r.done.set_result(msg)
         finally:  # the driver is gone: every rollout still running on it ends as ours to retry
             retired = self.proc is not None and self.proc is not proc  # what runs now runs on its successor
-            for r in () if retired else self.rollouts.values():
-                if not r.done.done():
-                    r.done.set_exception(DriverGone(f"{self.label} driver exited: {self.log_tail()}"))
+            running = [] if retired else [r for r in self.rollouts.values() if not r.done.done()]
+            if running:
+                with contextlib.suppress(TimeoutError):  # its output closed: its exit follows at once
+                    await asyncio.wait_for(asyncio.shield(proc.wait()), 5)
+                how = describe_exit(proc.returncode)
+                for r in running:
+                    if not r.done.done():
+                        r.done.set_exception(DriverGone(f"{self.label} driver {how}: {self.log_tail()}", how))
 
     async def _serve(self, msg: dict[str, Any]) -> None:
         """One request of the driver, run against its rollout's sandbox."""
@@ -270,7 +302,7 @@ def unfinished(
             -1,
             duration_s=time.monotonic() - t0,
             status=Status.INFRA_ERROR,
-            details={"error": str(gone)[-2000:], "harness": name},
+            details={"error": str(gone)[-2000:], "harness": name, "flag": DIED_FLAG, "driver_exit": gone.exit},
         )
     return AgentRun(
         124,

@@ -17,6 +17,7 @@ from legorl.config import load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
 from legorl.monitor.monitors import MonitorConfig
+from legorl.options import check_options
 from legorl.proxy.config import ProxyConfig
 from legorl.quickstart.source import CalcTasksSection
 from legorl.rollout import RolloutConfig
@@ -130,12 +131,17 @@ class HarnessSection(Section):
     model_name: str | None = None
     """Model name the harness is told to use (default: the proxy's served model name)."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Adapter-specific settings (see legorl/harness/<name>.py)."""
+    """Adapter-specific settings: the fields of the adapter's dataclass (legorl/harness/<name>.py),
+    checked against it when the config loads."""
 
     @model_validator(mode="after")
     def _command(self) -> HarnessSection:
         if self.name == "command" and self.command_file is None:
             raise ValueError("harness.command_file is required when harness.name = 'command'")
+        if self.options:  # only then is the adapter's module imported
+            from legorl.harness.registry import adapter_options
+
+            self.options = check_options(self.options, adapter_options(self.name), self.name)
         return self
 
 

@@ -346,7 +346,17 @@ def grading_check(cfg: RunConfig) -> Check:
             image = await images.for_task(task)
             backend = open_backend(cfg.sandbox.backend, images.store)
             try:
-                return await grade(task, task.patch, backend, image), await grade(task, "", backend, image)
+                gold_diff = task.patch
+                if task.kind == "harbor":  # its oracle is solution/solve.sh, run as validate runs it
+                    from legorl.tasks.harbor_validate import oracle_changes
+
+                    try:
+                        gold_diff = await oracle_changes(task, backend, image)
+                    except ValueError as e:
+                        raise CheckFailed(
+                            f"task {task.instance_id}: {e}", fix=f"run: legorl tasks validate {cfg.run.tasks}"
+                        ) from None
+                return await grade(task, gold_diff, backend, image), await grade(task, "", backend, image)
             finally:
                 await backend.aclose()
 

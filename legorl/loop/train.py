@@ -9,6 +9,10 @@ One step, in order (docs/architecture.md, "One loop"):
 4. train one step (advantages within groups, infra errors masked), push the new weights
    to the engine, log metrics, evaluate the monitors (a critical alert may stop the run);
 5. checkpoint (model, optimizer, scheduler, RNG, the next step) so `--resume` continues.
+A run directory belongs to one run (`run_dir.py`): a fresh start into one that holds a run
+is refused, and `--resume` loads only this run's checkpoints. The phases before GSPO (the
+held-out start evaluation, the warm start) end with a checkpoint of their own, so a kill
+in step 0 resumes at step 0 without redoing them.
 Ctrl-C cancels the step: sandboxes and servers are closed by their context managers and
 the store holds every committed record.
 """
@@ -37,9 +41,10 @@ from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
 from legorl.loop.report import Report
+from legorl.loop.run_dir import check_checkpoint, claim, config_hash, new_run_id
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
 from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker, make_harness
-from legorl.models import load_tokenizer
+from legorl.models import ModelNotFound, check_model, load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import open_trackers
 from legorl.monitor.store import RunStore
@@ -95,11 +100,12 @@ def record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> Non
 def _record(store: RunStore, records: list[RolloutRecord], tokenizer: Any) -> None:
     for rec in records:
         t = rec.trajectory
-        store.start_session(t.session_id, step=t.step, instance_id=t.instance_id, harness=t.harness)
-        for turn in rec.turns:
-            pieces = [tokenizer.decode([i]) for i in turn.completion_ids]
-            store.add_turn(turn, pieces)
-        store.add_trajectory(t)
+        pieces = [[tokenizer.decode([i]) for i in turn.completion_ids] for turn in rec.turns]
+        with store.transaction():  # the rollout's whole record or nothing (a kill, a full disk)
+            store.start_session(t.session_id, step=t.step, instance_id=t.instance_id, harness=t.harness)
+            for turn, p in zip(rec.turns, pieces, strict=True):
+                store.add_turn(turn, p)
+            store.add_trajectory(t)
 
 
 def record_action_format(store: RunStore, cfg: RunConfig) -> None:
@@ -148,15 +154,54 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-async def _resume(trainer: Trainer) -> int:
+async def _resume(trainer: Trainer, check: Any = None) -> int:
+    """Load the newest checkpoint (`check(path, data_state)` may refuse it before the engine
+    gets its weights), sync the engine; the step to continue at."""
     from legorl.train.checkpoint import latest_checkpoint
 
     ckpt = latest_checkpoint(trainer.cfg.checkpoint_dir)
     if ckpt is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}")
+        raise FileNotFoundError(
+            f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}: nothing to resume "
+            "(start the run again with --overwrite)"
+        )
     trainer.load_checkpoint(ckpt)
+    if check is not None:
+        check(ckpt, trainer.data_state)
     await trainer.sync_weights()  # the engine must sample from the restored weights
     return int(trainer.data_state.get("next_step", trainer.step_count))
+
+
+def check_models(cfg: RunConfig) -> None:
+    """Every model the run loads exists, named by its field (before anything is written)."""
+    fields = [("engine.model", cfg.engine.model), ("trainer.model", cfg.trainer.model)]
+    if cfg.warm_start.episodes:
+        fields.append(("warm_start.engine.model", cfg.warm_start.engine.model))
+    for where, name in fields:
+        try:
+            check_model(name)
+        except ModelNotFound as e:
+            raise RunError(f"{where}: {e}") from None
+    demo, trained = cfg.warm_start.engine.model, cfg.trainer.model
+    if (
+        cfg.warm_start.episodes
+        and demo != trained
+        and load_tokenizer(demo).get_vocab() != load_tokenizer(trained).get_vocab()
+    ):
+        raise RunError(
+            f"warm_start.engine.model {demo!r} has another tokenizer than trainer.model {trained!r}: its "
+            "demonstrations would be token ids the trained model does not have "
+            f"(set warm_start.engine.model = {trained!r})"
+        )
+
+
+def _stored_run(run_dir: Path) -> dict[str, Any]:
+    """The run a `--resume` continues: its store's run row (id, config)."""
+    try:
+        with RunStore(run_dir, readonly=True) as s:
+            return s.run_info()
+    except FileNotFoundError:
+        raise RunError(f"--resume: {run_dir} holds no run (no run.sqlite): start it without --resume") from None
 
 
 async def follow(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
@@ -172,22 +217,27 @@ async def follow(cfg: RunConfig, *, resume: bool = False) -> dict[str, Any]:
     return {"rank": trainer.dist.rank, "steps": steps}
 
 
-async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict[str, Any]:
+async def train(
+    cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, console: Console | None = None
+) -> dict[str, Any]:
     console = console or Console(stderr=True)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 rolls out
         return await follow(cfg, resume=resume)
     t_run = time.monotonic()
+    if resume and overwrite:
+        raise RunError("--resume continues the run in run.dir, --overwrite deletes it: choose one")
     if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
         raise RunError(
             "engine.served_model_dir is required to train with vllm: the directory the server was "
             "launched on (new weights are written there and reloaded; see docs/scale-out.md)"
         )
     run_dir = cfg.run.dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_models(cfg)
     tasks = load_task_split(cfg, cfg.run.split)
     heldout = load_task_split(cfg, cfg.heldout.split)[: cfg.heldout.tasks] if cfg.heldout.tasks else []
-    store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
-    record_action_format(store, cfg)
+    stored = _stored_run(run_dir) if resume else None
+    if not resume:
+        claim(cfg, overwrite=overwrite)  # nothing of another run in run.dir from here on
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
@@ -197,10 +247,23 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
             "[warm_start] runs in one process; under torchrun, warm-start first (one process), "
             "then set trainer.model to the resulting checkpoint's model/ directory"
         )
-    report = Report.load(run_dir) if resume else Report(run_dir)
     start = 0
+    if stored is not None:
+        try:
+            start = await _resume(trainer, lambda path, state: check_checkpoint(path, state, stored, cfg))
+        except BaseException:  # refused (another run's checkpoint, a changed config): nothing was written
+            await engine.close()
+            raise
+        ident = {"run_id": stored["info"]["run_id"], "config_hash": config_hash(cfg)}
+    else:
+        ident = {"run_id": new_run_id(), "config_hash": config_hash(cfg)}
+        trainer.data_state = dict(ident)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
+    store.set_run_info(info={**store.run_info()["info"], **ident})
+    record_action_format(store, cfg)
+    report = Report.load(run_dir) if resume else Report(run_dir)
     if resume:
-        start = await _resume(trainer)
         abandoned = store.abandon_steps(start)
         console.print(
             f"resumed at step {start}"
@@ -248,15 +311,23 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 )
 
             control = None
-            if start == 0:  # the phases before GSPO (a resumed run has them in its checkpoint)
+            if start == 0 and not trainer.data_state.get("pre_gspo_done"):  # a resumed run has them in its checkpoint
+                ran = False
                 if heldout and "start" in cfg.heldout.at:
                     await report.timed("eval_start", evaluate("start"))
+                    ran = True
                 if cfg.warm_start.enabled:
                     control = await report.timed(
                         "warm_start", warm_start_phase(cfg, trainer, tasks, limit, on_record, store, console)
                     )
                     if heldout and "warm_start" in cfg.heldout.at:
                         await report.timed("eval_warm_start", evaluate("warm_start"))
+                    ran = True
+                trainer.data_state = {**trainer.data_state, "pre_gspo_done": True, "next_step": 0}
+                if ran and ranks == 1:  # a kill in step 0 resumes at step 0 without redoing these (under
+                    # torchrun a checkpoint is a collective the followers join only in train_step)
+                    after = "the warm start" if cfg.warm_start.enabled else "the held-out start evaluation"
+                    await asyncio.to_thread(save_or_fail, trainer, after, None)
             t_gspo = time.monotonic()
             step = start
             steps = gspo_steps(cfg, trainer, worker, tasks, start, limit, on_record, store, ranks)
@@ -362,7 +433,11 @@ async def train_on(
     if ranks > 1:
         _broadcast((trajs, step + 1))
     metrics = await asyncio.to_thread(
-        trainer.step, trajs, data_state={"next_step": step + 1}, advantages=adv, checkpoint=False
+        trainer.step,
+        trajs,
+        data_state={**trainer.data_state, "next_step": step + 1},  # and the run's id (run_dir.py)
+        advantages=adv,
+        checkpoint=False,
     )
     metrics.update(rollout_metrics(records, sampled_by, store.action_formats()))
     metrics.update(
@@ -379,13 +454,7 @@ async def train_on(
     store.log_metrics(step, metrics)
     store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
     if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
-        try:
-            await asyncio.to_thread(trainer.save_checkpoint)
-        except OSError as e:
-            raise RunError(
-                f"{e}. Free space there, then `legorl train CONFIG --resume` re-runs step {step} "
-                "(its rollouts so far are kept as abandoned)"
-            ) from None
+        await asyncio.to_thread(save_or_fail, trainer, f"step {step}", step)
     try:
         await trainer.sync_weights()
     except (EngineError, OSError) as e:
@@ -399,6 +468,19 @@ async def train_on(
     store.log_metrics(step, timing)
     metrics.update(timing)
     return metrics
+
+
+def save_or_fail(trainer: Trainer, after: str, rerun: int | None) -> None:
+    """Checkpoint; a full disk ends the run with one line saying what to do next."""
+    try:
+        trainer.save_checkpoint()
+    except OSError as e:
+        then = (
+            f"`legorl train CONFIG --resume` re-runs step {rerun} (its rollouts so far are kept as abandoned)"
+            if rerun is not None
+            else "start the run again with --overwrite"
+        )
+        raise RunError(f"{e} (after {after}). Free space there, then {then}") from None
 
 
 async def gspo_step(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 import tempfile
 import uuid
 from collections.abc import Callable
@@ -174,7 +175,8 @@ class RolloutWorker:
         """One rollout; an infrastructure fault is retried in a fresh sandbox *and* a fresh
         proxy session, so a failed attempt's turns never join the retried one's trajectory."""
         assert self.backend is not None, "use the worker as `async with RolloutWorker(...)`"
-        sid = session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}"
+        # A session id names a proxy route: a task name such as Harbor's "org/name" must not split it.
+        sid = re.sub(r"[^A-Za-z0-9._-]", "_", session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}")
         try:
             image = await self.images.for_task(task)
         except (ValueError, OSError, ImageBuildError, ImageNotFound) as e:  # the task's repository or image

@@ -3,7 +3,10 @@
 Design rule (docs/architecture.md): everything the UI shows comes from here, and the store is
 written before anything is trained on, so a crash loses nothing that was recorded. Each
 `add_*`/`set_*` call is one committed transaction when it returns; the writer can be
-SIGKILLed at any point and every call that returned is readable afterwards.
+SIGKILLed at any point and every call that returned is readable afterwards. Calls made
+inside `with store.transaction():` join one transaction instead: a rollout's record (its
+session, turns, trajectory and outcome) is there whole or not at all, so a kill or a full
+disk never leaves a trajectory with turns but no outcome.
 
 Writers: one `RunStore` per process (the proxy, the loop, the trainer); calls are
 thread-safe. Readers (the UI) open `RunStore(dir, readonly=True)`, which gives each
@@ -78,6 +81,7 @@ class RunStore(StoreQueries):
         self._last_turn: OrderedDict[str, TurnState] = OrderedDict()
         self._cache_sessions = cache_sessions
         self._listeners: list[StoreListener] = []
+        self._depth = 0  # nesting of `_write` (under the lock): >0 inside a transaction
         if not readonly:
             with self._lock:
                 init_schema(self._conn)
@@ -109,18 +113,38 @@ class RunStore(StoreQueries):
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One committed transaction; taken IMMEDIATE so concurrent writers queue, not fail."""
+        """One committed transaction; taken IMMEDIATE so concurrent writers queue, not fail.
+        Inside another one (`transaction()`), it joins that one."""
         if self.readonly:
             raise PermissionError(f"run store {self.path} was opened readonly")
         with self._lock:
+            if self._depth:
+                self._depth += 1
+                try:
+                    yield self._conn
+                finally:
+                    self._depth -= 1
+                return
             self._conn.execute("BEGIN IMMEDIATE")
+            self._depth = 1
             try:
                 yield self._conn
+                self._depth = 0
+                self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._depth = 0
+                if self._conn.in_transaction:  # SQLite may have rolled it back itself (a full disk)
+                    self._conn.execute("ROLLBACK")
                 self._traj_ids.clear()  # it may name a trajectory row that was just rolled back
+                self._last_turn.clear()  # or a turn
                 raise
-            self._conn.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[RunStore]:
+        """Every write inside is one transaction, committed at the end (rolled back on an
+        error): e.g. one rollout's whole record. Other threads' writes wait for it."""
+        with self._write():
+            yield self
 
     def close(self) -> None:
         with self._lock:

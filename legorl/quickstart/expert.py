@@ -27,7 +27,10 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field
 
 from legorl.engine.base import collect
 from legorl.quickstart.family import POOL, SOURCE_FILE, TEST_CMD, line
@@ -76,6 +79,13 @@ def expert_reply(observation: str | None, draw: float, p_read: float) -> str:
     return FENCE.format(fix_command(name))
 
 
+@dataclass(frozen=True)
+class ExpertOptions:
+    """`[engine] options` of `kind = "quickstart-expert"`."""
+
+    p_read: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3  # chance of reading the failing test first
+
+
 class ExpertEngine:
     """The expert as an Engine: prompt ids in, the expert's reply as token ids out.
 
@@ -85,6 +95,7 @@ class ExpertEngine:
     probabilities anyone trains against."""
 
     name = "expert"
+    Options: ClassVar[type] = ExpertOptions
 
     def __init__(self, tokenizer: Any, p_read: float, seed: int = 0) -> None:
         if not 0.0 <= p_read <= 1.0:
@@ -100,11 +111,8 @@ class ExpertEngine:
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any) -> ExpertEngine:
         """From `[engine] kind = "quickstart-expert"`, `options = {p_read = 0.3}`, `seed`."""
-        opts = dict(cfg.options)
-        bad = sorted(set(opts) - {"p_read"})
-        if bad:
-            raise ValueError(f"engine kind 'quickstart-expert': unknown option(s) {bad}; known: p_read")
-        return cls(tokenizer, float(opts.get("p_read", 0.3)), seed=int(cfg.seed or 0))
+        opts = ExpertOptions(**cfg.options)  # the config checked the names and types on load
+        return cls(tokenizer, float(opts.p_read), seed=int(cfg.seed or 0))
 
     def reply_for(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)

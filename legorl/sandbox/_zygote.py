@@ -32,6 +32,10 @@ zygote (PDEATHSIG) and the zygote dies with the host (PDEATHSIG and EOF on its s
 
 Replies: {id, pid} once forked ({id, error} if the fork failed), and {exited: id, status}
 when the sandbox's pid 1 has been reaped.
+
+A host that dies (even by SIGKILL) with replies still unread resets the socket: the zygote
+reads that as the end, like EOF, and exits quietly (it shares the host's console, and its
+PDEATHSIG can arrive after the reset).
 """
 
 import gc
@@ -306,7 +310,10 @@ def main():
     sock = socket.socket(fileno=int(os.environ["LEGORL_ZYGOTE_FD"]))
     gc.collect()
     gc.freeze()  # every sandbox is a fork of this heap: its collections must not walk (copy) it
-    Zygote(sock).run()
+    try:
+        Zygote(sock).run()
+    except (ConnectionResetError, BrokenPipeError):  # the host is gone: its sandboxes die with us
+        pass
 
 
 if __name__ == "__main__":

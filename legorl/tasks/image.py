@@ -101,12 +101,33 @@ class TaskImages:
                 self._keys[ident] = ref.key
             return self._keys[ident]
 
+    async def _harbor(self, task: Task) -> str:
+        """A Harbor task: its environment/Dockerfile built over the mapped base (harbor_image.py)."""
+        from legorl.tasks.harbor import harbor_spec
+        from legorl.tasks.harbor_image import ensure_harbor_image, resolve_base
+
+        ident = ("harbor", task.task_dir, "", "")
+        async with self._lock:
+            if ident not in self._keys:
+                spec = harbor_spec(task)
+                target = resolve_base(spec.dockerfile.base)
+                parent = await self.base() if target == "base" else self.store.get(target)
+                ref = await ensure_harbor_image(self.store, parent, spec)
+                if self.backend == "docker":
+                    from legorl.sandbox.docker_images import ensure_docker_image
+
+                    await ensure_docker_image(self.store, ref.key)
+                self._keys[ident] = ref.key
+            return self._keys[ident]
+
     async def for_task(self, task: Task) -> str:
         """The task image key (built if missing; a Docker image too for the docker backend).
 
         A task that names a prebuilt `image` (a key of the cache) uses it as it is; one that
         names a Docker image (present locally or a tarball, never pulled) is imported.
         """
+        if task.kind == "harbor":
+            return await self._harbor(task)
         if task.image and not await asyncio.to_thread(is_cache_key, self.store, task.image):
             return await self._prebuilt(task)
         if task.image:

@@ -1,5 +1,9 @@
 """Load SWE-bench-format task files (JSONL) into `legorl.types.Task`, with clear errors.
 
+A directory instead of a file is a Harbor task directory or a directory of them
+(`harbor.py`); rows of the SWE-bench family (SWE-smith, SWE-Gym, R2E-Gym, SWE-rebench) are
+mapped to these fields first (`family.py`).
+
 One JSON object per line with the SWE-bench instance fields
 (`instance_id, repo, base_commit, problem_statement, patch, test_patch, FAIL_TO_PASS,
 PASS_TO_PASS`) plus `repo_path`: a local git repository or `git bundle`, relative to the
@@ -20,10 +24,12 @@ Every problem is reported with its line number and field, all at once:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+from legorl.tasks.family import normalise
 from legorl.types import Task
 from legorl.verify.runner import TestCmdError
 from legorl.verify.runners import django_label_covers, native_command
@@ -257,6 +263,8 @@ def load_tasks(
     one line each, so the rest of a large official set loads. `repos_dir`: where rows
     without `repo_path` find their repository (`owner__name`, a clone or a bundle)."""
     path = Path(path)
+    if path.is_dir():  # a Harbor task directory, or a directory of them (harbor.py)
+        return _load_harbor(path, split, skipped)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -266,6 +274,7 @@ def load_tasks(
     errs: list[str] = []
     tasks: list[Task] = []
     seen: dict[str, int] = {}
+    notes: dict[str, list[str]] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -276,6 +285,10 @@ def load_tasks(
             errs.append(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})")
             continue
         n_errs = len(errs)
+        if isinstance(row, dict):  # SWE-smith / R2E-Gym / SWE-rebench rows in our fields (family.py)
+            row, row_notes = normalise(row, where)
+            for note in row_notes:
+                _note_once(notes, note)
         task = task_from_dict(row, path.parent, where, errs, check_repos, Path(repos_dir) if repos_dir else None)
         if task is None:
             if skipped is not None:
@@ -289,6 +302,9 @@ def load_tasks(
             continue
         seen[task.instance_id] = lineno
         tasks.append(task)
+    for first in notes.values():  # each field we cannot honour, said once (with how many rows)
+        more = f" (and {len(first) - 1} more rows)" if len(first) > 1 else ""
+        logging.getLogger(__name__).warning("%s%s", first[0], more)
     if errs:
         raise TaskFileError(path, errs)
     if not tasks and not errs:
@@ -296,6 +312,28 @@ def load_tasks(
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks
+
+
+def _note_once(notes: dict[str, list[str]], note: str) -> None:
+    key = re.sub(r"(branch|commit) '[^']*'", r"\1 _", note.split(": ", 1)[-1])
+    notes.setdefault(key, []).append(note)
+
+
+def _load_harbor(path: Path, split: str | None, skipped: list[str] | None) -> list[Task]:
+    from legorl.tasks.harbor import load_harbor
+
+    errs: list[str] = []
+    notes: list[str] = []
+    tasks = load_harbor(path, errs, notes)
+    for note in notes:  # settings of a task we cannot honour: said, never silently dropped
+        logging.getLogger(__name__).warning("%s", note)
+    if errs and skipped is not None:
+        skipped.extend(errs)
+    elif errs:
+        raise TaskFileError(path, errs)
+    if not tasks:
+        raise TaskFileError(path, [f"{path}: contains no tasks"] + (skipped or []))
+    return [t for t in tasks if t.split == split] if split is not None else tasks
 
 
 def get_task(tasks: list[Task], instance_id: str) -> Task:

@@ -71,6 +71,11 @@ async def check_task(task: Task, backend: Backend, images: TaskImages, cfg: Grad
         return TaskCheck(
             task.instance_id, False, [f"image: {type(exc).__name__}: {exc}"], seconds=time.monotonic() - t0
         )
+    if task.kind == "harbor":  # solution/solve.sh must score 1, doing nothing 0 (harbor_validate.py)
+        from legorl.tasks.harbor_validate import check_harbor
+
+        problems, hgold, hempty = await check_harbor(task, backend, image)
+        return TaskCheck(task.instance_id, not problems, problems, hgold, hempty, time.monotonic() - t0)
     gold = await grade(task, task.patch, backend, image, cfg)
     empty = await grade(task, "", backend, image, cfg)
     problems = judge(task, gold, empty)

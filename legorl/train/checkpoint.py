@@ -85,7 +85,9 @@ def save_checkpoint(
     rank: int = 0,
     keep: int = 2,
 ) -> Path:
-    """Write `directory/step_XXXXXXXX` atomically and prune all but the newest `keep`+1."""
+    """Write `directory/step_XXXXXXXX` atomically and prune the older ones (lower steps) to
+    the newest `keep`. A checkpoint of a higher step is never a reason to delete this one
+    (nor is it deleted: it is not this run's to judge, `--resume` checks whose it is)."""
     directory = Path(directory)
     final = directory / f"step_{step:08d}"
     tmp = directory / f".tmp_step_{step:08d}"
@@ -118,7 +120,8 @@ def save_checkpoint(
         _fsync_tree(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        for old in list_checkpoints(directory)[: -(keep + 1)]:
+        older = [p for p in list_checkpoints(directory) if p.name < final.name]
+        for old in older[: max(len(older) - keep, 0)]:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final

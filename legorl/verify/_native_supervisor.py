@@ -46,7 +46,7 @@ def _load_base():
 
 
 base = _load_base()
-base.WATCH_ATTRS = dict(base.WATCH_ATTRS, builtins=("open", "__import__", "exec", "compile"))
+base.WATCH_ATTRS = dict(base.WATCH_ATTRS, builtins=("open", "__import__", "exec", "compile", "__lg_probe__"))
 base.WATCH_MODULES = base.WATCH_MODULES + (
     "unittest.runner",
     "unittest.suite",
@@ -131,9 +131,12 @@ def child(cfg, key, rec_w, log_w, go_r):
 
             def wrapped(self, *a, **kw):
                 if when == "call" and a:
-                    extras.setdefault(id(self), {})["own"] = watch.provenance(
+                    x = extras.setdefault(id(self), {})
+                    x["own"] = watch.provenance(
                         getattr(self, "_testMethodName", ""), a[0], sys.modules.get(type(self).__module__)
                     )
+                    if x["own"] == "own":
+                        x["code"] = watch.pending
                 try:
                     r = fn(self, *a, **kw)
                 except BaseException as exc:
@@ -175,6 +178,7 @@ def child(cfg, key, rec_w, log_w, go_r):
         for name, fn in wrappers.items():
             setattr(TC, name, fn)
         Outcome.testPartExecutor = testPartExecutor
+        base.probe_assert_equal(TC, watch)
         owner = TC
     else:  # sympy
         test_files = {repo + p for p in cfg["test_files"]}
@@ -182,10 +186,11 @@ def child(cfg, key, rec_w, log_w, go_r):
 
         def record(func, file, key):
             own = watch.provenance(key, func)
+            code = watch.pending if own == "own" else None
 
             @functools.wraps(func)
             def test(*a, **kw):
-                x = {"own": own} if own != "own" else {}
+                x = {"own": own} if own != "own" else {"code": code}
                 try:
                     r = func(*a, **kw)
                 except BaseException as exc:
@@ -199,7 +204,25 @@ def child(cfg, key, rec_w, log_w, go_r):
 
             return test
 
+        def probed(source):
+            # a test file's code as the runner compiled it, every == / != operand probed
+            # (`base.probe_comparisons`); the provenance check compiles it the same way
+            fn = getattr(source, "co_filename", None)
+            if fn not in test_files or source.co_name != "<module>":
+                return source
+            try:
+                import ast
+
+                with open(fn, "rb") as f:
+                    src = f.read()
+                if compile(src, fn, "exec", dont_inherit=True) != source:
+                    return source  # not the file as it is on disk (other flags, or code claiming its name)
+                return compile(base.probe_comparisons(ast.parse(src, fn)), fn, "exec", dont_inherit=True)
+            except Exception:
+                return source
+
         def exec_(source, globals=None, locals=None, *a, **kw):
+            source = probed(source)
             r = (
                 real_exec(source, globals, locals, *a, **kw)
                 if locals is not None
@@ -222,6 +245,7 @@ def child(cfg, key, rec_w, log_w, go_r):
 
         wrappers["exec"] = exec_
         builtins.exec = exec_
+        builtins.__lg_probe__ = watch.probe
         owner = builtins
     snap = base.snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
@@ -308,6 +332,10 @@ def main():
     guarded = base.digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
+    probed = (lambda tree, src, path: base.probe_comparisons(tree)) if cfg["runner"] == "sympy" else None
+    fresh = base.FreshCompiles(
+        cfg["repo"].rstrip("/") + "/", cfg.get("guard", []), [None] + ([probed] if probed else [])
+    )
     status, strays, bufs, still_open = base.collect(pid, (rec_r, log_r))
     after = base.digests(guard)
     root = cfg["repo"].rstrip("/") + "/"
@@ -319,6 +347,7 @@ def main():
     if wanted and canaries:
         keep = wanted | set(canaries.values())
         records = [r for r in records if r.get("k") != "test" or r["id"] in keep or r.get("legacy") in keep]
+    fresh.verify(records)
     summary = {
         "exit": os.waitstatus_to_exitcode(status),
         "records": records,

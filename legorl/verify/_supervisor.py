@@ -49,7 +49,7 @@ WATCH_ATTRS = {
     "sys": ("exit", "settrace", "gettrace", "setprofile", "getprofile", "addaudithook", "_getframe"),
     "threading": ("settrace", "setprofile"),
     "atexit": ("register",),
-    "builtins": ("open", "__import__"),
+    "builtins": ("open", "__import__", "__lg_probe__"),
 }
 
 
@@ -416,8 +416,9 @@ class Watch:
 
     `install()` adds the audit hook (before any repository code runs; an audit hook can be
     neither listed nor removed from Python), whose findings (`events`) go out with the
-    session's end record. `provenance(item, func)` says whether the function a test item
-    runs is the code compiled from the test file on disk at the item's location."""
+    session's end record. `provenance(name, func)` says whether the function a test item
+    runs can be the test file's own code, and leaves in `pending` the digests of that code
+    for the supervisor to find in its fresh compile of the file (`FreshCompiles`)."""
 
     def __init__(self, repo, agent_files, test_files, started_ns, getframe):
         self.repo = repo
@@ -426,11 +427,10 @@ class Watch:
         self.started_ns = started_ns
         self.getframe = getframe
         self.known = {}
-        self.fresh = {}
         self.events = []
         self.busy = False
-        self.rewrite = None  # pytest's assertion rewriter, bound before the repository is importable
-        self.config = None
+        self.pending = []  # (file, digest) of the code the last `provenance` vouched for, to be checked
+        self.digest = code_digest  # bound before any repository code runs
 
     def is_agents(self, fn):
         """Is code from file `fn` the agent's (changed, added or written during the run, or generated)?"""
@@ -508,42 +508,16 @@ class Watch:
             )
         if event == "compile":  # code compiled under a test file's name
             return len(args) > 1 and args[1] in self.tests
-        if event in ("function.__new__", "code.__new__"):  # a test's code given other globals
-            code = args[0] if args else None
-            return event == "code.__new__" or getattr(code, "co_filename", None) in self.tests
+        if event == "function.__new__":  # a test's code given other globals
+            return getattr(args[0] if args else None, "co_filename", None) in self.tests
+        if event == "code.__new__":  # code made to claim a test file's name
+            return len(args) > 1 and args[1] in self.tests
         return True
 
     def test_modules(self):
         import sys as _sys
 
         return {n for n, m in list(_sys.modules.items()) if getattr(m, "__file__", None) in self.tests}
-
-    def codes(self, fn):
-        """Every code object a fresh compile of `fn` holds, plain and as pytest rewrites it."""
-        got = self.fresh.get(fn)
-        if got is None:
-            import ast as _ast
-            import types as _types
-
-            got = set()
-            try:
-                with open(fn, "rb") as f:
-                    src = f.read()
-                trees = [_ast.parse(src, fn)]
-                if self.rewrite is not None:
-                    tree = _ast.parse(src, fn)
-                    self.rewrite(tree, src, fn, self.config)
-                    trees.append(tree)
-                for tree in trees:
-                    todo = [compile(tree, fn, "exec", dont_inherit=True)]
-                    while todo:
-                        c = todo.pop()
-                        got.add(c)
-                        todo.extend(k for k in c.co_consts if isinstance(k, _types.CodeType))
-            except Exception:
-                pass
-            self.fresh[fn] = got
-        return got
 
     def provenance(self, name, func, module=None):
         """ "own" when `func` (through its decorators' `__wrapped__`) is the code compiled from
@@ -566,8 +540,9 @@ class Watch:
         if code is None:
             return "not_a_function"
         fn = code.co_filename
-        if not fn.startswith(self.repo) or self.is_agents(fn) or code not in self.codes(fn):
+        if not fn.startswith(self.repo) or self.is_agents(fn):
             return "foreign_code"
+        pending = [(fn[len(self.repo) :], self.digest(code))]  # the supervisor compares with its fresh compile
         if code.co_name != name and "<locals>" not in getattr(code, "co_qualname", ""):
             return "other_test_code"
         if (
@@ -583,8 +558,11 @@ class Watch:
             # A decorator's wrapper takes whatever the test takes and closes over what it wraps
             # (mock.patch, contextlib, hypothesis, override_settings): a library function given a
             # `__wrapped__` by someone else, which never calls the test, is neither.
-            if wc not in self.codes(wc.co_filename) and not (wc.co_flags & 0x04 and wc.co_freevars):
-                return "foreign_wrapper"
+            if not (wc.co_flags & 0x04 and wc.co_freevars):
+                if not wc.co_filename.startswith(self.repo):
+                    return "foreign_wrapper"
+                pending.append((wc.co_filename[len(self.repo) :], self.digest(wc)))
+        self.pending = pending
         return "own"
 
     def resolves(self, cls):
@@ -647,6 +625,30 @@ class Watch:
                 return "module_hook"
         return "ok"
 
+    def probe(self, value):
+        """`value`, noting an equality forgery: an object whose `__eq__` (or `__ne__`) is the
+        agent's code and which claims to equal a fresh object of a class nobody has seen (an
+        honest `__eq__` never does: "always equal" return values make `assert f(x) == y` pass
+        with the bug still there)."""
+        t = type(value)
+        if t in _PLAIN:
+            return value
+        try:
+            for name, lie in (("__eq__", True), ("__ne__", False)):
+                code = getattr(getattr(t, name, None), "__code__", None)
+                if code is not None and self.is_agents(code.co_filename):
+                    if bool(value == _Nobody()) if lie else not (value != _Nobody()):
+                        where = code.co_filename
+                        note = "equality_forged:%s" % (
+                            where[len(self.repo) :] if where.startswith(self.repo) else where
+                        )
+                        if note not in self.events and len(self.events) < 50:
+                            self.events.append(note)
+                        break
+        except Exception:
+            pass
+        return value
+
     def hooks_now(self, threading_mod):
         """The interpreter-wide hooks active right now that are the agent's code."""
         import sys as _sys
@@ -665,6 +667,184 @@ class Watch:
             fn = code.co_filename if code is not None else "<unknown>"
             out.append("%s:%s" % (kind, fn[len(self.repo) :] if fn.startswith(self.repo) else fn))
         return out
+
+
+def code_digest(code):
+    """A digest of everything code equality compares (bytecode, constants with nested code,
+    names, line table, flags, counts): equal code objects, and only those, share it. The
+    test process sends it; the supervisor compares it with its own fresh compile."""
+    h = hashlib.sha256()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        if c is None:
+            h.update(b"\x02")
+            continue
+        h.update(
+            repr(
+                (
+                    c.co_name,
+                    c.co_firstlineno,
+                    c.co_argcount,
+                    c.co_posonlyargcount,
+                    c.co_kwonlyargcount,
+                    c.co_flags,
+                    c.co_names,
+                    c.co_varnames,
+                    c.co_freevars,
+                    c.co_cellvars,
+                )
+            ).encode()
+        )
+        h.update(c.co_code)
+        h.update(getattr(c, "co_linetable", b"") or b"")
+        h.update(getattr(c, "co_exceptiontable", b"") or b"")
+        todo.append(None)
+        for k in reversed(c.co_consts):
+            if hasattr(k, "co_code"):
+                todo.append(k)
+            else:
+                h.update(repr((type(k).__name__, k)).encode() + b"\x01")
+    return h.hexdigest()[:32]
+
+
+def fresh_digests(path, transforms):
+    """Digests of every code object in fresh compiles of `path`, one per transform of its AST
+    (None: plain). Run by the supervisor, which the test process cannot reach."""
+    import ast
+    import types
+
+    out = set()
+    if not transforms:
+        return out
+    try:
+        with open(path, "rb") as f:
+            src = f.read()
+    except OSError:
+        return out
+    for transform in transforms:
+        try:
+            tree = ast.parse(src, path)
+            if transform is not None:
+                tree = transform(tree, src, path)
+            todo = [compile(tree, path, "exec", dont_inherit=True)]
+        except Exception:
+            continue
+        while todo:
+            c = todo.pop()
+            out.add(code_digest(c))
+            todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return out
+
+
+class FreshCompiles:
+    """The supervisor's fresh compiles of the task's test files, made on a thread while the
+    tests run (two cores are two cores), and the check of what the records claim."""
+
+    def __init__(self, repo, files, transforms, likely=None):
+        import threading
+
+        self.repo, self.transforms, self.digests = repo, transforms, {}
+        self.likely = likely or (lambda rel: transforms)  # the compile a file most likely had, first
+        self.thread = threading.Thread(target=self._run, args=(list(files),), daemon=True)
+        self.thread.start()
+
+    def _run(self, files):
+        for rel in files:
+            if rel.endswith(".py") and not rel.endswith("conftest.py"):
+                self.digests[rel] = fresh_digests(self.repo + rel, self.likely(rel))
+
+    def verify(self, records):
+        """A record whose claimed code is not in its file's fresh compile is `foreign_code`."""
+        self.thread.join()
+        for r in records:
+            x = r.get("x") if isinstance(r, dict) else None
+            if not isinstance(x, dict) or not x.get("code"):
+                continue
+            for item in x.pop("code"):
+                rel, digest = (list(item) + [None, None])[:2]
+                if not isinstance(rel, str) or ".." in rel.split("/") or rel.startswith("/"):
+                    x["own"] = "foreign_code"
+                    break
+                if rel not in self.digests:
+                    self.digests[rel] = fresh_digests(self.repo + rel, self.likely(rel))
+                if digest not in self.digests[rel]:  # then the other ways it could have been compiled
+                    rest = [t for t in self.transforms if t not in self.likely(rel)]
+                    self.digests[rel] |= fresh_digests(self.repo + rel, rest)
+                if digest not in self.digests[rel]:
+                    x["own"] = "foreign_code"
+                    break
+
+
+def pytest_transforms(pass_hook=False):
+    """How the test process compiles a test module: plain, or probed and rewritten by pytest."""
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    class _Config:
+        def getini(self, name):
+            return pass_hook if name == "enable_assertion_pass_hook" else None
+
+    def rewritten(tree, src, path):
+        tree = probe_comparisons(tree)
+        rewrite_asserts(tree, src, path, _Config())
+        return tree
+
+    return [None, rewritten]
+
+
+def pytest_likely(transforms):
+    """pytest rewrites the modules it collects as tests (`test_*.py`, `*_test.py`), not others."""
+
+    def likely(rel):
+        base = rel.rsplit("/", 1)[-1]
+        return transforms[1:] if base.startswith("test_") or base.endswith("_test.py") else transforms[:1]
+
+    return likely
+
+
+class _Nobody:
+    """A fresh object of a class no code under test knows: nothing honest equals it."""
+
+    __slots__ = ()
+
+
+_PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset})
+
+
+def probe_comparisons(tree):
+    """Wrap each operand of `==`/`!=` in a test module's code in `__lg_probe__(...)` (a builtin the
+    recorder adds), so every value a test compares is checked by `Watch.probe`; the
+    comparison's result and pytest's explanations of a failing assert are unchanged."""
+    import ast
+
+    class _T(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                wrap = lambda e: ast.copy_location(  # noqa: E731
+                    ast.Call(func=ast.Name(id="__lg_probe__", ctx=ast.Load()), args=[e], keywords=[]), e
+                )
+                node.left = wrap(node.left)
+                node.comparators = [wrap(c) for c in node.comparators]
+            return node
+
+    tree = _T().visit(tree)
+    ast.fix_missing_locations(tree)
+    return tree
+
+
+def probe_assert_equal(case_cls, watch):
+    """unittest's equality assertions check their operands with `watch.probe` first."""
+    for name in ("assertEqual", "assertNotEqual"):
+        real = vars(case_cls)[name]
+
+        def checked(self, first, second, *a, _real=real, **kw):
+            watch.probe(first)
+            watch.probe(second)
+            return _real(self, first, second, *a, **kw)
+
+        checked.__name__ = checked.__qualname__ = name
+        setattr(case_cls, name, checked)
 
 
 def origin_of(exc, watch, test_file):
@@ -727,16 +907,24 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             importlib.import_module("_pytest." + plugin)
         except ImportError:
             pass
+    import builtins
     import threading
     import unittest.case
 
-    from _pytest.assertion.rewrite import rewrite_asserts
+    import _pytest.assertion.rewrite as assert_rewrite
 
     skipped_exc, xfailed_exc = _pytest.outcomes.Skipped, _pytest.outcomes.XFailed
     function_cls = _pytest.python.Function
     repo = cfg["repo"].rstrip("/") + "/"
     watch = Watch(repo, cfg.get("agent_files", []), cfg.get("test_files", []), started_ns, sys._getframe)
-    watch.rewrite = rewrite_asserts
+    pytest_rewrite = assert_rewrite.rewrite_asserts
+
+    def rewrite_asserts(mod, source, module_path=None, config=None):
+        # pytest's own rewrite, after every operand of == / != is routed through the probe
+        return pytest_rewrite(probe_comparisons(mod), source, module_path, config)
+
+    assert_rewrite.rewrite_asserts = rewrite_asserts
+    builtins.__lg_probe__ = watch.probe
     extras = {}  # nodeid -> what the recorder saw besides outcomes (provenance, skip origin, markers)
     current = [None]  # the item whose call phase is running
     tc_call = unittest.case.TestCase._callTestMethod
@@ -750,6 +938,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         x["own"] = watch.provenance(
             getattr(self, "_testMethodName", ""), method, sys.modules.get(type(self).__module__)
         )
+        if x["own"] == "own":
+            x["code"] = watch.pending
         recorder.inner.add(item.nodeid)
         try:
             r = tc_call(self, method)
@@ -763,6 +953,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         return r
 
     unittest.case.TestCase._callTestMethod = _callTestMethod
+    probe_assert_equal(unittest.case.TestCase, watch)
     snap = snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
     write, dumps, mac_of, gettrace = os.write, json.dumps, hmac.digest, sys.gettrace
@@ -823,7 +1014,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             self.hooks = set()
 
         def pytest_configure(self, config):
-            watch.config = config
+            self.pass_hook = bool(config.getini("enable_assertion_pass_hook"))
 
         @pytest.hookimpl(hookwrapper=True, tryfirst=True)
         def pytest_collection_modifyitems(self, session, config, items):
@@ -863,6 +1054,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 state = self.modules[id(mod)] = watch.module_state(mod, str(pyfuncitem.path))
             own = watch.provenance(pyfuncitem.originalname, func, mod)
             x["own"] = own if state == "ok" else state
+            if own == "own":
+                x["code"] = watch.pending
             for h in watch.hooks_now(threading):
                 self.hooks.add(h)
             tracer = gettrace()  # a tracer already active can skip a test's lines (its asserts)
@@ -948,6 +1141,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 tracers=sorted(self.tracers),
                 hooks=sorted(self.hooks | set(watch.hooks_now(threading))),
                 events=list(watch.events),
+                pass_hook=getattr(self, "pass_hook", False),
                 exitstatus=int(exitstatus),
             )
 
@@ -961,7 +1155,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
             for k, (v, c) in own.items()
             if now.get(k) is not v or getattr(_func(now.get(k)), "__code__", None) is not c
         ]
-        known = ("phases", "inner", "registered_from", "tracer", "tracers", "declared", "modules", "hooks")
+        known = ("phases", "inner", "registered_from", "tracer", "tracers", "declared", "modules", "hooks", "pass_hook")
         bad += [k for k in set(now) - set(own)] + [k for k in vars(recorder) if k not in known]
         return ["recorder." + k for k in sorted(bad)]
 
@@ -1111,6 +1305,13 @@ def main():
     junit_r, junit_w = os.pipe()
     go_r, go_w = os.pipe()
     log_fd = os.open(cfg["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # pytest is imported once, here, before the fork (the repository is not on sys.path: `-I`,
+    # and its directory is added by the child only): the child inherits it, and this process
+    # needs its assertion rewriter for the fresh compiles it checks the test code against
+    sys.dont_write_bytecode = True
+    import _pytest.assertion.rewrite  # noqa: F401
+    import pytest  # noqa: F401
+
     pid = os.fork()
     if pid == 0:
         try:
@@ -1138,11 +1339,16 @@ def main():
     guarded = digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
+    root = cfg["repo"].rstrip("/") + "/"
+    transforms = pytest_transforms()
+    fresh = FreshCompiles(root, cfg.get("guard", []), transforms, pytest_likely(transforms))
     status, strays, bufs, still_open = collect(pid, (rec_r, junit_r))
     after = digests(guard)
-    root = cfg["repo"].rstrip("/") + "/"
     tests_changed = sorted(p[len(root) :] for p in guard if after[p] != guarded[p])
     records, bad = verified_records(bytes(bufs[rec_r]), key)
+    if any(r.get("k") == "end" and r.get("pass_hook") for r in records):  # the repository's ini asks for it
+        transforms = pytest_transforms(pass_hook=True)
+        fresh = FreshCompiles(root, cfg.get("guard", []), transforms, pytest_likely(transforms))
     if wanted and canaries:
         # Keep the summary small (a run may have thousands of tests): the records of the
         # task's tests and the canaries, and how the canaries' neighbours fared.
@@ -1153,6 +1359,7 @@ def main():
         records = [r for r in records if r.get("k") != "test" or r["id"] in keep]
     else:
         neighbours = None
+    fresh.verify(records)
     junit = bytes(bufs[junit_r])
     if junit:
         with open(cfg["junit"], "wb") as f:

@@ -514,6 +514,10 @@ async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeC
     is a masked `infra_error` (the rollout worker, the one owner of retries, runs the whole
     rollout again in a fresh sandbox and session); when the sandbox died while the agent's
     code ran, a control run with the empty diff decides whose fault it was."""
+    if task.kind == "harbor":  # graded by its verifier's reward, on the workdir's state (state_grade.py)
+        from legorl.verify.state_grade import grade_state
+
+        return await grade_state(task, diff, backend, image)
     cfg = cfg or GradeConfig()
     outcome, err, step = await _attempt(task, diff, backend, image, cfg)
     if outcome is not None:

@@ -190,6 +190,8 @@ def judge_native(
     if events:
         flags += [TAMPER, "agent_hooks"]
         ev["interpreter_events"] = events[:20]
+        if any(e.startswith("equality_forged:") for e in events):
+            flags.append("equality_forged")
     hooks = list(end.get("hooks", [])) if end else []
     if hooks:
         ev["interpreter_hooks"] = hooks[:20]

@@ -1,0 +1,225 @@
+"""State grading: a Harbor task is graded by the reward its own verifier writes.
+
+`grade(task, diff, ...)` sends a task of kind "harbor" here (the SWE-bench path grades test
+ids; this one grades the workdir's *state*). In one fresh sandbox from the task image:
+
+1. apply the agent's changes to the workdir (`state.py`: files only, untrusted, checked
+   entry by entry; nothing under /logs, /tests or /solution crosses);
+2. only then create /logs/verifier empty, owned by the user who runs the verifier, and
+   copy in tests/ (the agent never had them);
+3. run tests/test.sh as that user (`[verifier] user`, else the image's USER) from the
+   workdir, within `[verifier] timeout_sec`, with `[verifier] env`;
+4. read the reward as Harbor does: /logs/verifier/reward.json (name → number; its "reward",
+   else the mean, is the scalar; `rewards.json`, the name Harbor's task template uses, is
+   read the same way) before /logs/verifier/reward.txt (one number).
+
+Failure classes: the verifier timing out is the agent's (its code hangs the tests: 0, any
+reward file ignored). A verifier that writes no (readable) reward, or a sandbox lost while
+it runs, is decided by a control run with the unchanged workdir, as SWE-bench grading
+does: if the control yields a reward, the agent's changes broke the verifier (0,
+`no_reward`); if not, the task or the machinery is at fault (masked `infra_error`).
+A reward file the agent planted never counts: its sandbox's /logs never crosses, and the
+directory is made fresh after its changes are applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from legorl.sandbox.base import Backend, DiffError, Sandbox, SandboxError, SandboxSpec
+from legorl.types import Outcome, Status, Task
+from legorl.verify import state
+
+VERIFIER_DIR = "/logs/verifier"
+REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
+REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
+REWARDS_JSON = f"{VERIFIER_DIR}/rewards.json"  # the name Harbor's task template uses for reward.json
+
+
+class NoReward(RuntimeError):
+    """The verifier wrote no reward we can read."""
+
+
+def harbor_rollout_cfg(task: Task, cfg: Any) -> Any:
+    """The rollout's config for a Harbor task: its workdir, ENV, limits and agent timeout."""
+    from legorl.tasks.harbor import harbor_spec
+
+    spec = harbor_spec(task)
+    return dataclasses.replace(
+        cfg,
+        repo_dir=spec.workdir,
+        agent_timeout_s=spec.agent_timeout_s,
+        limits=dataclasses.replace(spec.limits, pids=cfg.limits.pids, output_bytes=cfg.limits.output_bytes),
+        env=spec.env,
+    )
+
+
+async def workdir_changes(sb: Sandbox, workdir: str) -> str:
+    """The workdir's changes against the image manifest (`state.py` text). DiffError when the
+    agent's sandbox cannot produce them (its doing: it may have broken python3)."""
+    await sb.write_file(state.SCRIPT, state.SOURCE.encode())
+    res = await sb.exec(
+        state.run_script("diff", workdir, state.MANIFEST), timeout_s=300, cwd="/", output_limit=state.MAX_STATE_BYTES
+    )
+    if res.truncated:
+        raise DiffError(f"the workdir's changes are over {state.MAX_STATE_BYTES} bytes")
+    if res.exit_code != 0 or not res.stdout.startswith(state.HEADER + " "):
+        raise DiffError(f"no workdir state (exit {res.exit_code}): {res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+def parse_reward(json_text: bytes | None, txt: bytes | None) -> tuple[float, dict[str, float]]:
+    """(scalar reward, all rewards) from the verifier's files; NoReward when unusable."""
+    if json_text is not None:
+        try:
+            data = json.loads(json_text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise NoReward(f"reward.json is not JSON: {exc}") from None
+        if not isinstance(data, dict) or not data:
+            raise NoReward("reward.json must be an object of reward names to numbers")
+        rewards: dict[str, float] = {}
+        for k, v in data.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise NoReward(f"reward.json: {k!r} is not a finite number: {v!r}")
+            rewards[str(k)] = float(v)
+        scalar = rewards["reward"] if "reward" in rewards else sum(rewards.values()) / len(rewards)
+        return scalar, rewards
+    if txt is not None:
+        try:
+            value = float(txt.decode().strip())
+        except (ValueError, UnicodeDecodeError):
+            raise NoReward(f"reward.txt does not hold a number: {txt[:80]!r}") from None
+        if not math.isfinite(value):
+            raise NoReward(f"reward.txt holds a non-finite reward {value!r}")
+        return value, {"reward": value}
+    raise NoReward(f"the verifier wrote neither {REWARD_JSON} (or rewards.json) nor {REWARD_TXT}")
+
+
+async def _read(sb: Sandbox, path: str) -> bytes | None:
+    # A regular file only: a link the agent's code left there must not point the reader elsewhere.
+    res = await sb.exec(f"test -f {path} && ! test -L {path}", timeout_s=30, cwd="/")
+    if res.exit_code != 0:
+        return None
+    try:
+        return await sb.read_file(path)
+    except OSError:
+        return None
+
+
+def _reset_logs(user: str) -> str:
+    name = user.partition(":")[0]
+    q = shlex.quote(name)
+    return (
+        "rm -rf /logs /tests && mkdir -p /logs/agent /logs/verifier /tests && "
+        f'u=$(id -u {q} 2>/dev/null || echo {q}); g=$(id -g {q} 2>/dev/null || echo "$u"); '
+        'chown "$u:$g" /logs/verifier && chmod 0755 /logs/verifier'
+    )
+
+
+async def copy_dir(sb: Sandbox, src: Path, dest: str) -> None:
+    """Copy a host directory's files into the sandbox, keeping their modes."""
+    for p in sorted(src.rglob("*")):
+        if p.is_file():
+            rel = p.relative_to(src).as_posix()
+            await sb.write_file(f"{dest}/{rel}", p.read_bytes(), mode=p.stat().st_mode & 0o755 | 0o644)
+
+
+async def _grade_in(sb: Sandbox, task: Task, diff: str, ev: dict[str, Any], st: dict[str, str]) -> Outcome:
+    from legorl.tasks.harbor import harbor_spec
+    from legorl.tasks.harbor_image import as_user
+
+    spec = harbor_spec(task)
+    flags: list[str] = []
+    t0 = time.monotonic()
+    st["step"] = "apply"
+    await sb.write_file(state.SCRIPT, state.SOURCE.encode())
+    if diff and not state.is_empty(diff):
+        summary = state.StateSummary.of(diff)
+        if summary.protected:
+            flags.append("protected_path_in_state")
+            if any(p.startswith("logs/") or "/logs/" in f"/{p}" for p in summary.protected):
+                flags.append("planted_reward_file")
+        at = f"{state.STATE_DIR}/agent.state"
+        await sb.write_file(at, diff.encode("utf-8", "surrogateescape"))
+        res = await sb.exec(state.run_script("apply", spec.workdir, at), timeout_s=300, cwd="/")
+        try:
+            report = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise SandboxError(f"applying the workdir state failed: {res.stderr.strip()[-500:]}") from None
+        if "error" in report:
+            return Outcome(0.0, Status.FAILED, flags=[*flags, "state_unreadable"], evidence={**ev, **report})
+        ev["state"] = report
+        if report.get("n_skipped"):
+            flags.append("state_entries_refused")
+    st["step"] = "setup"
+    res = await sb.exec(_reset_logs(spec.test_user), timeout_s=60, cwd="/")
+    if res.exit_code != 0:
+        raise SandboxError(f"cannot make {VERIFIER_DIR}: {res.stderr.strip()[-300:]}")
+    await copy_dir(sb, spec.tests_dir, "/tests")
+    st["step"] = "tests"
+    run = await sb.exec(
+        as_user(spec.test_user, "exec /tests/test.sh"),
+        timeout_s=spec.verifier_timeout_s,
+        cwd=spec.workdir,
+        env=spec.verifier_env,
+    )
+    st["step"] = "reward"
+    ev["exit_code"] = run.exit_code
+    ev["test_output"] = (run.stdout[-2000:] + "\n" + run.stderr[-2000:]).strip()
+    ev["test_duration_s"] = round(run.duration_s, 3)
+    if run.resource_exhausted:
+        flags.append("resource_exhausted")
+    if run.timed_out:  # the agent's code hung the verifier: 0, whatever file it left
+        ev["duration_s"] = round(time.monotonic() - t0, 3)
+        return Outcome(0.0, Status.FAILED, flags=[*flags, "test_timeout"], evidence=ev)
+    js = await _read(sb, REWARD_JSON)
+    reward, rewards = parse_reward(js if js is not None else await _read(sb, REWARDS_JSON), await _read(sb, REWARD_TXT))
+    ev["rewards"] = rewards
+    ev["duration_s"] = round(time.monotonic() - t0, 3)
+    return Outcome(reward, Status.RESOLVED if reward >= 1.0 else Status.FAILED, flags=flags, evidence=ev)
+
+
+async def _attempt(task: Task, diff: str, backend: Backend, image: str) -> tuple[Outcome | None, str, str]:
+    from legorl.tasks.harbor import harbor_spec
+
+    spec = harbor_spec(task)
+    try:
+        sb = await backend.start(SandboxSpec(image=image, limits=spec.limits, workdir=spec.workdir, env=spec.env))
+    except SandboxError as exc:
+        return None, f"{Status.SANDBOX_START_FAILED.value}: {exc}", "start"
+    st: dict[str, str] = {}
+    try:
+        async with sb:
+            try:
+                return await _grade_in(sb, task, diff, {}, st), "", ""
+            except NoReward as exc:
+                return None, f"no_reward: {exc}", "reward"
+            except SandboxError as exc:
+                step = st.get("step", "apply")
+                return None, f"{Status.GRADER_ERROR.value}: sandbox lost during {step}: {exc}", step
+    except SandboxError as exc:
+        return None, f"{Status.GRADER_ERROR.value}: close failed: {exc}", st.get("step", "close")
+
+
+async def grade_state(task: Task, diff: str, backend: Backend, image: str) -> Outcome:
+    """Grade a Harbor task's workdir state (see the module docstring); one attempt."""
+    outcome, err, step = await _attempt(task, diff, backend, image)
+    if outcome is not None:
+        return outcome
+    errors = [err]
+    changed = bool(diff) and not state.is_empty(diff)
+    if changed and step in ("tests", "reward"):
+        control, cerr, _ = await _attempt(task, "", backend, image)
+        if control is not None:  # the unchanged workdir grades: the agent's changes broke the verifier
+            flag = "no_reward" if step == "reward" else "grader_sandbox_killed"
+            return Outcome(0.0, Status.FAILED, flags=[flag], evidence={"errors": errors})
+        errors.append(f"control: {cerr}")
+    return Outcome(
+        0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": Status.GRADER_ERROR.value, "errors": errors}
+    )
