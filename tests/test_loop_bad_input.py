@@ -73,8 +73,11 @@ def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
     from legorl.models import resolve_model
 
     other = resolve_model("tiny-qwen3")  # same family, other sizes
-    proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"'))
-    one_message(proc, "warm_start.checkpoint", "does not match the model", "of another shape")
+    # refused at start-up: before the start evaluation's rollouts spend their time
+    proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"', heldout='tasks = 2\nat = ["start", "end"]'))
+    one_message(proc, "warm_start.checkpoint", "does not match the model", "vocab_size is 4096 there, 512 here", "another model")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "held-out start" not in proc.stdout
     proc = train(config(tmp_path, warm_start=f'checkpoint = "{tmp_path / "nowhere"}"'))
     one_message(proc, "warm_start.checkpoint", "does not exist")
 

@@ -45,7 +45,7 @@ from legorl.monitor.store import RunStore
 from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
 from legorl.sandbox.images import ImageStore
 from legorl.tasks.loader import TaskFileError, load_shipped, load_tasks
-from legorl.train.checkpoint import load_weights
+from legorl.train.checkpoint import check_weights_fit, load_weights
 from legorl.train.sft import sft
 from legorl.train.trainer import Trainer
 from legorl.types import Status, Task
@@ -190,6 +190,11 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
+    if cfg.warm_start.checkpoint is not None and not resume:  # before the start evaluation spends its time
+        try:
+            check_weights_fit(trainer.lm.config, cfg.warm_start.checkpoint)
+        except ValueError as e:
+            raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
     ranks = trainer.dist.world
     if ranks > 1 and cfg.warm_start.enabled:
         raise RunError(
