@@ -75,7 +75,9 @@ def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
     other = resolve_model("tiny-qwen3")  # same family, other sizes
     # refused at start-up: before the start evaluation's rollouts spend their time
     proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"', heldout='tasks = 2\nat = ["start", "end"]'))
-    one_message(proc, "warm_start.checkpoint", "does not match the model", "vocab_size is 4096 there, 512 here", "another model")
+    one_message(
+        proc, "warm_start.checkpoint", "does not match the model", "vocab_size is 4096 there, 512 here", "another model"
+    )
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "held-out start" not in proc.stdout
     proc = train(config(tmp_path, warm_start=f'checkpoint = "{tmp_path / "nowhere"}"'))
@@ -190,3 +192,16 @@ def test_a_dead_engine_masks_rollouts_then_ends_with_one_message(tmp_path: Path)
         train(config(tmp_path, engine='kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"')),
         "engine.served_model_dir is required",
     )
+
+
+def test_a_run_over_its_time_budget_is_refused_at_start_up(tmp_path: Path) -> None:
+    """The pre-flight measures the trainer (and a CPU engine's prefill) and refuses a config
+    whose least work already exceeds `run.time_budget_s`, before any rollout runs."""
+    run = f'dir = "{tmp_path / "run"}"\ntasks = "quickstart-calc"\nsteps = 5000\ntasks_per_step = 1\ngroup_size = 2'
+    proc = train(config(tmp_path, run=run + "\ntime_budget_s = 1"))
+    one_message(proc, "time budget 1s", "this run cannot fit", "tokens/s", "raise run.time_budget_s")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    from legorl.monitor.store import RunStore
+
+    with RunStore(tmp_path / "run", readonly=True) as store:
+        assert store.list_trajectories(limit=1)["total"] == 0  # refused before the first rollout

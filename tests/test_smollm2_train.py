@@ -4,7 +4,8 @@ shrunk to one step of two rollouts (no warm start, no held-out), run by `legorl 
 Checks what a real model adds to the tiny-model loop tests: the loss of a 49k-vocabulary
 step is finite, and every recorded turn re-renders through SmolLM2's own chat template
 (`apply_chat_template` on the request the harness sent) to exactly the prompt ids the engine
-saw, with each turn's sampled ids inside the next prompt (one segment per trajectory).
+saw; every trajectory segment is its last turn's prompt + completion, every sampled token
+trained exactly once, and a turn that ended on its end token is spliced into the next prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from legorl.gguf_models import GgufUnavailable, gguf_file
+from legorl.types import FinishReason
 
 NAME = "smollm2-135m-instruct"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "smollm2-calc.toml"
@@ -66,7 +68,15 @@ def test_one_gspo_step_of_smollm2_through_mini_swe_agent(tmp_path: Path) -> None
             for t in turns:
                 text = tok.apply_chat_template(t.request["messages"], add_generation_prompt=True, tokenize=False)
                 assert tok.encode(text, add_special_tokens=False) == t.prompt_ids, (item["session_id"], t.index)
-            for a, b in zip(turns, turns[1:], strict=False):  # the sampled ids, spliced into the next prompt
-                assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids
             traj = store.load_trajectory(item["session_id"])
-            assert traj is not None and len(traj.segments) == 1
+            assert traj is not None and traj.segments
+            for seg in traj.segments:  # each segment: its last turn's prompt + completion, sampled ids masked
+                last = turns[seg.turn_indices[-1]]
+                assert seg.token_ids == last.prompt_ids + last.completion_ids
+                first = turns[seg.turn_indices[0]]
+                assert seg.token_ids[: len(first.prompt_ids)] == first.prompt_ids
+            sampled = sum(sum(seg.loss_mask) for seg in traj.segments)
+            assert sampled == sum(len(t.completion_ids) for t in turns)  # every sampled token trained once
+            for a, b in zip(turns, turns[1:], strict=False):
+                if a.finish_reason is FinishReason.STOP:  # ended by its end token: spliced into the next prompt
+                    assert b.prompt_ids[: len(a.prompt_ids) + len(a.completion_ids)] == a.prompt_ids + a.completion_ids

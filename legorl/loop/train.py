@@ -32,6 +32,7 @@ from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromD
 from legorl.engine.registry import make_engine
 from legorl.harness.actions import format_of
 from legorl.harness.install import HarnessNotInstalled
+from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
@@ -195,6 +196,10 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
             check_weights_fit(trainer.lm.config, cfg.warm_start.checkpoint)
         except ValueError as e:
             raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
+    if not resume and tasks:  # the pre-flight's budget check: before the first rollout spends the hour
+        est = await check_budget(cfg, trainer, engine, tokenizer, tasks[0].problem_statement)
+        if est is not None:
+            console.print(est.line(cfg.run.time_budget_s or 0.0))
     ranks = trainer.dist.world
     if ranks > 1 and cfg.warm_start.enabled:
         raise RunError(
