@@ -205,3 +205,23 @@ def test_a_run_over_its_time_budget_is_refused_at_start_up(tmp_path: Path) -> No
 
     with RunStore(tmp_path / "run", readonly=True) as store:
         assert store.list_trajectories(limit=1)["total"] == 0  # refused before the first rollout
+
+
+def test_doctor_says_the_same_about_the_budget(tmp_path: Path) -> None:
+    from legorl.loop.config import RunConfig
+    from legorl.loop.preflight import budget_check, preflight_checks
+    from legorl.monitor.doctor import run_one
+
+    base = {
+        "run": {"dir": str(tmp_path / "run"), "tasks": "quickstart-calc", "steps": 5000, "group_size": 2},
+        "calc_tasks": {"train": 8, "heldout": 4},
+        "engine": {"kind": "hf", "model": "quickstart-qwen3"},
+        "trainer": {"model": "quickstart-qwen3"},
+    }
+    assert "time budget" not in [c.name for c in preflight_checks(RunConfig.model_validate(base))]
+    over = RunConfig.model_validate({**base, "run": {**base["run"], "time_budget_s": 1}})
+    res = run_one(budget_check(over))
+    assert not res.ok and "this run cannot fit" in res.detail, res.detail
+    fits = RunConfig.model_validate({**base, "run": {**base["run"], "steps": 2, "time_budget_s": 3600}})
+    res = run_one(budget_check(fits))
+    assert res.ok and "needs at least" in res.detail, (res.detail, res.fix)
