@@ -97,7 +97,8 @@ async def check_budget(cfg: RunConfig, trainer: Any, engine: Any, tokenizer: Any
     prefill_tps = None
     if cfg.engine.kind == "hf" and cfg.engine.device == "cpu":
         vocab = trainer.lm.get_input_embeddings().weight.shape[0]
-        prefill_tps = await engine_prefill_tokens_per_s(engine, n, vocab)
+        room = int(getattr(engine, "max_context", 0) or n + 2) - 2
+        prefill_tps = await engine_prefill_tokens_per_s(engine, max(1, min(n, room)), vocab)
     gspo = r.steps * r.tasks_per_step * r.group_size
     sft = (ws.steps * ws.batch_size if ws.episodes else 0) + ws.control_steps * ws.batch_size
     evals = h.tasks * (len(h.at) + (1 if ws.control_steps else 0))
