@@ -10,8 +10,8 @@ problem statement in the model's chat template, `p0` tokens), so each trained tr
 or demonstration costs at least `p0` trained tokens and each rollout at least `p0`
 prefilled ones. A run whose lower bound exceeds the budget cannot fit: refused with what
 to shrink. (A GPU engine batches prefill, so only the trainer's share bounds it there.)
-The estimate is printed either way, with the typical cost beside it (every turn used,
-each prompt growing by one completion: what a policy that never submits early costs).
+The estimate is printed either way. It is only a floor (a run that uses its turns costs
+several times more), so a run that passes can still overrun; one that fails cannot fit.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ class Budget:
     trained_tokens: int  # lower bound
     prefilled_tokens: int  # lower bound
     lower_s: float
-    typical_s: float
 
     def line(self, budget_s: float) -> str:
         speed = f"trainer {self.train_tps:.0f} tokens/s" + (
@@ -44,7 +43,7 @@ class Budget:
         return (
             f"time budget {budget_s:.0f}s: at the measured speed ({speed}) this run needs at least "
             f"{self.lower_s:.0f}s ({self.trained_tokens} trained + {self.prefilled_tokens} prefilled tokens of "
-            f">= {self.p0}-token prompts), ~{self.typical_s:.0f}s if every turn is used"
+            f">= {self.p0}-token prompts)"
         )
 
 
@@ -93,7 +92,7 @@ async def check_budget(cfg: RunConfig, trainer: Any, engine: Any, tokenizer: Any
         return None
     r, ws, h = cfg.run, cfg.warm_start, cfg.heldout
     p0 = first_prompt_tokens(tokenizer, statement)
-    n = max(64, min(4 * p0, cfg.trainer.max_tokens_per_microbatch - 1, 2048))
+    n = max(16, min(512, cfg.trainer.max_tokens_per_microbatch - 1))  # small calls understate throughput
     # best of two: the first call pays one-off costs (thread pools, allocator, lazy init)
     train_tps = max([await asyncio.to_thread(trainer_tokens_per_s, trainer, n) for _ in range(2)])
     prefill_tps = None
@@ -106,10 +105,7 @@ async def check_budget(cfg: RunConfig, trainer: Any, engine: Any, tokenizer: Any
     evals = h.tasks * (len(h.at) + (1 if ws.control_steps else 0))
     trained, prefilled = (gspo + sft) * p0, (gspo + evals) * p0
     lower = trained / train_tps + (prefilled / prefill_tps if prefill_tps else 0.0)
-    turns = max(1, cfg.harness.max_turns)
-    grow = turns * p0 + cfg.proxy.max_tokens * turns * (turns + 1) // 2  # every turn, prompts growing
-    typical = (gspo + sft) * grow / train_tps + ((gspo + evals) * grow / prefill_tps if prefill_tps else 0.0)
-    est = Budget(p0, train_tps, prefill_tps, trained, prefilled, lower, typical)
+    est = Budget(p0, train_tps, prefill_tps, trained, prefilled, lower)
     if lower > budget:
         raise RunError(
             est.line(budget).replace("this run needs", "this run cannot fit: it needs")
