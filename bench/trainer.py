@@ -11,6 +11,12 @@ every token forwarded; MFU uses 6·active-params·tokens.
     python bench/trainer.py                 # CPU: small sizes and the bundled tiny models
     python bench/trainer.py --size gpu      # H200 sizes, bf16 (run-ready; not measured here)
     python bench/trainer.py --size gpu --master-fp32 --experts grouped_mm
+    python bench/trainer.py --only smollm2-135m-instruct --steps 2 --warm 1   # a real 49k vocabulary
+
+`--only NAME` runs just that model's pair of rows (a bundled name such as
+`smollm2-135m-instruct`, a real pretrained model, or `probe-dense`...). Every row reports its
+peak memory: CUDA's allocator peak on a GPU, the process's peak resident set (sampled every
+5 ms, above what it held before the row) on CPU.
 
 Prints one JSON object.
 """
@@ -19,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -100,6 +109,40 @@ def synthetic(m: torch.nn.Module, B: int, T: int, seed: int) -> list[Trajectory]
     return out
 
 
+class PeakRss:
+    """Peak resident set size of this process while the block runs, sampled every 5 ms
+    (on CPU there is no allocator counter; `ru_maxrss` only ever grows over the whole run)."""
+
+    def __init__(self) -> None:
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.base = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._watch, daemon=True)
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._rss())
+
+    def __enter__(self) -> PeakRss:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self._rss())
+
+    def fields(self) -> dict:
+        return {
+            "peak_rss_GiB": round(self.peak / 2**30, 2),
+            "peak_rss_above_base_GiB": round((self.peak - self.base) / 2**30, 2),
+        }
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -148,7 +191,9 @@ def legorl_step_time(m: torch.nn.Module, B: int, T: int, args: argparse.Namespac
     return sorted(times)[len(times) // 2], metrics
 
 
-def row(kind: str, pipeline: str, m: torch.nn.Module, B: int, T: int, t: float, device: str) -> dict:
+def row(
+    kind: str, pipeline: str, m: torch.nn.Module, B: int, T: int, t: float, device: str, rss: PeakRss | None = None
+) -> dict:
     total, active = active_params(m)
     tok = B * T
     r = {
@@ -167,6 +212,8 @@ def row(kind: str, pipeline: str, m: torch.nn.Module, B: int, T: int, t: float, 
         r["mfu_vs_790"] = round(flops / t / 790e12, 4)
         r["peak_mem_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
         torch.cuda.reset_peak_memory_stats()
+    elif rss is not None:
+        r.update(rss.fields())
     return r
 
 
@@ -181,6 +228,9 @@ def main() -> None:
     ap.add_argument("--microbatch-tokens", type=int, default=16384)
     ap.add_argument("--experts", default="", help="experts_implementation for MoE (e.g. grouped_mm)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--only", default="", help="run only this model's rows (e.g. smollm2-135m-instruct)")
+    ap.add_argument("--B", type=int, default=0, help="sequences per step for --only (default: 2 on CPU)")
+    ap.add_argument("--T", type=int, default=0, help="tokens per sequence for --only (default: 512 on CPU)")
     ap.add_argument(
         "--master-fp32",
         action="store_true",
@@ -219,27 +269,39 @@ def main() -> None:
             )
 
         models.append((f"probe-{kind}", make))
-    if small:  # the bundled models at a longer sequence as well
-        for name in ("tiny-qwen3", "tiny-qwen3-moe"):
+    bundled = ["tiny-qwen3", "tiny-qwen3-moe"] if small else []  # the bundled models at a longer sequence as well
+    if args.only:
+        models = [(k, f) for k, f in models if k == args.only]
+        bundled = [] if models else [args.only]
+    for name in bundled:
 
-            def make_bundled(attn: str, name: str = name) -> torch.nn.Module:
-                return load_lm(TrainerConfig(model=name, dtype=args.dtype, attn_implementation=attn)).to(args.device)
+        def make_bundled(attn: str, name: str = name) -> torch.nn.Module:
+            return load_lm(TrainerConfig(model=name, dtype=args.dtype, attn_implementation=attn)).to(args.device)
 
-            models.append((name, make_bundled))
+        models.append((name, make_bundled))
+    # the tiny bundled models at a longer sequence; a real vocabulary (SmolLM2: 49k) at the
+    # T of a compact agent turn on CPU, at the probe's size on a GPU
+    sizes = {"tiny-qwen3": (8, 256), "tiny-qwen3-moe": (8, 256)}
+    other = (2, 512) if small else (B, T)
     ours = varlen.register()
     for kind, make in models:
-        b, t = (B, T) if kind.startswith("probe") else (8, 256)
+        b, t = (B, T) if kind.startswith("probe") else sizes.get(kind, other)
+        b, t = args.B or b, args.T or t
         try:
             m = make("sdpa")
-            t_naive = naive_step_time(m, b, t, args.device, args.steps, args.warm)
-            out["rows"].append(row(kind, "naive", m, b, t, t_naive, args.device))
+            with PeakRss() as rss:
+                t_naive = naive_step_time(m, b, t, args.device, args.steps, args.warm)
+            out["rows"].append(row(kind, "naive", m, b, t, t_naive, args.device, rss))
+            print(json.dumps(out["rows"][-1]), file=sys.stderr, flush=True)  # progress, if cut short
             del m
             m = make(ours)
-            t_ours, metrics = legorl_step_time(m, b, t, args)
-            r = row(kind, "legorl_gspo", m, b, t, t_ours, args.device)
+            with PeakRss() as rss:
+                t_ours, metrics = legorl_step_time(m, b, t, args)
+            r = row(kind, "legorl_gspo", m, b, t, t_ours, args.device, rss)
             r["sampled_tokens"] = int(metrics.get("train/sampled_tokens", 0))
             r["speedup_vs_naive"] = round(t_naive / t_ours, 3)
             out["rows"].append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
         except Exception as e:  # one failing size must not hide the others' numbers
             out["rows"].append({"kind": kind, "error": repr(e)[:300]})
         if args.device.startswith("cuda"):

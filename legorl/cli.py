@@ -35,11 +35,12 @@ def friendly(fn: F) -> F:
         from legorl.harness.install import HarnessNotInstalled
         from legorl.loop.errors import RunError
         from legorl.models import ModelNotFound
+        from legorl.proxy.template import TemplateError
         from legorl.tasks.loader import TaskFileError
 
         try:
             return fn(*args, **kwargs)
-        except (ConfigError, ModelNotFound, FileNotFoundError, TaskFileError, RunError) as e:
+        except (ConfigError, ModelNotFound, FileNotFoundError, TaskFileError, RunError, TemplateError) as e:
             fail(str(e))
         except HarnessNotInstalled as e:
             fail(f"{e} (scripts/setup_harnesses.sh builds the harness layers)")

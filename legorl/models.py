@@ -100,9 +100,13 @@ def _materialise(name: str) -> Path:
 
 
 def load_tokenizer(name_or_path: str):  # -> transformers.PreTrainedTokenizerFast
-    """The tokenizer of a model (with its chat template)."""
+    """The tokenizer of a model (with its chat template), carrying the name it was asked
+    by as `legorl_model` (errors about the model name it, not a cache directory)."""
     from transformers import AutoTokenizer
 
     if name_or_path in BUNDLED:
-        return AutoTokenizer.from_pretrained(_tokenizer_dir(name_or_path))
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+        tok = AutoTokenizer.from_pretrained(_tokenizer_dir(name_or_path))
+    else:
+        tok = AutoTokenizer.from_pretrained(resolve_model(name_or_path))
+    tok.legorl_model = name_or_path
+    return tok

@@ -73,8 +73,13 @@ def test_warm_start_checkpoint_of_another_model(tmp_path: Path) -> None:
     from legorl.models import resolve_model
 
     other = resolve_model("tiny-qwen3")  # same family, other sizes
-    proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"'))
-    one_message(proc, "warm_start.checkpoint", "does not match the model", "of another shape")
+    # refused at start-up: before the start evaluation's rollouts spend their time
+    proc = train(config(tmp_path, warm_start=f'checkpoint = "{other}"', heldout='tasks = 2\nat = ["start", "end"]'))
+    one_message(
+        proc, "warm_start.checkpoint", "does not match the model", "vocab_size is 4096 there, 512 here", "another model"
+    )
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "held-out start" not in proc.stdout
     proc = train(config(tmp_path, warm_start=f'checkpoint = "{tmp_path / "nowhere"}"'))
     one_message(proc, "warm_start.checkpoint", "does not exist")
 
@@ -248,3 +253,36 @@ def test_bad_options_and_missing_models_write_nothing(tmp_path: Path) -> None:
         proc, "warm_start.engine.model 'tiny-qwen3' has another tokenizer than trainer.model 'quickstart-qwen3'"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_over_its_time_budget_is_refused_at_start_up(tmp_path: Path) -> None:
+    """The pre-flight measures the trainer (and a CPU engine's prefill) and refuses a config
+    whose least work already exceeds `run.time_budget_s`, before any rollout runs."""
+    run = f'dir = "{tmp_path / "run"}"\ntasks = "quickstart-calc"\nsteps = 5000\ntasks_per_step = 1\ngroup_size = 2'
+    proc = train(config(tmp_path, run=run + "\ntime_budget_s = 1"))
+    one_message(proc, "time budget 1s", "this run cannot fit", "tokens/s", "raise run.time_budget_s")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    from legorl.monitor.store import RunStore
+
+    with RunStore(tmp_path / "run", readonly=True) as store:
+        assert store.list_trajectories(limit=1)["total"] == 0  # refused before the first rollout
+
+
+def test_doctor_says_the_same_about_the_budget(tmp_path: Path) -> None:
+    from legorl.loop.config import RunConfig
+    from legorl.loop.preflight import budget_check, preflight_checks
+    from legorl.monitor.doctor import run_one
+
+    base = {
+        "run": {"dir": str(tmp_path / "run"), "tasks": "quickstart-calc", "steps": 5000, "group_size": 2},
+        "calc_tasks": {"train": 8, "heldout": 4},
+        "engine": {"kind": "hf", "model": "quickstart-qwen3"},
+        "trainer": {"model": "quickstart-qwen3"},
+    }
+    assert "time budget" not in [c.name for c in preflight_checks(RunConfig.model_validate(base))]
+    over = RunConfig.model_validate({**base, "run": {**base["run"], "time_budget_s": 1}})
+    res = run_one(budget_check(over))
+    assert not res.ok and "this run cannot fit" in res.detail, res.detail
+    fits = RunConfig.model_validate({**base, "run": {**base["run"], "steps": 2, "time_budget_s": 3600}})
+    res = run_one(budget_check(fits))
+    assert res.ok and "needs at least" in res.detail, (res.detail, res.fix)

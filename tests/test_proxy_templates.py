@@ -183,5 +183,5 @@ async def test_a_request_the_template_refuses_is_a_400_with_its_reason() -> None
     async with ProxyServer(ProxyConfig(port=0), ScriptedEngine(["x"], tok), make_renderer(tok), standalone=True) as srv:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="bad", max_retries=0)
         nodesc = [{"type": "function", "function": {"name": "bash", "parameters": TOOLS[0]["function"]["parameters"]}}]
-        with pytest.raises(openai.BadRequestError, match="chat template cannot render this request"):
+        with pytest.raises(openai.BadRequestError, match="its chat template cannot render tool definitions"):
             await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], tools=nodesc)

@@ -14,7 +14,9 @@ failed one are skipped (a stopped engine is one red line, not five). The checks:
 - harness installed (and, for `command`, its script exists);
 - harness reaches its proxy session: from inside a sandbox, through the session socket;
 - grading self-test on a task: gold patch → resolved, empty patch → not resolved;
-- run store writable (SQLite WAL + FTS5); free disk and memory.
+- run store writable (SQLite WAL + FTS5); free disk and memory;
+- time budget (with `[run] time_budget_s`): the least work the config asks for, at the
+  trainer's and engine's measured speed, fits the budget (legorl/loop/budget.py).
 """
 
 from __future__ import annotations
@@ -396,6 +398,38 @@ def resources_check(run_dir: Path, min_disk_gb: float = 5.0, min_mem_gb: float =
     return Check("free disk and memory", fn, timeout=10)
 
 
+def budget_check(cfg: RunConfig) -> Check:
+    """`[run] time_budget_s` against the measured speed (legorl/loop/budget.py); `legorl
+    train` runs the same estimate at start-up, before its first rollout."""
+
+    def fn() -> str:
+        from legorl.engine.registry import make_engine
+        from legorl.loop.budget import check_budget
+        from legorl.loop.errors import RunError
+        from legorl.loop.train import load_task_split
+        from legorl.models import load_tokenizer
+        from legorl.train.trainer import Trainer
+
+        tok = load_tokenizer(cfg.engine.model)
+        tasks = load_task_split(cfg, cfg.run.split)
+        trainer = Trainer(cfg.trainer)
+
+        async def go() -> Any:
+            engine = make_engine(cfg.engine, tok)
+            try:
+                return await check_budget(cfg, trainer, engine, tok, tasks[0].problem_statement)
+            finally:
+                await engine.close()
+
+        try:
+            est = _run(go())
+        except RunError as e:
+            raise CheckFailed(str(e), "shrink the run or raise run.time_budget_s") from None
+        return est.line(cfg.run.time_budget_s or 0.0)
+
+    return Check("time budget", fn, needs=("engine answers",), timeout=600)
+
+
 def preflight_checks(cfg: RunConfig) -> list[Check]:
     return [
         engine_check(cfg),
@@ -406,4 +440,5 @@ def preflight_checks(cfg: RunConfig) -> list[Check]:
         grading_check(cfg),
         store_check(cfg.run.dir),
         resources_check(cfg.run.dir),
+        *([budget_check(cfg)] if cfg.run.time_budget_s else []),
     ]

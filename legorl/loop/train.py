@@ -36,6 +36,7 @@ from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromD
 from legorl.engine.registry import make_engine
 from legorl.harness.actions import format_of
 from legorl.harness.install import HarnessNotInstalled
+from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
@@ -51,7 +52,7 @@ from legorl.monitor.store import RunStore
 from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
 from legorl.sandbox.images import ImageStore
 from legorl.tasks.loader import TaskFileError, load_shipped, load_tasks
-from legorl.train.checkpoint import load_weights
+from legorl.train.checkpoint import check_weights_fit, load_weights
 from legorl.train.sft import sft
 from legorl.train.trainer import Trainer
 from legorl.types import Status, Task
@@ -241,6 +242,15 @@ async def train(
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
     trainer = build_trainer(cfg, engine)
+    if cfg.warm_start.checkpoint is not None and not resume:  # before the start evaluation spends its time
+        try:
+            check_weights_fit(trainer.lm.config, cfg.warm_start.checkpoint)
+        except ValueError as e:
+            raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
+    if not resume and tasks:  # the pre-flight's budget check: before the first rollout spends the hour
+        est = await check_budget(cfg, trainer, engine, tokenizer, tasks[0].problem_statement)
+        if est is not None:
+            console.print(est.line(cfg.run.time_budget_s or 0.0))
     ranks = trainer.dist.world
     if ranks > 1 and cfg.warm_start.enabled:
         raise RunError(

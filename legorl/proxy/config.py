@@ -48,8 +48,12 @@ class ProxyConfig(Section):
     top_k: int = -1
     """Top-k used for every call; -1 disables it."""
 
-    max_tokens: int = Field(4096, ge=1)
-    """Upper bound on completion tokens; a smaller harness `max_tokens` wins."""
+    max_tokens: int = Field(1024, ge=1)
+    """Upper bound on completion tokens of every turn: the run config's word. A config
+    raises it (an agent writing whole files needs more); a harness's own `max_tokens` can
+    only lower it. Modest by default because a pretrained policy that misses its end token
+    samples to the cap: SmolLM2 through mini-swe-agent once sampled 4,096 tokens (that
+    harness's default request) in one turn."""
 
     seed: int | None = None
     """Engine seed (None: the engine's own randomness)."""

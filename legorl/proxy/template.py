@@ -139,6 +139,55 @@ def detect_family(source: str) -> str | None:
     return None
 
 
+def _as_user(m: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "user", "content": _text_of_content(m.get("content"))}
+
+
+def _text_of_content(c: Any) -> str:
+    if isinstance(c, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in c)
+    return "" if c is None else str(c)
+
+
+def _merged_runs(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for m in msgs:
+        if out and out[-1].get("role") == m.get("role") and not m.get("tool_calls"):
+            prev = out[-1]
+            out[-1] = {
+                **prev,
+                "content": _text_of_content(prev.get("content")) + "\n" + _text_of_content(m.get("content")),
+            }
+        else:
+            out.append(m)
+    return out
+
+
+def _rewrites(msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[tuple[str, tuple[Any, Any]]]:
+    """(construct, the request with only that construct rewritten plainly), for the
+    constructs a request can carry that chat templates are known to refuse."""
+    out: list[tuple[str, tuple[Any, Any]]] = []
+    if msgs and msgs[0].get("role") in ("system", "developer"):
+        rest = msgs[1:]
+        head = _text_of_content(msgs[0].get("content"))
+        if rest and rest[0].get("role") == "user":
+            first = {**rest[0], "content": head + "\n\n" + _text_of_content(rest[0].get("content"))}
+            folded = [first, *rest[1:]]
+        else:
+            folded = [{"role": "user", "content": head}, *rest]
+        out.append((f"a {msgs[0]['role']!r} message", (folded, tools)))
+    if any(m.get("role") == "tool" for m in msgs):
+        out.append(("a 'tool' message", ([_as_user(m) if m.get("role") == "tool" else m for m in msgs], tools)))
+    if any(m.get("tool_calls") for m in msgs):
+        plain = [{k: v for k, v in m.items() if k != "tool_calls"} for m in msgs]
+        out.append(("an assistant message with tool calls", (plain, tools)))
+    if tools:
+        out.append(("tool definitions", (msgs, None)))
+    if any(a.get("role") == b.get("role") for a, b in pairwise(msgs)):
+        out.append(("two consecutive messages of the same role", (_merged_runs(msgs), tools)))
+    return out
+
+
 class TemplateRenderer:
     """Renders ChatRequests with a tokenizer's own chat template (see the module docstring)."""
 
@@ -205,7 +254,28 @@ class TemplateRenderer:
                 messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **self._special
             )
         except (jinja2.TemplateError, TypeError) as e:  # the template refuses this request (as transformers would)
-            raise bad_request(f"the model's chat template cannot render this request: {type(e).__name__}: {e}") from e
+            construct = self._refused_construct(msgs, tools, gen)
+            raise bad_request(
+                f"model {self.model_name!r}: its chat template cannot render {construct} ({type(e).__name__}: {e})"
+            ) from e
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as configured (`load_tokenizer` records it), else its directory."""
+        name = getattr(self.tokenizer, "legorl_model", None)
+        return str(name or getattr(self.tokenizer, "name_or_path", "?")).rstrip("/").rsplit("/", 1)[-1]
+
+    def _refused_construct(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool) -> str:
+        """Which construct of the request the template refuses: the first one whose plain
+        rewrite renders (only on the error path, so a few extra renders cost nothing)."""
+        for name, (m, t) in _rewrites(msgs, tools):
+            try:
+                self._tpl.render(messages=m, tools=t, documents=None, add_generation_prompt=gen, **self._special)
+            except Exception:
+                continue
+            return name
+        roles = ", ".join(dict.fromkeys(str(m.get("role")) for m in msgs))
+        return f"this request (roles: {roles}{'; tool definitions' if tools else ''})"
 
     def render_text(self, req: ChatRequest) -> str:
         msgs, tools = self._prepare(req)
@@ -400,8 +470,11 @@ def probe_shape(r: TemplateRenderer) -> TemplateShape:
     def render(msgs: list[dict[str, Any]], gen: bool, tools: list | None = None) -> str:
         try:
             return tpl.render(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **special)
-        except Exception as e:
-            raise TemplateError(f"chat template failed on a probe conversation: {type(e).__name__}: {e}") from e
+        except Exception as e:  # the harnesses' requests carry what the probe does: a clear refusal now
+            raise TemplateError(
+                f"model {r.model_name!r}: its chat template cannot render {r._refused_construct(msgs, tools, gen)}, "
+                f"which harness requests carry ({type(e).__name__}: {e})"
+            ) from e
 
     closed, opened = render(_PROBE, False), render(_PROBE, True)
     if not opened.startswith(closed) or opened == closed:

@@ -18,6 +18,7 @@ Under FSDP every rank takes part in gathering full state dicts; rank 0 writes th
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -194,10 +195,8 @@ def _read_hf_weights(model_dir: Path, dtype: torch.dtype) -> dict[str, torch.Ten
     return {k: v.detach() for k, v in fresh.state_dict().items()}
 
 
-def load_weights(lm: nn.Module, path: str | Path) -> Path:
-    """Load only the model weights of a checkpoint (`step_XXXXXXXX/`, a directory holding
-    them: the newest) or of an HF model directory into `lm`. ValueError naming what does not
-    fit when the architecture differs."""
+def weights_dir(path: str | Path) -> Path:
+    """The HF model directory a warm-start path names (itself, or a checkpoint's model/)."""
     path = Path(path)
     if not path.exists():
         raise ValueError(f"{path} does not exist")
@@ -206,6 +205,46 @@ def load_weights(lm: nn.Module, path: str | Path) -> Path:
         if step is None or not (step / "model" / "config.json").exists():
             raise ValueError(f"{path} is neither an HF model directory nor a checkpoint (step_XXXXXXXX/model/)")
         path = step / "model"
+    return path
+
+
+# what makes two configs the same architecture (a different value: the weights cannot fit)
+_ARCH_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_experts",
+)
+
+
+def check_weights_fit(config: Any, path: str | Path) -> Path:
+    """Before anything runs: the directory's config.json describes the model `config` does
+    (reads one small file, not the weights). ValueError naming the first difference."""
+    d = weights_dir(path)
+    try:
+        theirs = json.loads((d / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{d}: unreadable config.json: {e}") from None
+    ours = config.to_dict()
+    text = ours.get("text_config") or {}
+    for k in _ARCH_KEYS:
+        a, b = ours.get(k, text.get(k)), theirs.get(k, (theirs.get("text_config") or {}).get(k))
+        if a != b:
+            raise ValueError(
+                f"{d} does not match the model: {k} is {b!r} there, {a!r} here (a checkpoint of another model)"
+            )
+    return d
+
+
+def load_weights(lm: nn.Module, path: str | Path) -> Path:
+    """Load only the model weights of a checkpoint (`step_XXXXXXXX/`, a directory holding
+    them: the newest) or of an HF model directory into `lm`. ValueError naming what does not
+    fit when the architecture differs."""
+    path = weights_dir(path)
     ours = lm.state_dict()
     try:
         theirs = _read_hf_weights(path, next(iter(ours.values())).dtype)
