@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 from legorl.config import load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
-from legorl.harness.registry import harness_names
+from legorl.harness.registry import adapter_options, harness_names
 from legorl.monitor.monitors import MonitorConfig
 from legorl.options import check_options
 from legorl.proxy.config import ProxyConfig
@@ -134,8 +134,6 @@ class HarnessSection(Section):
         if self.name == "command" and self.command_file is None:
             raise ValueError("harness.command_file is required when harness.name = 'command'")
         if self.options:  # only then is the adapter's module imported
-            from legorl.harness.registry import adapter_options
-
             self.options = check_options(self.options, adapter_options(self.name), self.name)
         return self
 
