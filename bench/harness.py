@@ -56,7 +56,7 @@ from harness_util import (  # noqa: E402
 )
 
 from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
-from legorl.harness.command import HostHarness  # noqa: E402
+from legorl.harness.base import HostHarness  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 from legorl.trajectory import delivered  # noqa: E402

@@ -40,7 +40,7 @@ from typing import Any
 from rich.console import Console
 
 from legorl.engine.registry import make_engine
-from legorl.harness.command import HostHarness
+from legorl.harness.base import HostHarness
 from legorl.loop.config import load_run_config
 from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, rollout_backend, warm_start_phase
 from legorl.loop.worker import RolloutRecord

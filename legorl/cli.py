@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import typer
 
+from legorl.harness.registry import names_help  # the names are said once, there
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -173,11 +175,7 @@ def eval_(
 def rollout(
     tasks: Path = typer.Option(..., help="Task JSONL (SWE-bench format + repo_path)."),
     instance: str = typer.Option(..., help="instance_id of the task to run."),
-    harness: str = typer.Option(
-        "command",
-        help="command, or: claude-code, codex, gemini-cli, mini-swe-agent, opencode, openhands, pi, qwen-code; "
-        "warm (one harness process beside the sandboxes): mini-swe-agent-warm, openhands-warm",
-    ),
+    harness: str = typer.Option("command", help=names_help()),
     command_file: Path | None = typer.Option(None, help="command harness: the agent's shell script."),
     engine: str = typer.Option("hf", help="Engine kind: hf, oracle, scripted, vllm, sglang."),
     model: str = typer.Option("tiny-qwen3", help="Bundled model name or local HF model directory."),

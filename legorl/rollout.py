@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from legorl.harness.command import AgentRun, Harness, HostHarness, InstalledHarness
+from legorl.harness.base import AgentRun, Harness, HostHarness, InstalledHarness
 from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxLost, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify import state

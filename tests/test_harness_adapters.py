@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
+from typing import get_args
 
 import pytest
+import typer
 
 from legorl.harness import install
-from legorl.harness.base import COMMON_ENV, PROBLEM_FILE, http_status_is_infra, jsonl
+from legorl.harness.base import (
+    COMMON_ENV,
+    PROBLEM_FILE,
+    InstalledHarness,
+    NativeAdapter,
+    http_status_is_infra,
+    jsonl,
+)
 from legorl.harness.claude_code import ClaudeCode
+from legorl.harness.command import CommandHarness
 from legorl.harness.mini_swe_agent import MiniSweAgent
+from legorl.harness.nettrace import NetTraced
 from legorl.harness.opencode import OpenCode
 from legorl.harness.openhands import OpenHands
-from legorl.harness.registry import make_harness
+from legorl.harness.registry import HARNESSES, NATIVE, harness_class, make_harness
+from legorl.loop.config import HarnessSection
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
@@ -269,6 +285,59 @@ def test_registry() -> None:
         make_harness("nonesuch")
     with pytest.raises(ValueError, match="command_file"):
         make_harness("command")
+
+
+def _cli_harness_help() -> str:
+    from legorl.cli import app
+
+    rollout = typer.main.get_command(app).commands["rollout"]  # type: ignore[attr-defined]
+    return next(p.help for p in rollout.params if p.name == "harness")
+
+
+def test_harness_names_are_said_once_in_the_registry() -> None:
+    """`[harness] name` accepts exactly `command` and `HARNESSES`, and `--harness` lists them."""
+    assert get_args(HarnessSection.model_fields["name"].annotation) == ("command", *HARNESSES)
+    listed = _cli_harness_help().replace(";", ",").replace(":", ",").split(",")
+    assert {n.strip() for n in listed} >= {"command", *HARNESSES}
+    # derived, not restated: a name registered before the config and the CLI are read is in both
+    probe = (
+        "from typing import get_args\n"
+        "from legorl.harness import registry\n"
+        "registry.HARNESSES['zz-probe'] = 'legorl.harness.pi:Pi'\n"
+        "registry.HARNESSES['zz-probe-warm'] = 'legorl.harness.pi:Pi'\n"
+        "from legorl.loop.config import HarnessSection\n"
+        "from tests.test_harness_adapters import _cli_harness_help\n"
+        "assert HarnessSection(name='zz-probe').name == 'zz-probe'\n"
+        "assert 'zz-probe-warm' in get_args(HarnessSection.model_fields['name'].annotation)\n"
+        "assert 'pi, qwen-code, zz-probe;' in _cli_harness_help(), _cli_harness_help()\n"
+        "assert _cli_harness_help().endswith('openhands-warm, zz-probe-warm'), _cli_harness_help()\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_native_adapter_has_the_one_base(layers) -> None:
+    for name in NATIVE:
+        cls = harness_class(name)
+        assert issubclass(cls, NativeAdapter), name
+        adapter = cls()
+        assert isinstance(adapter, InstalledHarness) and inspect.iscoroutinefunction(adapter.run), name
+        assert set(adapter.readonly_mounts) == {str(install.layer_path(layer)) for layer in adapter.layers}, name
+    traced = NetTraced(ClaudeCode())
+    assert isinstance(traced, NativeAdapter) and traced.layers == ("claude-code", "strace")
+
+
+def test_a_harness_section_builds_its_adapter_through_make_harness(tmp_path: Path) -> None:
+    sec = HarnessSection(name="opencode", max_turns=3, options={"context_window": 9000})
+    h = make_harness(sec.name, **sec.harness_options("served-name"))
+    assert (type(h), h.model, h.max_turns, h.context_window) == (OpenCode, "served-name", 3, 9000)
+    sec = HarnessSection(name="claude-code", model_name="mine")
+    assert make_harness(sec.name, **sec.harness_options("served-name")).model == "mine"
+    script = tmp_path / "agent.sh"
+    script.write_text("echo hi\n")
+    sec = HarnessSection(name="command", command_file=script)
+    assert make_harness(sec.name, **sec.harness_options("served-name")) == CommandHarness("echo hi\n")
 
 
 def test_helpers() -> None:

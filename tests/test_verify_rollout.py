@@ -12,7 +12,8 @@ import tempfile
 import pytest
 from tasks_util import added_file, backend_and_images, pick_task, rollout
 
-from legorl.harness.command import AgentRun, CommandHarness
+from legorl.harness.base import AgentRun
+from legorl.harness.command import CommandHarness
 from legorl.rollout import RolloutConfig, run_rollout
 from legorl.sandbox.base import Limits
 from legorl.types import Status, Task

@@ -1,9 +1,10 @@
 """Harnesses: unmodified coding agents, and how to launch each one against its session.
 
-Start here: `registry.py` (`HARNESSES`: name → adapter, and `make_harness`), then
-`command.py` (the `Harness`, `HostHarness` and `InstalledHarness` protocols, `AgentRun`,
-and the `command` harness: a shell script as the agent) and `base.py` (what a native adapter
-is, and the runner they share). One adapter per program: `claude_code.py`, `codex.py`,
+Start here: `registry.py` (`HARNESSES`: name → adapter, every harness name there is, and
+`make_harness`), then `base.py` (the `Harness`, `HostHarness` and `InstalledHarness`
+protocols, `AgentRun`, and `NativeAdapter`: the base of every native adapter, with the runner
+they share) and `command.py` (the `command` harness: a shell script as the agent). One
+adapter per program: `claude_code.py`, `codex.py`,
 `gemini_cli.py`, `qwen_code.py`, `pi.py`, `opencode.py`, `openhands.py` (+
 `openhands_driver.py`, run inside the sandbox), `mini_swe_agent.py`. Warm harnesses run one
 long-lived process beside the sandboxes: `warm.py` (`WarmDriver`), `warm_mini.py`,

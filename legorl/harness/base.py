@@ -1,16 +1,21 @@
-"""What a native harness adapter is, and the one runner all four share.
+"""The harness seam: what the rollout needs from a harness, and what a native adapter is.
 
-An adapter only CONFIGURES and LAUNCHES an unmodified harness (Claude Code, OpenCode, the
-OpenHands SDK, mini-swe-agent) inside the agent sandbox: it writes config files and
-environment (the proxy session's base URL, the model name, a turn limit, no telemetry, no
-auto-update, no permission prompts, a fresh HOME), builds the command line, and afterwards
-reads the harness's own result (its JSON events, result file or trajectory) to say how the
-run ended. It never patches the harness. The harness itself comes from a read-only layer
-(`install.py`) that the rollout mounts into the sandbox (`mounts`).
+The rollout's side (`legorl/rollout.py`) knows a harness only through the protocols here:
+`Harness` (`run(sb, task, proxy_url, repo_dir, timeout_s) -> AgentRun`), `InstalledHarness`
+(it brings read-only layers to mount) and `HostHarness` (its own process runs beside the
+sandboxes, warm across rollouts). `AgentRun` is how one run ended: evidence, not a verdict.
 
-Every adapter implements the rollout's `Harness` protocol (`legorl/harness/command.py`):
-`run(sb, task, proxy_url, repo_dir, timeout_s) -> AgentRun`. How a run ended maps to a
-status (`legorl.types.Status`) in one place per harness (`interpret`), with these rules:
+A native adapter (`NativeAdapter`, the one base all of them share) only CONFIGURES and
+LAUNCHES an unmodified harness (Claude Code, OpenCode, the OpenHands SDK, mini-swe-agent, …)
+inside the agent sandbox: it writes config files and environment (the proxy session's base
+URL, the model name, a turn limit, no telemetry, no auto-update, no permission prompts, a
+fresh HOME), builds the command line, and afterwards reads the harness's own result (its
+JSON events, result file or trajectory) to say how the run ended. It never patches the
+harness. The harness itself comes from a read-only layer (`install.py`) that the rollout
+mounts into the sandbox (`mounts`).
+
+How a run ended maps to a status (`legorl.types.Status`) in one place per harness
+(`interpret`), with these rules:
 
 - a normal end (the harness finished by its own logic) → `None`: the rollout grades it;
 - the harness hit its turn/step/iteration limit → `max_turns` (agent-caused);
@@ -24,15 +29,79 @@ A context overflow the harness could not compact its way out of is the policy's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from legorl.harness.command import AGENT_DIR, AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.sandbox.base import ExecResult, Sandbox
 from legorl.types import Status, Task
+
+AGENT_DIR = "/tmp/.legorl-agent"  # the harness's own files in the agent sandbox (problem, config, outputs)
+
+
+@dataclass
+class AgentRun:
+    """How one harness run ended (evidence, not a verdict)."""
+
+    exit_code: int
+    timed_out: bool = False
+    resource_exhausted: bool = False
+    duration_s: float = 0.0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    # A harness (or the proxy behind it) may already know the run's status, e.g. max_turns,
+    # format_error or engine_error; None lets the rollout decide from the diff and the tests.
+    status: Status | None = None
+    details: dict[str, str] = field(default_factory=dict)
+
+
+class Harness(Protocol):
+    """What the rollout needs from a harness adapter."""
+
+    name: str
+
+    async def run(
+        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
+    ) -> AgentRun: ...
+
+
+@runtime_checkable
+class InstalledHarness(Protocol):
+    """A harness program that brings its installation as read-only layers (sandbox path →
+    host directory, legorl/harness/install.py), mounted into its agent sandbox."""
+
+    readonly_mounts: dict[str, str]
+
+
+class HarnessProcess(Protocol):
+    """What the worker and the benches see of a host harness's process (`warm.WarmDriver`):
+    the OS process, while one runs (its pid, its return code)."""
+
+    proc: asyncio.subprocess.Process | None
+
+
+@runtime_checkable
+class HostHarness(Protocol):
+    """A harness whose own process runs beside the sandboxes, warm across rollouts
+    (`warm_mini.py`, `openhands_warm.py`): only its actions run in the agent sandbox. Its
+    `run` gets the session's host-side URL, and the sandbox gets no proxy socket (no network
+    at all). Started once by the worker (`start`), closed with it (`aclose`); `driver` is
+    its process (`warm.WarmDriver`)."""
+
+    name: str
+    driver: HarnessProcess
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def run(
+        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
+    ) -> AgentRun: ...
+
 
 HOME = f"{AGENT_DIR}/home"
 PROBLEM_FILE = f"{AGENT_DIR}/problem.md"
@@ -79,15 +148,28 @@ class Verdict:
     details: dict[str, str] = field(default_factory=dict)
 
 
-class Adapter(Protocol):
-    """One harness: its layers, how to launch it, how to read its ending."""
+class NativeAdapter:
+    """The base of every native adapter (a frozen dataclass per harness program): it says its
+    layers, how to launch the harness (`launch`) and how to read its ending (`interpret`),
+    and inherits the rollout's two hooks, the same for all of them: the layers to mount
+    read-only at their own paths (`readonly_mounts`, so it is an `InstalledHarness`) and the
+    run (`run`: launch, wait, read the outputs, interpret; so it is a `Harness`)."""
 
     name: str
     layers: tuple[str, ...]
 
-    def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch: ...
+    def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
+        raise NotImplementedError
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict: ...
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+        raise NotImplementedError
+
+    @property
+    def readonly_mounts(self) -> dict[str, str]:
+        return mounts(self)
+
+    async def run(self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float) -> AgentRun:
+        return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)
 
 
 def infra(message: str, status: Status = Status.INFRA_ERROR) -> Verdict:
@@ -116,7 +198,7 @@ def http_status_is_infra(status: int | None) -> bool:
     return status >= 500 or status in (401, 403, 404, 405, 408, 413, 429)
 
 
-def mounts(adapter: Adapter) -> dict[str, str]:
+def mounts(adapter: NativeAdapter) -> dict[str, str]:
     """Read-only host→sandbox mounts of the adapter's layers (HarnessNotInstalled if absent)."""
     out: dict[str, str] = {}
     for layer in adapter.layers:
@@ -126,7 +208,7 @@ def mounts(adapter: Adapter) -> dict[str, str]:
 
 
 async def run_native(
-    adapter: Adapter, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
+    adapter: NativeAdapter, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
 ) -> AgentRun:
     """Launch `adapter`'s harness in `sb` against the proxy session and read how it ended."""
     if not proxy_url:
@@ -181,10 +263,15 @@ def _run_of(verdict: Verdict) -> AgentRun:
 __all__ = [
     "API_KEY",
     "AGENT_DIR",
-    "Adapter",
+    "AgentRun",
     "COMMON_ENV",
     "HOME",
+    "Harness",
+    "HarnessProcess",
+    "HostHarness",
+    "InstalledHarness",
     "Launch",
+    "NativeAdapter",
     "PROBLEM_FILE",
     "Verdict",
     "http_status_is_infra",

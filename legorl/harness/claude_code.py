@@ -39,12 +39,11 @@ from legorl.harness.base import (
     HOME,
     PROBLEM_FILE,
     Launch,
+    NativeAdapter,
     Verdict,
     http_status_is_infra,
     infra,
     jsonl,
-    mounts,
-    run_native,
 )
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -56,7 +55,7 @@ ERR = f"{AGENT_DIR}/claude.err"
 
 
 @dataclass(frozen=True)
-class ClaudeCode:
+class ClaudeCode(NativeAdapter):
     """Adapter for Claude Code 2.1.x."""
 
     model: str = "legorl-policy"  # the name Claude Code sends (changes its prompt: keep it fixed)
@@ -139,8 +138,3 @@ class ClaudeCode:
         if subtype.startswith("error"):  # error_during_execution and kin: the harness broke
             return Verdict(Status.INFRA_ERROR, details)
         return Verdict(None, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

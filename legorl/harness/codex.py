@@ -56,17 +56,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import RESPONSES_ITEMS, ActionFormat
-from legorl.harness.base import (
-    AGENT_DIR,
-    API_KEY,
-    PROBLEM_FILE,
-    Launch,
-    Verdict,
-    infra,
-    jsonl,
-    mounts,
-    run_native,
-)
+from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra, jsonl
 from legorl.harness.install import require
 from legorl.harness.turn_limit import LIMIT_MARK, limited
 from legorl.sandbox.base import ExecResult
@@ -108,7 +98,7 @@ def _toml(value: object) -> str:
 
 
 @dataclass(frozen=True)
-class Codex:
+class Codex(NativeAdapter):
     """Adapter for Codex CLI 0.169.x."""
 
     model: str = "legorl-policy"  # the name Codex sends (it looks up no metadata for unknown names)
@@ -224,8 +214,3 @@ class Codex:
         if any(h in low for h in ("500", "502", "503", "504", "connection", "stream disconnected", "timed out")):
             return Verdict(Status.ENGINE_ERROR, details)
         return Verdict(Status.INFRA_ERROR, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

@@ -10,79 +10,22 @@ variables pointing API clients at the sandbox's forwarded loopback URL of that s
     LEGORL_PROBLEM_FILE=/tmp/.legorl-agent/problem.md
     LEGORL_INSTANCE_ID, LEGORL_BASE_COMMIT, LEGORL_REPO
 
-Every harness adapter has this shape: `run(sandbox, task, proxy_url)` → `AgentRun`. How
-the run ended is evidence for the rollout (`legorl/rollout.py`), which decides the status.
+Like every harness adapter it is a `Harness` (`legorl/harness/base.py`):
+`run(sb, task, proxy_url, repo_dir, timeout_s)` → `AgentRun`. How the run ended is evidence
+for the rollout (`legorl/rollout.py`), which decides the status.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
+from legorl.harness.base import AGENT_DIR, AgentRun
 from legorl.sandbox.base import Sandbox
-from legorl.types import Status, Task
-
-if TYPE_CHECKING:  # warm.py builds AgentRuns: only the annotation comes from it
-    from legorl.harness.warm import WarmDriver
-
-AGENT_DIR = "/tmp/.legorl-agent"
-
-
-@dataclass
-class AgentRun:
-    """How one harness run ended (evidence, not a verdict)."""
-
-    exit_code: int
-    timed_out: bool = False
-    resource_exhausted: bool = False
-    duration_s: float = 0.0
-    stdout_tail: str = ""
-    stderr_tail: str = ""
-    # A harness (or the proxy behind it) may already know the run's status, e.g. max_turns,
-    # format_error or engine_error; None lets the rollout decide from the diff and the tests.
-    status: Status | None = None
-    details: dict[str, str] = field(default_factory=dict)
-
-
-class Harness(Protocol):
-    """What the rollout needs from a harness adapter."""
-
-    name: str
-
-    async def run(
-        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
-    ) -> AgentRun: ...
-
-
-@runtime_checkable
-class InstalledHarness(Protocol):
-    """A harness program that brings its installation as read-only layers (sandbox path →
-    host directory, legorl/harness/install.py), mounted into its agent sandbox."""
-
-    readonly_mounts: dict[str, str]
-
-
-@runtime_checkable
-class HostHarness(Protocol):
-    """A harness whose own process runs beside the sandboxes, warm across rollouts
-    (`warm_mini.py`, `openhands_warm.py`): only its actions run in the agent sandbox. Its
-    `run` gets the session's host-side URL, and the sandbox gets no proxy socket (no network
-    at all). Started once by the worker (`start`), closed with it (`aclose`); `driver` is
-    its process (`warm.WarmDriver`)."""
-
-    name: str
-    driver: WarmDriver
-
-    async def start(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-    async def run(
-        self, sb: Sandbox, task: Task, proxy_url: str | None, repo_dir: str, timeout_s: float
-    ) -> AgentRun: ...
+from legorl.types import Task
 
 
 def proxy_env(proxy_url: str | None) -> dict[str, str]:

@@ -45,12 +45,11 @@ from legorl.harness.base import (
     HOME,
     PROBLEM_FILE,
     Launch,
+    NativeAdapter,
     Verdict,
     http_status_is_infra,
     infra,
     jsonl,
-    mounts,
-    run_native,
 )
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -114,7 +113,7 @@ def error_verdict(message: str, details: dict[str, str]) -> Verdict:
 
 
 @dataclass(frozen=True)
-class GeminiCli:
+class GeminiCli(NativeAdapter):
     """Adapter for Gemini CLI 0.61.x."""
 
     model: str = "legorl-policy"  # the name Gemini CLI sends in the URL (keep it fixed)
@@ -174,8 +173,3 @@ class GeminiCli:
         ):
             return Verdict(Status.MAX_TURNS, details)
         return error_verdict(message, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

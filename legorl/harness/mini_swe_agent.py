@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
+from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -47,7 +47,7 @@ _ENGINE = (
 
 
 @dataclass(frozen=True)
-class MiniSweAgent:
+class MiniSweAgent(NativeAdapter):
     """Adapter for mini-swe-agent 2.4.x."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
@@ -97,11 +97,6 @@ class MiniSweAgent:
         last = (traj.get("messages") or [{}])[-1]
         error = str((last.get("extra") or {}).get("exception_str") or last.get("content") or tail)[:1500]
         return verdict_of_exit(exit_status, error, {"api_calls": str(stats.get("api_calls", ""))})
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native
 
 
 def verdict_of_exit(exit_status: str, error: str = "", details: dict[str, str] | None = None) -> Verdict:

@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
-from legorl.harness.base import AGENT_DIR, Launch, Verdict, mounts, run_native
+from legorl.harness.base import AGENT_DIR, Launch, NativeAdapter, Verdict
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Task
@@ -55,10 +54,10 @@ class TracedLaunch(Launch):
 
 
 @dataclass(frozen=True)
-class NetTraced:
+class NetTraced(NativeAdapter):
     """Any adapter, run under strace; `outputs['netlog']` is the trace."""
 
-    inner: Any
+    inner: NativeAdapter
     calls: str = _CALLS  # what strace records (-e trace=); e.g. add `execve,openat` to see where start-up goes
 
     @property
@@ -101,6 +100,3 @@ class NetTraced:
             "net_foreign": ",".join(f"{a}:{p}" for a, p in foreign(log, allow)),
         }
         return Verdict(verdict.status, details)
-
-    readonly_mounts = property(mounts)
-    run = run_native

@@ -35,12 +35,11 @@ from legorl.harness.base import (
     HOME,
     PROBLEM_FILE,
     Launch,
+    NativeAdapter,
     Verdict,
     http_status_is_infra,
     infra,
     jsonl,
-    mounts,
-    run_native,
 )
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -58,7 +57,7 @@ PROVIDER = "legorl"
 
 
 @dataclass(frozen=True)
-class OpenCode:
+class OpenCode(NativeAdapter):
     """Adapter for OpenCode 1.18.x."""
 
     model: str = "legorl-policy"  # model id inside the provider (picks OpenCode's prompt: keep it fixed)
@@ -143,8 +142,3 @@ class OpenCode:
         if steps >= self.max_turns:
             return Verdict(Status.MAX_TURNS, details)
         return Verdict(None, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

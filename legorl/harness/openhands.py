@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, Verdict, infra, mounts, run_native
+from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -61,7 +61,7 @@ _CONTEXT_ERRORS = ("ContextWindowExceeded", "LLMContextWindowExceed", "context l
 
 
 @dataclass(frozen=True)
-class OpenHands:
+class OpenHands(NativeAdapter):
     """Adapter for openhands-sdk / openhands-tools 1.58.x."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
@@ -119,11 +119,6 @@ class OpenHands:
         except json.JSONDecodeError:
             return infra(f"openhands driver exited {res.exit_code} without a result; stderr: {err_tail}")
         return verdict_of_result(r)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native
 
 
 def verdict_of_result(r: dict) -> Verdict:

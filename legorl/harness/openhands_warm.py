@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import API_KEY
-from legorl.harness.command import AgentRun
+from legorl.harness.base import API_KEY, AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.openhands import verdict_of_result
 from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished

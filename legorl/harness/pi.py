@@ -46,12 +46,11 @@ from legorl.harness.base import (
     HOME,
     PROBLEM_FILE,
     Launch,
+    NativeAdapter,
     Verdict,
     http_status_is_infra,
     infra,
     jsonl,
-    mounts,
-    run_native,
 )
 from legorl.harness.install import require
 from legorl.harness.turn_limit import LIMIT_MARK, limited
@@ -71,7 +70,7 @@ _STATUS = re.compile(r"\b([45]\d\d)\b")
 
 
 @dataclass(frozen=True)
-class Pi:
+class Pi(NativeAdapter):
     """Adapter for Pi 0.73.x."""
 
     model: str = "legorl-policy"
@@ -204,8 +203,3 @@ class Pi:
         if http_status_is_infra(int(m.group(1)) if m else None):
             return Verdict(Status.ENGINE_ERROR, details)
         return Verdict(Status.INFRA_ERROR, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

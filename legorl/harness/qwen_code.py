@@ -31,18 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import (
-    AGENT_DIR,
-    API_KEY,
-    HOME,
-    PROBLEM_FILE,
-    Launch,
-    Verdict,
-    infra,
-    jsonl,
-    mounts,
-    run_native,
-)
+from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra, jsonl
 from legorl.harness.gemini_cli import TURN_LIMIT_EXIT, error_verdict, quiet_settings
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -55,7 +44,7 @@ ENTRY = "lib/node_modules/@qwen-code/qwen-code/cli.js"
 
 
 @dataclass(frozen=True)
-class QwenCode:
+class QwenCode(NativeAdapter):
     """Adapter for Qwen Code 0.24.x."""
 
     model: str = "legorl-policy"  # the `model` it sends (keep it fixed)
@@ -119,8 +108,3 @@ class QwenCode:
         if "turn" in message.lower() and "maximum" in message.lower():
             return Verdict(Status.MAX_TURNS, details)
         return error_verdict(message, details)
-
-    # The rollout's hooks, the same for every native adapter: the layers to mount read-only
-    # at their own paths, and the run (launch, wait, read the outputs, interpret).
-    readonly_mounts = property(mounts)
-    run = run_native

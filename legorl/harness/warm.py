@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from legorl.harness.command import AgentRun
+from legorl.harness.base import AgentRun
 from legorl.sandbox.base import Sandbox, SandboxError
 from legorl.types import Status
 

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat, mini_format
-from legorl.harness.command import AgentRun
+from legorl.harness.base import AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.mini_swe_agent import verdict_of_exit
 from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished

@@ -9,13 +9,14 @@ config file's directory, so a config can be run from anywhere.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from legorl.config import load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
+from legorl.harness.registry import adapter_options, harness_names
 from legorl.monitor.monitors import MonitorConfig
 from legorl.options import check_options
 from legorl.proxy.config import ProxyConfig
@@ -104,22 +105,16 @@ class SandboxSection(Section):
         )
 
 
+if TYPE_CHECKING:  # a checker cannot read a Literal built at run time
+    HarnessName = str
+else:  # the names are said once, in legorl/harness/registry.py
+    HarnessName = Literal[harness_names()]
+
+
 class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
-    name: Literal[
-        "command",
-        "claude-code",
-        "opencode",
-        "openhands",
-        "openhands-warm",
-        "mini-swe-agent",
-        "mini-swe-agent-warm",
-        "codex",
-        "pi",
-        "gemini-cli",
-        "qwen-code",
-    ] = "command"
+    name: HarnessName = "command"
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
     rollout's sandbox (legorl/harness/warm_mini.py); `openhands-warm` likewise for the
@@ -139,10 +134,19 @@ class HarnessSection(Section):
         if self.name == "command" and self.command_file is None:
             raise ValueError("harness.command_file is required when harness.name = 'command'")
         if self.options:  # only then is the adapter's module imported
-            from legorl.harness.registry import adapter_options
-
             self.options = check_options(self.options, adapter_options(self.name), self.name)
         return self
+
+    def harness_options(self, served_model: str) -> dict[str, Any]:
+        """What `make_harness(self.name, **...)` is given: the model the harness is told to use
+        (default: the proxy's `served_model`), its turn limit, the command file (`command`)
+        and the adapter's own options."""
+        return {
+            "model": self.model_name or served_model,
+            "max_turns": self.max_turns,
+            "command_file": self.command_file,
+            **self.options,
+        }
 
 
 class RayConfig(Section):

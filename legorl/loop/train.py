@@ -36,6 +36,7 @@ from legorl.engine.base import Engine, EngineError, ServesModelDir, WeightsFromD
 from legorl.engine.registry import make_engine
 from legorl.harness.actions import format_of
 from legorl.harness.install import HarnessNotInstalled
+from legorl.harness.registry import make_harness
 from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
@@ -44,7 +45,7 @@ from legorl.loop.metrics import rollout_metrics
 from legorl.loop.report import Report
 from legorl.loop.run_dir import check_checkpoint, claim, config_hash, new_run_id
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
-from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker, make_harness
+from legorl.loop.worker import OnRecord, RolloutBackend, RolloutRecord, RolloutWorker
 from legorl.models import ModelNotFound, check_model, load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import open_trackers
@@ -113,7 +114,7 @@ def record_action_format(store: RunStore, cfg: RunConfig) -> None:
     """Tell the store how the configured harness takes an action from a turn (its adapter's
     `action_format`), so the metrics and monitors judge its turns by that format."""
     try:
-        harness = make_harness(cfg.harness, cfg.proxy.served_model)
+        harness = make_harness(cfg.harness.name, **cfg.harness.harness_options(cfg.proxy.served_model))
         store.set_action_formats({harness.name: format_of(harness)})
     except (ValueError, OSError, HarnessNotInstalled) as e:
         raise RunError(f"harness {cfg.harness.name!r}: {e}") from None

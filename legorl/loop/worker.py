@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from legorl.engine.base import Engine, HoldsTokenizer
-from legorl.harness.command import HostHarness
-from legorl.loop.config import HarnessSection, RunConfig
+from legorl.harness.base import HostHarness
+from legorl.harness.registry import make_harness
+from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.models import load_tokenizer
 from legorl.proxy.renderers import make_renderer
@@ -40,20 +41,6 @@ from legorl.sandbox.layers import ImageBuildError
 from legorl.tasks.image import TaskImages
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
-
-
-def make_harness(cfg: HarnessSection, served_model: str) -> Any:
-    """The adapter of the configured harness (only configures and launches it)."""
-    if cfg.name == "command":
-        from legorl.harness.command import CommandHarness
-
-        assert cfg.command_file is not None
-        return CommandHarness.from_file(cfg.command_file)
-    try:
-        from legorl.harness.registry import make_harness as make_adapter
-    except ImportError as e:
-        raise ValueError(f"harness {cfg.name!r} is not available in this install: {e}") from None
-    return make_adapter(cfg.name, model=cfg.model_name or served_model, max_turns=cfg.max_turns, **cfg.options)
 
 
 @dataclass
@@ -108,7 +95,7 @@ class RolloutWorker:
         self.proxy: ProxyServer | None = None
         self.backend: Any = None
         self.images = TaskImages(backend=cfg.sandbox.backend)
-        self.harness = make_harness(cfg.harness, cfg.proxy.served_model)
+        self.harness = make_harness(cfg.harness.name, **cfg.harness.harness_options(cfg.proxy.served_model))
         self.retries = cfg.sandbox.retries  # the one owner of infrastructure retries: a fresh sandbox and session each
         self.rollout_cfg = cfg.sandbox.rollout_config()
 

@@ -199,7 +199,7 @@ def rollout_command(
         task = get_task(_load(tasks), instance)
     except KeyError as exc:
         _fail(str(exc.args[0]))
-    from legorl.harness.command import CommandHarness
+    from legorl.harness.registry import make_harness
     from legorl.loop.config import SandboxSection
     from legorl.rollout import run_rollout
     from legorl.sandbox import open_backend
@@ -211,7 +211,9 @@ def rollout_command(
         try:
             image = await TaskImages(sandbox).for_task(task)
             cfg = SandboxSection(backend=sandbox, agent_timeout_s=agent_timeout_s).rollout_config()
-            res = await run_rollout(task, CommandHarness.from_file(command_file), backend, image, cfg, proxy_socket)
+            res = await run_rollout(
+                task, make_harness("command", command_file=command_file), backend, image, cfg, proxy_socket
+            )
             return res.to_json()
         finally:
             await backend.aclose()
