@@ -941,8 +941,13 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         if x["own"] == "own":
             x["code"] = watch.pending
         recorder.inner.add(item.nodeid)
+        return innermost(item, x, tc_call, self, method)
+
+    def innermost(item, x, call, *args, **kwargs):
+        # The test's own call, as it returns or raises: the outcome the verdict rests on, and
+        # where a skip or xfail came from (the only place both kinds of item are seen)
         try:
-            r = tc_call(self, method)
+            r = call(*args, **kwargs)
         except BaseException as exc:
             kind = kind_of(exc)
             recorder.phases.setdefault(item.nodeid, {})["inner"] = kind
@@ -1066,15 +1071,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
                 self.tracers.add(
                     where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?"))
                 )
-            try:
-                result = func(**args)
-            except BaseException as exc:
-                kind = kind_of(exc)
-                self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = kind
-                if kind != "failed":
-                    x["origin"] = origin_of(exc, watch, str(pyfuncitem.path))
-                raise
-            self.phases.setdefault(pyfuncitem.nodeid, {})["inner"] = "passed"
+            result = innermost(pyfuncitem, x, func, **args)
             if hasattr(result, "__await__") or hasattr(result, "__aiter__"):
                 self.phases[pyfuncitem.nodeid]["inner"] = "skipped"
                 pytest.skip("async def function and no async plugin installed")
