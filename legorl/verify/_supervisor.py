@@ -943,7 +943,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         recorder.inner.add(item.nodeid)
         return innermost(item, x, tc_call, self, method)
 
-    def innermost(item, x, call, *args, **kwargs):
+    def innermost(item, x, call, /, *args, **kwargs):
         # The test's own call, as it returns or raises: the outcome the verdict rests on, and
         # where a skip or xfail came from (the only place both kinds of item are seen)
         try:
