@@ -101,23 +101,26 @@ def test_a_test_may_name_its_arguments_like_the_supervisor_names_its_own(tmp_pat
     the wrapper's own arguments (item, call, x, args, kwargs) must still run, pass or fail on its
     own merits (a keyword clash once failed every parametrised test named `x`)."""
     repo = tmp_path / "repo"
-    write_tree(repo, {
-        "tests/test_names.py": (
-            "import unittest\n"
-            "import pytest\n\n"
-            "@pytest.fixture\n"
-            "def call():\n    return 3\n\n"
-            "@pytest.fixture\n"
-            "def item():\n    return 4\n\n"
-            "@pytest.mark.parametrize('x,args,kwargs', [(1, 2, 3)])\n"
-            "def test_clash(item, call, x, args, kwargs):\n"
-            "    assert (item, call, x, args, kwargs) == (4, 3, 1, 2, 3)\n\n"
-            "@pytest.mark.parametrize('x', [5])\n"
-            "def test_clash_fails(x):\n    assert x == 6\n\n"
-            "class TestU(unittest.TestCase):\n"
-            "    def test_method(self):\n        self.assertEqual(1, 1)\n"
-        ),
-    })
+    write_tree(
+        repo,
+        {
+            "tests/test_names.py": (
+                "import unittest\n"
+                "import pytest\n\n"
+                "@pytest.fixture\n"
+                "def call():\n    return 3\n\n"
+                "@pytest.fixture\n"
+                "def item():\n    return 4\n\n"
+                "@pytest.mark.parametrize('x,args,kwargs', [(1, 2, 3)])\n"
+                "def test_clash(item, call, x, args, kwargs):\n"
+                "    assert (item, call, x, args, kwargs) == (4, 3, 1, 2, 3)\n\n"
+                "@pytest.mark.parametrize('x', [5])\n"
+                "def test_clash_fails(x):\n    assert x == 6\n\n"
+                "class TestU(unittest.TestCase):\n"
+                "    def test_method(self):\n        self.assertEqual(1, 1)\n"
+            ),
+        },
+    )
     _, res, _ = run_hardened(repo, ["tests/test_names.py"])
     assert res["tests/test_names.py::test_clash[1-2-3]"] is TestStatus.PASSED
     assert res["tests/test_names.py::test_clash_fails[5]"] is TestStatus.FAILED
