@@ -42,7 +42,10 @@ from rich.console import Console
 from legorl.engine.registry import make_engine
 from legorl.harness.base import HostHarness
 from legorl.loop.config import load_run_config
-from legorl.loop.train import build_trainer, gspo_step, load_task_split, record, rollout_backend, warm_start_phase
+from legorl.loop.phases import gspo_step, warm_start
+from legorl.loop.report import Report
+from legorl.loop.run import Run
+from legorl.loop.startup import build_trainer, load_task_split, rollout_backend
 from legorl.loop.worker import RolloutRecord
 from legorl.models import load_tokenizer
 from legorl.monitor.store import RunStore
@@ -109,7 +112,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     store = RunStore(cfg.run.dir, run_name="bench-loop")
     engine = make_engine(cfg.engine, tok)
     trainer = build_trainer(cfg, engine)
-    limit = asyncio.Semaphore(cfg.run.max_concurrent_rollouts)
     out: dict[str, Any] = {
         "config": str(args.config),
         "harness": cfg.harness.name,
@@ -121,18 +123,19 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     recs: list[RolloutRecord] = []
 
-    def on_record(rec: RolloutRecord) -> None:
-        record(store, [rec], tok)
-        recs.append(rec)
+    class CountingRun(Run):  # the step's rollouts, as the loop stores them
+        def on_record(self, rec: RolloutRecord) -> None:
+            super().on_record(rec)
+            recs.append(rec)
 
+    run = CountingRun(cfg, trainer, tasks, [], store, Report(cfg.run.dir), tok, Console(quiet=True))
     try:
         t0 = time.monotonic()
-        await warm_start_phase(
-            cfg, trainer, tasks, limit, lambda r: record(store, [r], tok), store, Console(quiet=True)
-        )
+        await warm_start(run)
         out["warm_start_s"] = round(time.monotonic() - t0, 1)
         t_up = time.monotonic()
         async with rollout_backend(cfg, engine) as worker:  # one in-process worker, or Ray actors
+            run.worker = worker
             out["worker_start_s"] = round(time.monotonic() - t_up, 2)
             harness = getattr(worker, "harness", None)  # in-process: its driver's CPU is counted apart
             proc = harness.driver.proc if isinstance(harness, HostHarness) else None
@@ -142,7 +145,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             for step in range(cfg.run.steps):
                 recs.clear()
                 c0 = (machine_cpu(), proc_cpu(), proc_cpu(driver) if driver else 0.0)
-                m = await gspo_step(cfg, trainer, worker, tasks, step, limit, on_record, store, 1)
+                m = await gspo_step(run, step)
                 c1 = (machine_cpu(), proc_cpu(), proc_cpu(driver) if driver else 0.0)
                 d_machine, d_main, d_driver = c1[0] - c0[0], c1[1] - c0[1], c1[2] - c0[2]
                 if step > 0:  # the first step warms caches (task images, the engine's kernels)

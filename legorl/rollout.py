@@ -40,7 +40,7 @@ AGENT_STATUSES_WITHOUT_GRADING = {Status.MAX_TURNS, Status.FORMAT_ERROR, Status.
 class RolloutConfig:
     """Limits and retry policy of one rollout."""
 
-    agent_timeout_s: float = 1800.0  # wall-clock budget of the harness run
+    agent_timeout_s: float = 600.0  # wall-clock budget of the harness run ([sandbox] agent_timeout_s)
     limits: Limits = field(default_factory=Limits)  # of the agent sandbox
     repo_dir: str = "/repo"
     grade_empty_diff: bool = False  # an empty diff is `no_patch` without running the tests

@@ -218,19 +218,12 @@ def test_validate_reports_broken_tasks(name: str, code: int, needle: str) -> Non
     assert "Traceback" not in proc.stderr
 
 
-def test_rollout_command_takes_a_harbor_directory() -> None:
+def test_legorl_rollout_takes_a_harbor_directory() -> None:
+    args = ["rollout", "--tasks", TASKS, "--instance", "upper-case", "--command-file", FIX / "agents" / "honest.sh"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from legorl.tasks.cli import rollout_command as r; "
-            f"r(__import__('pathlib').Path('{TASKS}'), 'upper-case', command_file=__import__('pathlib').Path("
-            f"'{FIX / 'agents' / 'honest.sh'}'))",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        [sys.executable, "-m", "legorl.cli", *map(str, args)], capture_output=True, text=True, timeout=600
     )
+    assert proc.returncode == 0, proc.stderr[-2000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert line["instance_id"] == "upper-case" and line["reward"] == 1.0, proc.stderr[-2000:]
 

@@ -19,7 +19,7 @@ from legorl.harness.actions import (
 from legorl.harness.command import CommandHarness
 from legorl.harness.registry import HARNESSES, action_format
 from legorl.loop.config import load_run_config
-from legorl.loop.train import record_action_format
+from legorl.loop.startup import record_action_format
 from legorl.monitor.store import RunStore
 from legorl.quickstart.expert import FENCE, SUBMIT
 from legorl.types import Dialect, FinishReason, Turn

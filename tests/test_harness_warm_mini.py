@@ -16,7 +16,7 @@ import pytest
 from legorl.engine.registry import make_engine
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.loop.config import RunConfig
-from legorl.loop.train import load_task_split
+from legorl.loop.startup import load_task_split
 from legorl.loop.worker import RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.types import Status

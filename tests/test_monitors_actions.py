@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from legorl.harness.actions import TOOL_CALLS, text_block
 from legorl.loop.config import load_run_config
 from legorl.loop.metrics import rollout_metrics
-from legorl.loop.train import record_action_format
+from legorl.loop.startup import record_action_format
 from legorl.monitor.monitors import MonitorConfig, RunFacts, evaluate, run_monitors
 from legorl.monitor.store import RunStore
 from legorl.quickstart.expert import FENCE, SUBMIT

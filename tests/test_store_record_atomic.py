@@ -18,7 +18,7 @@ import pytest
 
 WRITER = textwrap.dedent("""
     import sys
-    from legorl.loop.train import record
+    from legorl.loop.run import record
     from legorl.loop.worker import RolloutRecord
     from legorl.monitor.store import RunStore
     from legorl.trajectory import assemble

@@ -1,5 +1,5 @@
-"""`legorl tasks validate` (the oracle check) and `rollout_command`, through their real
-command lines and real sandboxes: the shipped set is valid on both backends."""
+"""`legorl tasks validate` (the oracle check) and `legorl rollout` with the command harness,
+through their real command lines and real sandboxes: the shipped set is valid on both backends."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from tasks_util import pick_task, require_backend
 
-from legorl.tasks.cli import rollout_command
 from legorl.tasks.loader import load_shipped, shipped_tasks_dir
 
 CLI = [sys.executable, "-m", "legorl.tasks.cli"]
+LEGORL = [sys.executable, "-m", "legorl.cli"]
 
 
 def cli(*args: str, timeout: float = 3000) -> subprocess.CompletedProcess:
@@ -91,13 +91,15 @@ def test_cli_mistakes_are_one_line_errors(tmp_path: Path) -> None:
         assert needle in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
 
 
-def test_rollout_command_prints_one_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_legorl_rollout_with_a_command_file_prints_one_json_line(tmp_path: Path) -> None:
     task = pick_task()
     script = tmp_path / "fix.sh"
     script.write_text(f"git apply <<'EOF'\n{task.patch}EOF\n")
-    code = rollout_command(shipped_tasks_dir() / f"{task.split}.jsonl", task.instance_id, "command", script, "local")
-    out = capsys.readouterr().out.strip().splitlines()
-    assert code == 0 and len(out) == 1
+    tasks = shipped_tasks_dir() / f"{task.split}.jsonl"
+    args = ["rollout", "--tasks", tasks, "--instance", task.instance_id, "--command-file", script]
+    proc = subprocess.run([*LEGORL, *map(str, args)], capture_output=True, text=True, timeout=600)
+    out = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and len(out) == 1, proc.stderr[-2000:]
     line = json.loads(out[0])
     for key in ("instance_id", "status", "reward", "masked", "flags", "tests"):
         assert key in line

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from legorl.loop.config import RunConfig
-from legorl.loop.train import make_weight_sync
+from legorl.loop.startup import make_weight_sync
 from legorl.models import resolve_model
 from legorl.train.sync import DiskSync
 

@@ -28,6 +28,11 @@ from legorl.train.sft import SFTConfig
 from legorl.verify.grade import GradeConfig
 
 
+# Each knob's default is said once, by the component that uses it; a section reads it from
+# there (tests/test_config_defaults.py checks that they agree).
+_ROLLOUT, _LIMITS, _GRADE, _SFT = RolloutConfig(), Limits(), GradeConfig(), SFTConfig()
+
+
 class RunSection(Section):
     """`[run]`: what to train on, how much, and where the run directory is."""
 
@@ -73,25 +78,25 @@ class SandboxSection(Section):
 
     backend: Literal["local", "docker"] = "local"
     """`local` (namespaces + overlayfs, the embedded default) or `docker`."""
-    agent_timeout_s: float = Field(600.0, gt=0)
+    agent_timeout_s: float = Field(_ROLLOUT.agent_timeout_s, gt=0)
     """Wall-clock budget of one harness run; past it the rollout is `agent_timeout`."""
     retries: int = Field(2, ge=0)
     """Fresh-sandbox retries of an infrastructure fault before `infra_error`."""
-    memory_mb: int = Field(2048, ge=64)
+    memory_mb: int = Field(_LIMITS.memory_mb, ge=64)
     """Memory limit of an agent sandbox."""
-    pids: int = Field(512, ge=16)
+    pids: int = Field(_LIMITS.pids, ge=16)
     """Process limit of an agent sandbox."""
-    cpus: float = Field(1.0, gt=0)
+    cpus: float = Field(_LIMITS.cpus, gt=0)
     """CPU limit of an agent sandbox."""
-    disk_mb: int = Field(2048, ge=16)
+    disk_mb: int = Field(_LIMITS.disk_mb, ge=16)
     """Disk quota of an agent sandbox."""
-    test_timeout_s: float = Field(600.0, gt=0)
+    test_timeout_s: float = Field(_GRADE.test_timeout_s, gt=0)
     """Grading: a test run longer than this is the patch's fault (`test_timeout`)."""
-    max_diff_bytes: int = Field(8 << 20, ge=1)
+    max_diff_bytes: int = Field(_GRADE.max_diff_bytes, ge=1)
     """Grading: a larger diff is graded 0 (`patch_too_large`) without being applied."""
-    penalize_tamper: bool = True
+    penalize_tamper: bool = _GRADE.penalize_tamper
     """Grading: a visible attempt to tamper with the tests is `hack_detected`, reward 0."""
-    grade_empty_diff: bool = False
+    grade_empty_diff: bool = _ROLLOUT.grade_empty_diff
     """Run the tests on an empty diff too (default: `no_patch` without running them)."""
 
     def rollout_config(self) -> RolloutConfig:
@@ -194,15 +199,15 @@ class WarmStartSection(Section):
     """The demonstrator (`[warm_start.engine]`, same fields as `[engine]`)."""
     keep: Literal["all", "resolved"] = "all"
     """Which demonstrations are imitated (infrastructure errors never are)."""
-    steps: int = Field(200, ge=0)
+    steps: int = Field(_SFT.steps, ge=0)
     """SFT optimizer steps."""
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(_SFT.batch_size, ge=1)
     """Demonstrations per SFT step."""
-    lr: float = Field(3e-3, gt=0)
+    lr: float = Field(_SFT.lr, gt=0)
     """Peak SFT learning rate (linear warm-up, cosine decay to `min_lr_ratio` of it)."""
-    warmup_steps: int = Field(20, ge=0)
+    warmup_steps: int = Field(_SFT.warmup_steps, ge=0)
     """SFT warm-up steps."""
-    min_lr_ratio: float = Field(0.1, gt=0, le=1)
+    min_lr_ratio: float = Field(_SFT.min_lr_ratio, gt=0, le=1)
     """Final SFT learning rate as a fraction of `lr`."""
     control_steps: int = Field(0, ge=0)
     """The control (needs `[heldout]`): from the same warm-start checkpoint, this many more SFT

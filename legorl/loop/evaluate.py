@@ -25,7 +25,7 @@ from legorl.engine.registry import make_engine
 from legorl.loop.config import RunConfig
 from legorl.loop.manifest import build as build_manifest
 from legorl.loop.manifest import path_for as manifest_path
-from legorl.loop.train import load_task_split
+from legorl.loop.startup import load_task_split
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.types import Status, Task

@@ -333,7 +333,7 @@ def harness_check(cfg: RunConfig) -> Check:
 
 def grading_check(cfg: RunConfig) -> Check:
     def fn() -> str:
-        from legorl.loop.train import load_task_split
+        from legorl.loop.startup import load_task_split
         from legorl.sandbox import open_backend
         from legorl.tasks.image import TaskImages
         from legorl.verify.grade import grade
@@ -406,7 +406,7 @@ def budget_check(cfg: RunConfig) -> Check:
         from legorl.engine.registry import make_engine
         from legorl.loop.budget import check_budget
         from legorl.loop.errors import RunError
-        from legorl.loop.train import load_task_split
+        from legorl.loop.startup import load_task_split
         from legorl.models import load_tokenizer
         from legorl.train.trainer import Trainer
 

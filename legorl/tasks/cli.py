@@ -1,4 +1,4 @@
-"""`legorl tasks validate|generate|ls` and the `rollout_command` behind `legorl rollout`.
+"""`legorl tasks validate|generate|ls`.
 
 Foreseeable mistakes (a bad task file, an unknown instance, a missing command file, no
 Docker) end with one line on stderr and exit code 2; a task that fails its oracle check
@@ -170,63 +170,6 @@ def _oracle_filter(rows: list[dict], out: Path, sandbox: str) -> list[dict]:  # 
         if not r.ok:
             typer.echo(f"dropped {r.instance_id}: {'; '.join(r.problems)}", err=True)
     return [row for row in rows if row["instance_id"] in ok]
-
-
-def rollout_command(
-    tasks: Path,
-    instance: str,
-    harness: str = "command",
-    command_file: Path | None = None,
-    sandbox: str = "local",
-    agent_timeout_s: float = 1800.0,
-    proxy_socket: str | None = None,
-) -> int:
-    """`legorl rollout --tasks FILE --instance ID --harness command --command-file SCRIPT`.
-
-    Prints one JSON line per trajectory (here one) with at least
-    `instance_id, status, reward, masked, flags, tests`. Returns the process exit code.
-    """
-    if harness != "command":
-        _fail(f"--harness {harness!r}: this entry point runs the 'command' harness only")
-    if command_file is None:
-        _fail("--harness command needs --command-file SCRIPT")
-    assert command_file is not None
-    if not command_file.is_file():
-        _fail(f"--command-file {command_file}: no such file")
-    _check_backend(sandbox)
-    task = None
-    try:
-        task = get_task(_load(tasks), instance)
-    except KeyError as exc:
-        _fail(str(exc.args[0]))
-    from legorl.harness.registry import make_harness
-    from legorl.loop.config import SandboxSection
-    from legorl.rollout import run_rollout
-    from legorl.sandbox import open_backend
-    from legorl.sandbox.base import SandboxError
-    from legorl.tasks.image import TaskImages
-
-    async def run() -> dict:  # type: ignore[type-arg]
-        backend = open_backend(sandbox)
-        try:
-            image = await TaskImages(sandbox).for_task(task)
-            cfg = SandboxSection(backend=sandbox, agent_timeout_s=agent_timeout_s).rollout_config()
-            res = await run_rollout(
-                task, make_harness("command", command_file=command_file), backend, image, cfg, proxy_socket
-            )
-            return res.to_json()
-        finally:
-            await backend.aclose()
-
-    from legorl.sandbox.images import ImageNotFound
-    from legorl.sandbox.layers import ImageBuildError
-
-    try:
-        line = asyncio.run(run())
-    except (SandboxError, ImageNotFound, ImageBuildError) as exc:
-        _fail(f"sandbox backend {sandbox!r}: {exc}")
-    typer.echo(json.dumps(line))
-    return 0
 
 
 if __name__ == "__main__":

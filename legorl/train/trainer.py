@@ -15,9 +15,11 @@ the engines (`sync.py`) and `await train_step(...)` does both. Checkpoints are w
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class WeightsSnapshot:
+    """A trainer's weights and optimizer state at one moment (`Trainer.snapshot`): what the
+    control phase goes back to after GSPO has moved on from the warm start."""
+
+    lm: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
 
 
 class Trainer:
@@ -181,6 +192,28 @@ class Trainer:
         if checkpoint and self.checkpoint_due():
             self.save_checkpoint()
         return metrics
+
+    # ---- the policy version and the weights, changed outside a GSPO step ----------------
+
+    def bump_version(self) -> int:
+        """New weights arrived outside `step` (an SFT warm start, loaded weights, the control's
+        SFT): turns sampled after the next sync say so. The trainer is the one owner of the
+        version, so the loop never counts it by hand."""
+        self.version += 1
+        return self.version
+
+    def snapshot(self) -> WeightsSnapshot:
+        """The weights and the optimizer state as they are now (a copy; training goes on)."""
+        return WeightsSnapshot(
+            lm={k: v.detach().clone() for k, v in self.lm.state_dict().items()},
+            optimizer=copy.deepcopy(self.optimizer.state_dict()),
+        )
+
+    def restore(self, snap: WeightsSnapshot) -> None:
+        """Back to `snap`'s weights and optimizer state. The version is not bumped here: the
+        caller trains on from them and bumps once, before the sync that serves the result."""
+        self.lm.load_state_dict(snap.lm)
+        self.optimizer.load_state_dict(snap.optimizer)
 
     def checkpoint_due(self) -> bool:
         return bool(self.cfg.checkpoint_dir) and self.step_count % self.cfg.checkpoint_every == 0

@@ -1,0 +1,246 @@
+"""The phases of one `legorl train`, in the order `train.py` runs them:
+
+1. `evaluate(run, "start")`: the held-out split, untrained;
+2. `warm_start(run)`: demonstrations through the loop, SFT on them (or weights from a
+   checkpoint), then `evaluate(run, "warm_start")`;
+3. `gspo_steps(run, start)`: sample tasks → groups of rollouts → store → advantages → GSPO
+   → checkpoint → weight sync, synchronous or `max_staleness` steps ahead;
+4. `evaluate(run, "end")`, then `control(run, ...)`: the same budget spent on more SFT from
+   the warm start, and `evaluate(run, "control")`.
+
+Every rollout is written to the store as it is graded (`Run.on_record`) before any phase
+trains on it. The trainer owns the policy version: each phase that changes the weights
+says so (`Trainer.bump_version` / `restore`) and syncs the engine before the next rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from legorl.engine.base import EngineError
+from legorl.engine.registry import make_engine
+from legorl.loop.errors import RunError
+from legorl.loop.heldout import evaluate_heldout
+from legorl.loop.metrics import rollout_metrics
+from legorl.loop.run import Run
+from legorl.loop.startup import broadcast, sample_tasks
+from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
+from legorl.loop.worker import RolloutRecord, RolloutWorker
+from legorl.models import load_tokenizer
+from legorl.train.checkpoint import load_weights
+from legorl.train.sft import sft
+from legorl.train.trainer import Trainer, WeightsSnapshot
+from legorl.types import Status, Trajectory
+
+
+@dataclass(frozen=True)
+class ControlStart:
+    """Where the control begins: the warm start's weights and optimizer, and its demonstrations."""
+
+    weights: WeightsSnapshot
+    demos: list[Trajectory]
+
+
+async def evaluate(run: Run, label: str) -> None:
+    """The held-out split once through the loop; its row goes to the report, the store and the console."""
+    ev = await evaluate_heldout(run.rollouts, run.heldout, label, run.limit, run.on_record)
+    run.report.add(ev, step=run.trainer.version)
+    low, high = ev.as_dict()["ci95"]
+    run.store.log_metrics(
+        run.trainer.step_count,
+        {
+            f"heldout/{label}/resolved_rate": ev.rate,
+            f"heldout/{label}/ci95_low": low,
+            f"heldout/{label}/ci95_high": high,
+            f"heldout/{label}/episodes": float(ev.episodes),
+            f"heldout/{label}/masked": float(ev.masked),
+        },
+    )
+    run.console.print(
+        f"held-out {label}: {ev.resolved}/{ev.episodes} resolved ({ev.rate:.1%}), {ev.masked} masked, {ev.wall_s:.0f}s"
+    )
+
+
+async def warm_start(run: Run) -> ControlStart | None:
+    """Record demonstrations through a worker of the demonstrator, SFT on them, sync the
+    engine; or load `[warm_start] checkpoint`. Returns where the control starts (None
+    without a control)."""
+    cfg, trainer, ws = run.cfg, run.trainer, run.cfg.warm_start
+    if ws.checkpoint is not None:
+        try:
+            loaded = await asyncio.to_thread(load_weights, trainer.lm, ws.checkpoint)
+        except ValueError as e:
+            raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
+        run.console.print(f"warm start: weights from {loaded}")
+        trainer.bump_version()
+        await trainer.sync_weights()
+        return None
+    demonstrator = make_engine(ws.engine, load_tokenizer(ws.engine.model))
+    t0 = time.monotonic()
+    try:
+        async with RolloutWorker(cfg, demonstrator) as w:
+            tasks = demo_tasks(run.tasks, ws.episodes, cfg.run.seed)
+            recs = await record_demonstrations(w, tasks, run.limit, run.on_record)
+    finally:
+        await demonstrator.close()
+    demos = imitated(recs, ws.keep)
+    resolved = sum(1 for r in recs if r.trajectory.outcome and r.trajectory.outcome.status is Status.RESOLVED)
+    run.console.print(
+        f"warm start: {len(recs)} demonstrations in {time.monotonic() - t0:.0f}s "
+        f"({resolved} resolved), imitating {len(demos)}"
+    )
+    if not demos:
+        raise RunError(
+            f"warm start: none of the {len(recs)} demonstrations can be imitated "
+            f"(statuses: {sorted({r.trajectory.outcome.status.value for r in recs})})"
+        )
+
+    def log(step: int, m: dict[str, float]) -> None:
+        run.store.log_metrics(WARM_START_STEP, {**m, "sft/step": float(step)})
+
+    trainer.policy.train()
+    await asyncio.to_thread(
+        sft, trainer.policy, demos, ws.sft_config(cfg.run.seed), trainer.optimizer, log=log, opts=trainer.opts
+    )
+    trainer.bump_version()  # new weights: turns sampled from now on say so
+    await trainer.sync_weights()
+    return ControlStart(trainer.snapshot(), demos) if ws.control_steps else None
+
+
+async def control(run: Run, start: ControlStart) -> None:
+    """The same budget spent on more SFT: back to the warm-start weights and optimizer,
+    `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
+    trainer = run.trainer
+    trainer.restore(start.weights)
+    trainer.policy.train()
+    config = run.cfg.warm_start.control_config(run.cfg.run.seed)
+    await asyncio.to_thread(sft, trainer.policy, start.demos, config, trainer.optimizer, opts=trainer.opts)
+    trainer.bump_version()
+    await trainer.sync_weights()
+
+
+async def collect_step(run: Run, step: int) -> tuple[list[RolloutRecord], float, float]:
+    """A step's rollouts: its tasks (a pure function of seed and step, so a resume samples
+    the same), a group of rollouts each, every one stored as it is graded. Returns the
+    records and the phase's start and end (monotonic)."""
+    cfg = run.cfg
+    t0 = time.monotonic()
+    run.store.begin_step(step, policy_version=run.trainer.version)
+    batch = sample_tasks(run.tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
+    groups = await asyncio.gather(
+        *(run.rollouts.group(t, cfg.run.group_size, step=step, limit=run.limit, on_record=run.on_record) for t in batch)
+    )
+    return [r for g in groups for r in g], t0, time.monotonic()
+
+
+def staleness(rec: RolloutRecord, version: int) -> int:
+    """How many policy versions behind `version` the trajectory's oldest sampled token is."""
+    versions = [t.policy_version for t in rec.turns if not t.side_call]
+    return version - min(versions) if versions else 0
+
+
+async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float, t1: float) -> dict[str, float]:
+    """Advantages (once: stored and trained on) → train → close the step in the store →
+    checkpoint → sync the engine. Past `max_staleness` a trajectory is dropped or kept (`stale`)."""
+    cfg, trainer, store = run.cfg, run.trainer, run.store
+    k = cfg.run.max_staleness
+    ages = [staleness(r, trainer.version) for r in records]
+    kept = [r for r, a in zip(records, ages, strict=True) if a <= k or cfg.run.stale == "correct"] if k else records
+    trajs = [r.trajectory for r in kept]
+    adv = trainer.advantages(trajs)
+    store.set_advantages({t.session_id: a for t, a in zip(trajs, adv.values, strict=True) if a is not None})
+    t2 = time.monotonic()
+    sampled_by = trainer.version  # the weights these rollouts were (mostly) sampled with
+    if run.ranks > 1:
+        broadcast((trajs, step + 1))
+    metrics = await asyncio.to_thread(
+        trainer.step,
+        trajs,
+        data_state={**trainer.data_state, "next_step": step + 1},  # and the run's id (run_dir.py)
+        advantages=adv,
+        checkpoint=False,
+    )
+    metrics.update(rollout_metrics(records, sampled_by, store.action_formats()))
+    metrics.update(
+        {
+            "time/rollout_s": t1 - t0,
+            "time/store_s": t2 - t1,
+            "rollout/count": float(len(records)),
+            "rollout/rollouts_per_min": 60 * len(records) / max(t1 - t0, 1e-9),
+            "async/staleness_max": float(max(ages, default=0)),
+            "async/staleness_mean": sum(ages) / max(len(ages), 1),
+            "async/dropped_stale": float(len(records) - len(kept)),
+        }
+    )
+    store.log_metrics(step, metrics)
+    store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
+    if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
+        await asyncio.to_thread(save_or_fail, trainer, f"step {step}", step)
+    try:
+        await trainer.sync_weights()
+    except (EngineError, OSError) as e:
+        raise RunError(
+            f"weight sync to the engine failed after step {step} (its checkpoint is saved): {e}. "
+            f"Restart the engine, then `legorl train CONFIG --resume` continues at step {step + 1}"
+        ) from None
+    t3 = time.monotonic()
+    timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0}
+    store.log_metrics(step, timing)
+    metrics.update(timing)
+    return metrics
+
+
+def save_or_fail(trainer: Trainer, after: str, rerun: int | None) -> None:
+    """Checkpoint; a full disk ends the run with one line saying what to do next."""
+    try:
+        trainer.save_checkpoint()
+    except OSError as e:
+        then = (
+            f"`legorl train CONFIG --resume` re-runs step {rerun} (its rollouts so far are kept as abandoned)"
+            if rerun is not None
+            else "start the run again with --overwrite"
+        )
+        raise RunError(f"{e} (after {after}). Free space there, then {then}") from None
+
+
+async def gspo_step(run: Run, step: int) -> dict[str, float]:
+    """One synchronous GSPO step: its rollouts, then training on them."""
+    records, t0, t1 = await collect_step(run, step)
+    return await train_on(run, records, step, t0, t1)
+
+
+async def gspo_steps(run: Run, start: int) -> AsyncIterator[dict[str, float]]:
+    """Steps `start`..`run.steps`, yielding each one's metrics. With `max_staleness = k > 0`
+    the rollouts of steps s+1..s+k are already running while step s trains (their requests
+    in flight continue across the weight update; every turn records the policy version
+    that produced it); `async/trainer_idle_s` is how long the trainer waited for rollouts."""
+    k, steps = run.cfg.run.max_staleness, run.cfg.run.steps
+    if k == 0:
+        for step in range(start, steps):
+            yield await gspo_step(run, step)
+        return
+    pending: dict[int, asyncio.Task[tuple[list[RolloutRecord], float, float]]] = {}
+
+    def launch(step: int) -> None:
+        if step < steps and step not in pending:
+            pending[step] = asyncio.create_task(collect_step(run, step))
+
+    try:
+        for s in range(start, start + k + 1):
+            launch(s)
+        for step in range(start, steps):
+            t_wait = time.monotonic()
+            records, t0, t1 = await pending.pop(step)
+            idle = time.monotonic() - t_wait
+            metrics = await train_on(run, records, step, t0, t1)
+            launch(step + k + 1)
+            metrics["async/trainer_idle_s"] = idle
+            run.store.log_metrics(step, {"async/trainer_idle_s": idle})
+            yield metrics
+    finally:  # stopped early (a monitor, an error): rollouts of later steps are abandoned
+        for t in pending.values():
+            t.cancel()
+        await asyncio.gather(*pending.values(), return_exceptions=True)
