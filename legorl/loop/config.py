@@ -27,7 +27,6 @@ from legorl.train.config import TrainerConfig
 from legorl.train.sft import SFTConfig
 from legorl.verify.grade import GradeConfig
 
-
 # Each knob's default is said once, by the component that uses it; a section reads it from
 # there (tests/test_config_defaults.py checks that they agree).
 _ROLLOUT, _LIMITS, _GRADE, _SFT = RolloutConfig(), Limits(), GradeConfig(), SFTConfig()
