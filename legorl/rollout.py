@@ -70,8 +70,11 @@ class RolloutConfig:
     env: dict[str, str] = field(default_factory=dict)  # of the agent sandbox (a Harbor image's ENV)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutResult:
+    """One attempt's decisions: its verdict (`outcome`), the diff, the agent run and the
+    stage timings. Frozen: the worker's record (loop/record.py) builds on it, never into it."""
+
     instance_id: str
     harness: str
     outcome: Outcome

@@ -22,7 +22,7 @@ from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutRecord:
     """What one rollout produced: the trajectory (with outcome) and the raw turns."""
 
