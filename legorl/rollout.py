@@ -3,6 +3,7 @@
     backend = open_backend("local")
     image = await TaskImages(backend="local").for_task(task)
     result = await run_rollout(task, CommandHarness.from_file("fix.sh"), backend, image)
+    # through a proxy session: run_rollout(..., proxy=SandboxSocket("/tmp/s.sock"))
     print(result.to_json())      # instance_id, status, reward, masked, flags, tests, …
 
 Failure classes (docs/architecture.md, "Rules that keep the pillars honest"):
@@ -37,6 +38,27 @@ AGENT_STATUSES_WITHOUT_GRADING = {Status.MAX_TURNS, Status.FORMAT_ERROR, Status.
 
 
 @dataclass(frozen=True)
+class SandboxSocket:
+    """How a harness inside its sandbox reaches its proxy session: this unix socket (only
+    that session answers on it) is forwarded into the sandbox, its only way out, and the
+    harness calls it at the sandbox's proxy port."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class HostLoopback:
+    """How a `HostHarness` (its process beside the sandboxes) reaches its proxy session: the
+    session's loopback URL. Its sandbox gets no socket, and so no network at all."""
+
+    url: str
+
+
+# One value says how the agent reaches its session; the rollout worker chooses it, once.
+ProxyAccess = SandboxSocket | HostLoopback
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     """Limits and retry policy of one rollout."""
 
@@ -48,8 +70,11 @@ class RolloutConfig:
     env: dict[str, str] = field(default_factory=dict)  # of the agent sandbox (a Harbor image's ENV)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutResult:
+    """One attempt's decisions: its verdict (`outcome`), the diff, the agent run and the
+    stage timings. Frozen: the worker's record (loop/record.py) builds on it, never into it."""
+
     instance_id: str
     harness: str
     outcome: Outcome
@@ -115,19 +140,21 @@ async def _agent_stage(
     backend: Backend,
     image: str,
     cfg: RolloutConfig,
-    proxy_socket: str | None,
-    host_proxy_url: str | None,
+    proxy: ProxyAccess | None,
     timings: dict[str, float],
 ) -> tuple[AgentRun, str, Outcome | None]:
     """Run the harness; return (run, diff, an agent-caused outcome that ends the rollout or None)."""
     on_host = isinstance(harness, HostHarness)  # its process is beside the sandbox: no socket, no mounts
+    if proxy is not None and on_host != isinstance(proxy, HostLoopback):
+        want = "a HostLoopback URL" if on_host else "a SandboxSocket"
+        raise ValueError(f"harness {harness.name!r} reaches its proxy session through {want}, not {proxy!r}")
     # A native harness brings its installation as read-only layers (legorl/harness/install.py).
     mounts = dict(harness.readonly_mounts) if isinstance(harness, InstalledHarness) and not on_host else {}
     spec = SandboxSpec(
         image=image,
         limits=cfg.limits,
         workdir=cfg.repo_dir,
-        proxy_socket=None if on_host else proxy_socket,
+        proxy_socket=proxy.path if isinstance(proxy, SandboxSocket) else None,
         readonly_mounts=mounts,
         env=dict(cfg.env),
     )
@@ -138,7 +165,10 @@ async def _agent_stage(
         raise _Infra(Status.SANDBOX_START_FAILED, str(exc), exc.cause if isinstance(exc, SandboxLost) else "") from None
     timings["sandbox_start_s"] = time.monotonic() - t0
     timings["t_harness_start"] = time.time()  # wall clock, comparable with the turns' t_start
-    proxy_url = host_proxy_url if on_host else (f"http://127.0.0.1:{spec.proxy_port}" if proxy_socket else None)
+    if isinstance(proxy, HostLoopback):
+        proxy_url: str | None = proxy.url
+    else:
+        proxy_url = f"http://127.0.0.1:{spec.proxy_port}" if proxy is not None else None
     async with sb:
         try:
             t1 = time.monotonic()
@@ -158,7 +188,7 @@ async def _agent_stage(
             message = run.details.get("error", f"harness reported {run.status.value}")
             raise _Infra(run.status, message, run.details.get("flag", ""), extra)
         if run.status is None and run.timed_out:
-            run.status = Status.AGENT_TIMEOUT
+            run = dataclasses.replace(run, status=Status.AGENT_TIMEOUT)
         try:
             t2 = time.monotonic()
             if task.kind == "harbor":  # no repository: the workdir's changes as files (verify/state.py)
@@ -184,12 +214,13 @@ async def run_rollout(
     backend: Backend,
     image: str,
     cfg: RolloutConfig | None = None,
-    proxy_socket: str | None = None,
-    host_proxy_url: str | None = None,
+    proxy: ProxyAccess | None = None,
 ) -> RolloutResult:
     """One rollout of `harness` on `task` in sandboxes from `image` (a task image key).
-    `proxy_socket` is forwarded into the sandbox for a harness that runs in it;
-    `host_proxy_url` is the session's URL for a `HostHarness`."""
+    `proxy` is how the agent reaches its proxy session: a `SandboxSocket` for a harness
+    that runs in the sandbox, a `HostLoopback` URL for a `HostHarness` (None: no proxy).
+    The result's outcome is this attempt's verdict, built once from the stages' decisions
+    (the worker's record adds what only it knows: legorl/loop/record.py)."""
     cfg = cfg or RolloutConfig()
     if task.kind == "harbor":  # its workdir, ENV, limits and agent timeout come from the task
         cfg = harbor_rollout_cfg(task, cfg)
@@ -199,7 +230,7 @@ async def run_rollout(
     diff = ""
     ended: Outcome | None = None
     try:
-        run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy_socket, host_proxy_url, timings)
+        run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy, timings)
     except _Infra as exc:  # retried by the caller (RolloutWorker) in a fresh sandbox and session
         errors = [f"{exc.status.value}: {exc}"]
         outcome = Outcome(
@@ -213,24 +244,33 @@ async def run_rollout(
     timings["agent_s"] = time.monotonic() - t0
     assert run is not None
     agent_ev = {"agent_exit_code": run.exit_code, "agent_duration_s": round(run.duration_s, 3)}
-    if ended is not None:
-        ended.evidence.update(agent_ev)
-        return RolloutResult(task.instance_id, harness.name, ended, diff, run, 1, timings)
-    if run.status in AGENT_STATUSES_WITHOUT_GRADING:
-        flags = ["resource_exhausted"] if run.resource_exhausted else []
-        outcome = Outcome(0.0, run.status, flags=flags, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
-        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
-    if (state.is_empty(diff) if task.kind == "harbor" else not diff.strip()) and not cfg.grade_empty_diff:
-        flags = ["resource_exhausted"] if run.resource_exhausted else []
-        outcome = Outcome(0.0, Status.NO_PATCH, flags=flags, evidence=agent_ev)
-        return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
-    t1 = time.monotonic()
-    gcfg = cfg.grade if cfg.grade.repo_dir == cfg.repo_dir else dataclasses.replace(cfg.grade, repo_dir=cfg.repo_dir)
-    outcome = await grade(task, diff, backend, image, gcfg)
-    timings["grade_s"] = time.monotonic() - t1
-    outcome.evidence.update(agent_ev)
-    if run.resource_exhausted:
-        outcome.flags.append("resource_exhausted")
-    if not diff.strip() and outcome.status is Status.FAILED:
-        outcome.status = Status.NO_PATCH
+    exhausted = ["resource_exhausted"] if run.resource_exhausted else []
+    if ended is not None:  # the agent stage's own verdict, with the run's evidence
+        outcome = dataclasses.replace(ended, evidence={**ended.evidence, **agent_ev})
+    elif run.status in AGENT_STATUSES_WITHOUT_GRADING:
+        outcome = Outcome(0.0, run.status, flags=exhausted, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
+    elif (state.is_empty(diff) if task.kind == "harbor" else not diff.strip()) and not cfg.grade_empty_diff:
+        outcome = Outcome(0.0, Status.NO_PATCH, flags=exhausted, evidence=agent_ev)
+    else:
+        t1 = time.monotonic()
+        gcfg = (
+            cfg.grade if cfg.grade.repo_dir == cfg.repo_dir else dataclasses.replace(cfg.grade, repo_dir=cfg.repo_dir)
+        )
+        graded = await grade(task, diff, backend, image, gcfg)  # the grade stage's decision
+        timings["grade_s"] = time.monotonic() - t1
+        outcome = _graded(graded, diff, exhausted, agent_ev)
     return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)
+
+
+def _graded(graded: Outcome, diff: str, exhausted: list[str], agent_ev: dict[str, Any]) -> Outcome:
+    """The grader's verdict with the agent stage's evidence and flags; a failing empty diff
+    (graded because `grade_empty_diff` asked) is `no_patch`."""
+    no_patch = not diff.strip() and graded.status is Status.FAILED
+    return Outcome(
+        graded.reward,
+        Status.NO_PATCH if no_patch else graded.status,
+        masked=graded.masked,
+        flags=[*graded.flags, *exhausted],
+        tests=graded.tests,
+        evidence={**graded.evidence, **agent_ev},
+    )

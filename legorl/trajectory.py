@@ -28,7 +28,7 @@ import logging
 
 import numpy as np
 
-from legorl.types import AlignmentStats, Routing, Segment, Trajectory, Turn
+from legorl.types import AlignmentStats, Outcome, Routing, Segment, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +125,23 @@ def _segment_for(turn: Turn, segments: list[Segment], prev_seg: int | None) -> i
     return best
 
 
-def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
+def assemble(
+    turns: list[Turn],
+    session_id: str | None = None,
+    *,
+    instance_id: str = "",
+    harness: str = "",
+    step: int = 0,
+    outcome: Outcome | None = None,
+) -> Trajectory:
     """Build one trajectory from a session's turns (in call order).
 
     Each policy turn either continues a segment (its prompt begins with that segment's
     tokens) or starts one; side calls are listed apart. A sub-agent's conversation thus
     becomes its own segment(s) beside its parent's, and every sampled token is in exactly
-    one segment with mask 1 — all of them trained with the rollout's outcome."""
+    one segment with mask 1 — all of them trained with the rollout's outcome. The identity
+    fields and the outcome are the caller's (the trajectory is frozen: they are given here,
+    never stamped on after)."""
     turns = sorted(turns, key=lambda t: t.index)
     sid = session_id if session_id is not None else (turns[0].session_id if turns else "")
     stats = AlignmentStats()
@@ -167,7 +177,16 @@ def assemble(turns: list[Turn], session_id: str | None = None) -> Trajectory:
     stats.segments = len(segments)
     stats.tokens = sum(len(s.token_ids) for s in segments)
     stats.sampled_tokens = sum(sum(s.loss_mask) for s in segments)
-    return Trajectory(session_id=sid, segments=segments, stats=stats, side_turns=side)
+    return Trajectory(
+        session_id=sid,
+        segments=segments,
+        stats=stats,
+        instance_id=instance_id,
+        harness=harness,
+        step=step,
+        outcome=outcome,
+        side_turns=side,
+    )
 
 
 def delivered(turns: list[Turn], traj: Trajectory) -> dict[str, float | int]:

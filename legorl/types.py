@@ -203,9 +203,14 @@ class Segment:
     routed_experts: Routing | None = None  # (len(token_ids) or one less, L, K)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
-    """How a rollout was judged: reward, status and the evidence behind it."""
+    """How a rollout was judged: reward, status and the evidence behind it.
+
+    Frozen: built once with everything known (for a rollout, by `legorl.loop.record`) and
+    never amended after, so every reader (the trainer, the store, the monitors) sees the
+    verdict its one author wrote. Its lists and dicts are left alone too, by the same rule.
+    """
 
     reward: float
     status: Status
@@ -229,9 +234,13 @@ class AlignmentStats:
     first_divergence: dict[str, int] | None = None  # {"turn": i, "token": position}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trajectory:
-    """All segments of one session, plus its outcome once graded."""
+    """All segments of one session, plus its outcome once graded.
+
+    Frozen, like `Outcome`: whoever builds one knows every field (`trajectory.assemble`
+    takes the identity fields and the outcome as arguments); nothing is stamped on later.
+    """
 
     session_id: str
     segments: list[Segment]

@@ -21,8 +21,7 @@ from legorl.types import Outcome, Status
 
 def _rec(instance: str, status: Status, *, masked: bool = False) -> RolloutRecord:
     outcome = Outcome(1.0 if status is Status.RESOLVED else 0.0, status, masked=masked)
-    traj = assemble([], f"{instance}-{id(outcome)}")
-    traj.instance_id, traj.harness, traj.outcome = instance, "command", outcome
+    traj = assemble([], f"{instance}-{id(outcome)}", instance_id=instance, harness="command", outcome=outcome)
     return RolloutRecord(traj, [], RolloutResult(instance, "command", outcome))
 
 

@@ -65,9 +65,8 @@ def _record(store: RunStore, sid: str, harness: str, turns: list[Turn]) -> None:
     store.start_session(sid, step=0, instance_id="calc-0001", harness=harness)
     for t in turns:
         store.add_turn(t)
-    traj = assemble(turns, sid)
-    traj.instance_id, traj.harness = "calc-0001", harness
-    traj.outcome = Outcome(reward=1.0, status=Status.RESOLVED, tests={"test_calc.py::test_add": "passed"})
+    outcome = Outcome(reward=1.0, status=Status.RESOLVED, tests={"test_calc.py::test_add": "passed"})
+    traj = assemble(turns, sid, instance_id="calc-0001", harness=harness, outcome=outcome)
     store.add_trajectory(traj)
     store.set_advantage(sid, 0.5)
 

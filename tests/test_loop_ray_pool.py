@@ -57,8 +57,7 @@ class Actor:
         if self.dies:
             raise RayActorError(error_msg="The actor died unexpectedly before finishing this task.")
         out = Outcome(1.0, Status.RESOLVED)
-        traj = assemble([], sid)
-        traj.outcome = out
+        traj = assemble([], sid, outcome=out)
         return RolloutRecord(traj, [], RolloutResult(task.instance_id, "command", out))
 
 

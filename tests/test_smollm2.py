@@ -156,10 +156,8 @@ async def test_hf_serves_three_dialects_and_recompute_matches(tok, hf) -> None:
         o2 = openai.AsyncOpenAI(base_url=f"{srv.base_url}/s/s-rs/v1", api_key="x", max_retries=0)
         resp = await o2.responses.create(model="m", input="Name a colour.")
         assert resp.usage.output_tokens > 0
-        trajs = [assemble(srv.close_session(sid)) for sid in ("s-oa", "s-an", "s-rs")]
+        trajs = [assemble(srv.close_session(sid), instance_id="task") for sid in ("s-oa", "s-an", "s-rs")]
     assert len(trajs[0].segments) == 1  # ChatML keeps history: the second prompt extends the first turn
-    for t in trajs:
-        t.instance_id = "task"
     lm = load_lm(TrainerConfig(model=NAME)).eval()
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 10_000)
     with torch.no_grad():

@@ -36,10 +36,9 @@ WRITER = textwrap.dedent("""
                               completion_ids=c, logprobs=[-0.5] * len(c), finish_reason=FinishReason.STOP,
                               sampling_used={}, request={"messages": [{"role": "user", "content": f"turn {i}"}]}))
             prompt += c + [7, 8, 9]
-        traj = assemble(turns, sid)
-        traj.step, traj.instance_id = 0, f"task-{n % 3}"
-        traj.outcome = Outcome(reward=float(n % 2), status=Status.RESOLVED if n % 2 else Status.FAILED,
-                               evidence={"diff": "x" * 2000})
+        outcome = Outcome(reward=float(n % 2), status=Status.RESOLVED if n % 2 else Status.FAILED,
+                          evidence={"diff": "x" * 2000})
+        traj = assemble(turns, sid, instance_id=f"task-{n % 3}", step=0, outcome=outcome)
         return RolloutRecord(trajectory=traj, turns=turns, result=None)
 
     store = RunStore(sys.argv[1])

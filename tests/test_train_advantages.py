@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
@@ -80,8 +81,7 @@ def test_group_with_only_infra_errors_is_not_a_group():
 
 
 def test_clear_errors_for_ungraded_or_ungrouped_trajectories():
-    t = traj("a", 1.0)
-    t.outcome = None
+    t = dataclasses.replace(traj("a", 1.0), outcome=None)
     with pytest.raises(ValueError, match="no outcome"):
         compute_advantages([t])
     with pytest.raises(ValueError, match="no group key"):

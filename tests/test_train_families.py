@@ -6,6 +6,7 @@ replays the selection with live gate weights and is bitwise neutral without a re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -36,8 +37,7 @@ async def test_packed_recompute_matches_the_hf_engine(family: str, tmp_path) -> 
         trajs = await asyncio.gather(*(engine_session(engine, g, f"s{i}", 0.8) for i in range(3)))
     finally:
         await engine.close()
-    for t in trajs:
-        t.instance_id = "task"
+    trajs = [dataclasses.replace(t, instance_id="task") for t in trajs]
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 10_000)
     assert len(mb.segment_lengths) == 3  # three sessions packed in one row
     lm = load_lm(TrainerConfig(model=path)).eval()

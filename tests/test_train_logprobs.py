@@ -4,6 +4,7 @@ reproduces what the samplers recorded (own KV-cache sampler and the in-process h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
@@ -152,8 +153,8 @@ async def test_recompute_matches_hf_engine(lms, name):
         trajs = await asyncio.gather(*(engine_session(engine, g, f"sess{i}", 0.8) for i in range(3)))
     finally:
         await engine.close()
+    trajs = [dataclasses.replace(t, instance_id="task") for t in trajs]
     for t in trajs:
-        t.instance_id = "task"
         assert len(t.segments) == 1  # each prompt extended the previous prompt + completion
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 10_000)
     with torch.no_grad():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -80,10 +81,10 @@ def test_infra_errors_do_not_change_the_update(one_thread):
     base = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-3))
     other = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-3))
     trajs, _ = minimal.rollouts(base.lm, 0, toy_args(prompts_per_step=1, group_size=4))
-    broken = copy.deepcopy(trajs[:2])
-    for t, status in zip(broken, [Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR], strict=True):
-        t.session_id += "-infra"
-        t.outcome = Outcome(0.0, status)
+    broken = [
+        dataclasses.replace(t, session_id=t.session_id + "-infra", outcome=Outcome(0.0, status))
+        for t, status in zip(copy.deepcopy(trajs[:2]), [Status.SANDBOX_START_FAILED, Status.ENGINE_ERROR], strict=True)
+    ]
     base.step(trajs)
     m = other.step(trajs + broken)
     assert m["groups/masked_trajectories"] == 2
@@ -130,8 +131,10 @@ async def test_weight_sync_into_a_real_hf_engine(tmp_path, one_thread):
             assert isinstance(sync, WeightSync)
             trainer = Trainer(TrainerConfig(model="tiny-qwen3", lr=1e-2), weight_sync=sync)
             trajs, _ = minimal.rollouts(trainer.lm, 0, toy_args(prompts_per_step=1, group_size=4))
-            for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True):
-                t.outcome = Outcome(r, Status.RESOLVED)
+            trajs = [
+                dataclasses.replace(t, outcome=Outcome(r, Status.RESOLVED))
+                for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True)
+            ]
             await trainer.train_step(trajs)
             await trainer.train_step(trajs)
             assert engine.policy_version == trainer.version == 2
@@ -153,8 +156,10 @@ def test_bf16_keeps_fp32_master_weights(one_thread):
     try:
         sampler = load_lm(TrainerConfig(model="tiny-qwen3"))  # the engine's fp32 copy
         trajs, _ = minimal.rollouts(sampler, 0, toy_args(prompts_per_step=1, group_size=4))
-        for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True):
-            t.outcome = Outcome(r, Status.RESOLVED)
+        trajs = [
+            dataclasses.replace(t, outcome=Outcome(r, Status.RESOLVED))
+            for t, r in zip(trajs, [1.0, 0.0, 0.5, 0.0], strict=True)
+        ]
         before = {k: v.clone() for k, v in trainer.state_dict_for_engines().items()}
         m = trainer.step(trajs)
         after = trainer.state_dict_for_engines()

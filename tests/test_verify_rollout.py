@@ -14,7 +14,7 @@ from tasks_util import added_file, backend_and_images, pick_task, rollout
 
 from legorl.harness.base import AgentRun
 from legorl.harness.command import CommandHarness
-from legorl.rollout import RolloutConfig, run_rollout
+from legorl.rollout import RolloutConfig, SandboxSocket, run_rollout
 from legorl.sandbox.base import Limits
 from legorl.types import Status, Task
 
@@ -108,7 +108,7 @@ async def test_command_harness_reaches_its_proxy_session_over_loopback() -> None
     try:
         async with backend_and_images("local") as (backend, images):
             image = await images.for_task(task)
-            res = await run_rollout(task, CommandHarness(script), backend, image, RolloutConfig(), proxy_socket=sock)  # type: ignore[arg-type]
+            res = await run_rollout(task, CommandHarness(script), backend, image, RolloutConfig(), SandboxSocket(sock))  # type: ignore[arg-type]
     finally:
         server.close()
         await server.wait_closed()

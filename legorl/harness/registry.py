@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from legorl.harness.actions import ActionFormat
+    from legorl.harness.base import Harness, HostHarness
 
 # Importing this module stays cheap (the CLI reads the names for its help): what a chosen
 # harness needs (pydantic, through legorl.options) is imported when one is built.
@@ -69,7 +70,7 @@ def adapter_options(name: str) -> dict[str, Any]:
     return {} if name == COMMAND else declared(harness_class(name), supplied=SUPPLIED)
 
 
-def make_harness(name: str, **options: Any) -> Any:
+def make_harness(name: str, **options: Any) -> Harness | HostHarness:
     """The adapter for `name` configured with `options` (`command` takes `command_file`), the
     one place a harness is built (a run config's `[harness]` says its options with
     `HarnessSection.harness_options`)."""

@@ -49,10 +49,9 @@ from legorl.config import ConfigError
 from legorl.engine.base import Engine, HoldsTokenizer, records_routing
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.loop.config import RayConfig, RunConfig
-from legorl.loop.worker import OnRecord, RolloutRecord, RolloutWorker
+from legorl.loop.record import RolloutRecord, masked_record
+from legorl.loop.worker import OnRecord, RolloutWorker
 from legorl.models import load_tokenizer
-from legorl.rollout import RolloutResult
-from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task
 
 HTTP_ENGINES = ("vllm", "sglang")
@@ -326,9 +325,7 @@ class RayRolloutPool:
         outcome = Outcome(
             0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": "rollout_worker_died", "error": str(err)[-500:]}
         )
-        traj = assemble([], sid)
-        traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, self.cfg.harness.name, step, outcome
-        return RolloutRecord(traj, [], RolloutResult(task.instance_id, self.cfg.harness.name, outcome))
+        return masked_record(task, step, self.cfg.harness.name, sid, outcome)
 
 
 @asynccontextmanager

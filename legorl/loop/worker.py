@@ -4,23 +4,19 @@ One worker is what one machine contributes to a step: `legorl train` runs one in
 the Ray backend runs one per actor (each with its own proxy and sandboxes, the engine
 reached over HTTP). A rollout is: open a proxy session → serve it on a unix socket that
 only that session answers on → run the harness in the agent sandbox with that socket as
-its only way out → close the session → grade → assemble the recorded turns into a
-trajectory carrying the outcome.
-
-An engine failure during the run is the infrastructure's fault even when the harness
-merely reports "API error" and exits: the session's engine-error count turns such a
-rollout into `engine_error` (retried, then masked), never into a reward of 0.
+its only way out → close the session → grade. Each attempt's decisions (the rollout's
+verdict, the recorded turns, the session's engine-error count) become the record — final
+outcome and trajectory, built once — in legorl/loop/record.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import tempfile
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,29 +25,20 @@ from legorl.harness.base import HostHarness
 from legorl.harness.registry import make_harness
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
+from legorl.loop.record import Attempt, RolloutRecord, masked_record, record_of
 from legorl.models import load_tokenizer
 from legorl.proxy.renderers import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
-from legorl.rollout import RolloutResult, run_rollout
+from legorl.rollout import HostLoopback, ProxyAccess, SandboxSocket, run_rollout
 from legorl.sandbox import open_backend
 from legorl.sandbox.base import SandboxError, SandboxSpec
 from legorl.sandbox.images import ImageNotFound
 from legorl.sandbox.layers import ImageBuildError
 from legorl.tasks.image import TaskImages
-from legorl.trajectory import assemble
-from legorl.types import Outcome, Status, Task, Trajectory, Turn
+from legorl.types import Outcome, Status, Task, Turn
 
-
-@dataclass
-class RolloutRecord:
-    """What one rollout produced: the trajectory (with outcome) and the raw turns."""
-
-    trajectory: Trajectory
-    turns: list[Turn]
-    result: RolloutResult
-    timings: dict[str, float] = field(default_factory=dict)
-
+__all__ = ["OnRecord", "RolloutBackend", "RolloutRecord", "RolloutWorker"]
 
 OnRecord = Callable[[RolloutRecord], None]
 
@@ -169,17 +156,13 @@ class RolloutWorker:
         except (ValueError, OSError, ImageBuildError, ImageNotFound) as e:  # the task's repository or image
             return self._unbuildable(task, step, sid, e)
         failed: list[str] = []
-        for attempt in range(self.retries + 1):
-            attempt_sid = sid if attempt == 0 else f"{sid}-retry{attempt}"
-            rec = await self._attempt(task, image, step, attempt_sid)
-            outcome = rec.trajectory.outcome
-            assert outcome is not None
-            if not outcome.status.is_infra or attempt == self.retries:
-                if failed:
-                    outcome.evidence["retried_after"] = failed
-                return rec
-            failed.append(f"{attempt_sid}: {outcome.evidence.get('cause', outcome.status.value)}")
-            await asyncio.sleep(min(0.2 * 2**attempt, 2.0))
+        for k in range(self.retries + 1):
+            attempt = await self._attempt(task, image, step, sid if k == 0 else f"{sid}-retry{k}")
+            cause = attempt.infra_cause
+            if cause is None or k == self.retries:
+                return record_of(task, step, attempt, failed)
+            failed.append(f"{attempt.session_id}: {cause}")
+            await asyncio.sleep(min(0.2 * 2**k, 2.0))
         raise AssertionError("unreachable")
 
     def _unbuildable(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
@@ -192,56 +175,35 @@ class RolloutWorker:
             flags=["task_image"],
             evidence={"cause": "task_image", "error": f"{type(err).__name__}: {err}"[-1500:]},
         )
-        traj = assemble([], sid)
-        traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, self.harness.name, step, outcome
-        return RolloutRecord(traj, [], RolloutResult(task.instance_id, self.harness.name, outcome))
+        return masked_record(task, step, self.harness.name, sid, outcome)
 
-    async def _attempt(self, task: Task, image: str, step: int, sid: str) -> RolloutRecord:
-        app = self.relay
+    @asynccontextmanager
+    async def _access(self, sid: str) -> AsyncIterator[ProxyAccess]:
+        """How the agent of session `sid` reaches it, the one place that is chosen: a host
+        harness calls the session's loopback URL; a harness in the sandbox gets a socket
+        that only this session answers on, its only way out."""
+        if isinstance(self.harness, HostHarness):
+            assert self.proxy is not None  # __aenter__ refused a host harness without our proxy
+            yield HostLoopback(self.proxy.session_url(sid))
+            return
+        sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
+        async with SessionSocket(self.proxy.app if self.proxy is not None else self.relay, sid, sock):
+            yield SandboxSocket(str(sock))
+
+    async def _attempt(self, task: Task, image: str, step: int, sid: str) -> Attempt:
+        """One attempt in a fresh proxy session: the rollout's decisions, not yet a record."""
         session = None
         if self.proxy is not None:
             session = self.proxy.open_session(sid, {"instance_id": task.instance_id, "step": step})
-            app = self.proxy.app
         turns: list[Turn] = []
         try:
-            if isinstance(self.harness, HostHarness):  # the harness calls the session over loopback
-                assert self.proxy is not None
-                result = await run_rollout(
-                    task,
-                    self.harness,
-                    self.backend,
-                    image,
-                    self.rollout_cfg,
-                    host_proxy_url=self.proxy.session_url(sid),
-                )
-            else:  # the harness is in the sandbox: its only way out is this session's socket
-                sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"
-                async with SessionSocket(app, sid, sock):
-                    result = await run_rollout(
-                        task, self.harness, self.backend, image, self.rollout_cfg, proxy_socket=str(sock)
-                    )
+            async with self._access(sid) as access:
+                result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg, access)
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
         engine_errors = session.engine_errors if session is not None else 0  # none: an external endpoint, relayed
-        outcome = result.outcome
-        if engine_errors and not outcome.status.is_infra:
-            outcome = Outcome(
-                0.0,
-                Status.INFRA_ERROR,
-                masked=True,
-                flags=list(outcome.flags),
-                evidence={**outcome.evidence, "cause": "engine_error", "engine_errors": engine_errors},
-            )
-            result = dataclasses.replace(result, outcome=outcome)
-        outcome.evidence.setdefault("diff", result.diff)
-        timings = dict(result.timings)
-        if result.agent is not None and "command_s" in result.agent.details:  # a HostHarness's commands
-            timings["command_s"] = float(result.agent.details["command_s"])
-        outcome.evidence.setdefault("timings", {k: round(v, 4) for k, v in timings.items()})
-        traj = assemble(turns, sid)
-        traj.instance_id, traj.harness, traj.step, traj.outcome = task.instance_id, result.harness, step, outcome
-        return RolloutRecord(traj, turns, result, timings)
+        return Attempt(sid, result, turns, engine_errors)
 
     async def group(
         self,

@@ -290,15 +290,16 @@ def to_atif(
     """One session as an ATIF trajectory dict (root, with its sub-agents embedded)."""
     turns = sorted(turns, key=lambda t: t.index)
     if traj is None or (turns and not traj.segments and any(not t.side_call for t in turns)):
-        built = assemble(turns, session_id)  # not yet assembled: the same rule the trainer will use
-        if traj is not None:
-            built.outcome, built.instance_id, built.harness, built.step = (
-                traj.outcome,
-                traj.instance_id,
-                traj.harness,
-                traj.step,
-            )
-        traj = built
+        # Not yet assembled: the same rule the trainer will use, with the stored record's identity.
+        known = traj
+        traj = assemble(
+            turns,
+            session_id,
+            instance_id=known.instance_id if known else "",
+            harness=known.harness if known else "",
+            step=known.step if known else 0,
+            outcome=known.outcome if known else None,
+        )
     by_index = {t.index: t for t in turns}
     seg_of = {i: k for k, s in enumerate(traj.segments) for i in s.turn_indices}
     subs = sub_agent_segments(traj, by_index)

@@ -17,7 +17,7 @@ from legorl.proxy.render import ChatRequest, Renderer
 from legorl.proxy.template import TemplateError, TemplateRenderer
 
 
-def make_renderer(tokenizer: Any) -> Any:
+def make_renderer(tokenizer: Any) -> Renderer | TemplateRenderer:
     """The renderer for a tokenizer: this module's for the bundled template (same ids,
     faster), else the template renderer, which refuses a template shape it cannot serve
     (`legorl.proxy.template.TemplateError`)."""

@@ -1,0 +1,99 @@
+"""The record of one rollout, built once: its final `Outcome` and its `Trajectory`.
+
+Each stage of a rollout returns its decision and amends nothing: the agent stage its run
+and diff, the grade stage its verdict (`rollout.run_rollout`'s outcome), the proxy session
+its engine-error count, the worker's retry loop the attempts it gave up on. This module is
+the one place those decisions become the record the trainer, the run store and the
+monitors read; `Outcome` and `Trajectory` are frozen, so nothing is stamped on after.
+
+An engine failure during the run is the infrastructure's fault even when the harness
+merely reports "API error" and exits: a non-zero engine-error count makes the record
+`infra_error` (cause `engine_error`, retried, then masked), never a reward of 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from legorl.rollout import RolloutResult
+from legorl.trajectory import assemble
+from legorl.types import Outcome, Status, Task, Trajectory, Turn
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """What one rollout produced: the trajectory (with outcome) and the raw turns."""
+
+    trajectory: Trajectory
+    turns: list[Turn]
+    result: RolloutResult
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt's decisions, before any record is built from them."""
+
+    session_id: str
+    result: RolloutResult  # the agent run, the diff, the attempt's verdict and its timings
+    turns: list[Turn]  # what the proxy session recorded
+    engine_errors: int  # engine failures the session saw (0 for a relayed external endpoint)
+
+    @property
+    def infra_cause(self) -> str | None:
+        """Why this attempt is the infrastructure's fault (to retry), None when it is not."""
+        o = self.result.outcome
+        if o.status.is_infra:
+            return str(o.evidence.get("cause", o.status.value))
+        return "engine_error" if self.engine_errors else None
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """The rollout's stage timings, plus a host harness's own command time."""
+        timings = dict(self.result.timings)
+        agent = self.result.agent
+        if agent is not None and "command_s" in agent.details:  # a HostHarness's commands
+            timings["command_s"] = float(agent.details["command_s"])
+        return timings
+
+
+def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
+    """The final outcome of a rollout whose last attempt is `attempt`: its verdict (turned
+    into `engine_error` when the engine failed under an agent-caused one), the diff and the
+    timings as evidence (unless the verdict has its own), and the attempts retried before."""
+    verdict = attempt.result.outcome
+    evidence: dict[str, Any] = dict(verdict.evidence)
+    if attempt.engine_errors and not verdict.status.is_infra:
+        evidence.update(cause="engine_error", engine_errors=attempt.engine_errors)
+        reward, status, masked, tests = 0.0, Status.INFRA_ERROR, True, {}
+    else:
+        reward, status, masked, tests = verdict.reward, verdict.status, verdict.masked, dict(verdict.tests)
+    evidence.setdefault("diff", attempt.result.diff)
+    evidence.setdefault("timings", {k: round(v, 4) for k, v in attempt.timings.items()})
+    if retried_after:
+        evidence["retried_after"] = list(retried_after)
+    return Outcome(reward, status, masked=masked, flags=list(verdict.flags), tests=tests, evidence=evidence)
+
+
+def record_of(task: Task, step: int, attempt: Attempt, retried_after: list[str]) -> RolloutRecord:
+    """The rollout's record: its final outcome and trajectory, each constructed once."""
+    outcome = outcome_of(attempt, retried_after)
+    result = attempt.result
+    traj = assemble(
+        attempt.turns,
+        attempt.session_id,
+        instance_id=task.instance_id,
+        harness=result.harness,
+        step=step,
+        outcome=outcome,
+    )
+    return RolloutRecord(traj, attempt.turns, dataclasses.replace(result, outcome=outcome), attempt.timings)
+
+
+def masked_record(task: Task, step: int, harness: str, session_id: str, outcome: Outcome) -> RolloutRecord:
+    """The record of a rollout that never ran an agent (its task image cannot be built, its
+    worker process died): no turns, the infrastructure `outcome`, masked."""
+    traj = assemble([], session_id, instance_id=task.instance_id, harness=harness, step=step, outcome=outcome)
+    return RolloutRecord(traj, [], RolloutResult(task.instance_id, harness, outcome))
