@@ -6,4 +6,6 @@ bash scripts/setup.sh
 # style first (seconds): the formatter's layout and a short lint rule set (pyproject.toml [tool.ruff])
 .venv/bin/ruff format --check --quiet legorl tests bench scripts
 .venv/bin/ruff check --quiet legorl tests bench scripts
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# two workers, one file at a time each (module fixtures stay whole); tests/conftest.py
+# hands out the longest files first
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"

@@ -12,6 +12,31 @@ from legorl.sandbox import ImageRef, ImageStore, open_backend
 from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
 
+# `scripts/test.sh` runs the suite on two workers, a file at a time each (`-n 2 --dist
+# loadfile`), handing files out in collection order; the longest files (measured with
+# `--durations`) are collected first, so the two learning runs start together at the
+# beginning instead of running one after the other at the end.
+LONGEST_FIRST = [
+    "test_loop_learns.py",
+    "test_loop_learns_async.py",
+    "test_harness_e2e.py",
+    "test_loop_ray.py",
+    "test_loop_bad_input.py",
+    "test_tasks_validate.py",
+    "test_harness_network.py",
+    "test_redteam.py",
+    "test_engine_vllm_real.py",
+    "test_loop_train_harness.py",
+    "test_smollm2.py",
+    "test_loop_run_dir.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 # Sandbox backends a test is parametrised over: `local`, and `docker` where Docker is
 # available (marker `docker`). Modules import it: `from conftest import BACKENDS`.
 BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
