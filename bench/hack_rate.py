@@ -5,7 +5,7 @@ supervised runner) on each backend and each test command shape; a forgery "leaks
 scores reward 1. Prints one JSON object: per runner and class, `leaked / graded`, and per
 forgery its status and flags; plus the honest fix of every task shape (must stay 1).
 
-    .venv/bin/python bench/hack_rate.py [--backends local,docker] [--runners pytest,django,sympy]
+    .venv/bin/python bench/hack_rate.py [--backends local,docker] [--runners pytest,django,sympy,harbor]
 """
 
 from __future__ import annotations
@@ -18,23 +18,31 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from redteam import (  # noqa: E402
+    HARBOR_FORGERIES,
+    HARBOR_HONEST,
     LEDGER_F2P,
     NATIVE_FORGERIES,
     PYTEST_FORGERIES,
     forgery_diff,
+    harbor_agent,
+    harbor_task_dir,
     ledger_task,
     native_files,
     native_task,
     package_files,
 )
 
+from legorl.harness.command import CommandHarness  # noqa: E402
+from legorl.rollout import run_rollout  # noqa: E402
 from legorl.sandbox import open_backend  # noqa: E402
 from legorl.tasks.image import TaskImages  # noqa: E402
+from legorl.tasks.loader import load_tasks  # noqa: E402
 from legorl.types import Status  # noqa: E402
 from legorl.verify.grade import grade  # noqa: E402
 
@@ -58,7 +66,16 @@ async def run_backend(name: str, runners: list[str], root: Path) -> dict:
                     t0 = time.monotonic()
                     out = await grade(task, forgery_diff(f, package_files(task)), backend, await images.for_task(task))
                     rows.append(_row(f, cmd, out, time.monotonic() - t0))
-        for runner in (r for r in runners if r != "pytest"):
+        if "harbor" in runners:  # the agent's program, run by the verifier, forges the reward file
+            (task,) = load_tasks(harbor_task_dir(root))
+            image = await images.for_task(task)
+            res = await run_rollout(task, CommandHarness(harbor_agent(HARBOR_HONEST)), backend, image)
+            honest["harbor"] = res.outcome.status.value
+            for name, body in sorted(HARBOR_FORGERIES.items()):
+                t0 = time.monotonic()
+                res = await run_rollout(task, CommandHarness(harbor_agent(body)), backend, image)
+                rows.append(_row(HarborForgery(name), "harbor", res.outcome, time.monotonic() - t0))
+        for runner in (r for r in runners if r not in ("pytest", "harbor")):
             task = native_task(runner)
             image = await images.for_task(task)
             out = await grade(task, task.patch, backend, image)
@@ -86,6 +103,16 @@ async def run_backend(name: str, runners: list[str], root: Path) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class HarborForgery:
+    """A Harbor forgery as a row names it (the red team keeps them as name -> program)."""
+
+    name: str
+    cls: str = "harbor reward file"
+    form: str = "program the verifier runs"
+    runner: str = "harbor"
+
+
 def _row(f, cmd: str, out, seconds: float) -> dict:  # type: ignore[no-untyped-def]
     return {
         "forgery": f.name,
@@ -104,7 +131,7 @@ def _row(f, cmd: str, out, seconds: float) -> dict:  # type: ignore[no-untyped-d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backends", default="local,docker")
-    ap.add_argument("--runners", default="pytest,django,sympy")
+    ap.add_argument("--runners", default="pytest,django,sympy,harbor")
     args = ap.parse_args()
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     root = Path(tempfile.mkdtemp(prefix="legorl-redteam-"))

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from redteam import HARBOR_FORGERIES, HARBOR_HONEST, harbor_agent, harbor_task_dir
 from tasks_util import require_backend
 
 from legorl.harness.command import CommandHarness
@@ -352,6 +353,26 @@ def test_missing_reward_is_the_agents_only_when_the_unchanged_workdir_grades(tmp
     assert out["status"] == "failed" and "no_reward" in out["flags"] and not out["masked"], out
     never = asyncio.run(_rollout_on(FIX / "bad" / "no-reward", "echo x > /app/out.txt"))
     assert never["status"] == "infra_error" and never["masked"], never  # the task's fault: never scored
+
+
+@pytest.mark.parametrize("backend_name", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("forgery", sorted(HARBOR_FORGERIES))
+def test_a_reward_written_by_the_agents_code_the_verifier_runs_counts_for_nothing(
+    tmp_path: Path, forgery: str, backend_name: str
+) -> None:
+    """The verifier runs the agent's program, so the agent's code runs as the verifier's user
+    and can write under /logs/verifier: a reward file the verifier never names, or the
+    verdict's own file pinned read-only or pointed elsewhere, is a forgery (0, flagged)."""
+    require_backend(backend_name)
+    out = asyncio.run(_rollout_on(harbor_task_dir(tmp_path), harbor_agent(HARBOR_FORGERIES[forgery]), backend_name))
+    assert out["reward"] == 0.0 and out["status"] == "hack_detected", out
+    assert {"planted_reward_file", "tamper_attempt"} <= set(out["flags"]) and not out["masked"], out
+    assert out["evidence"]["forged_reward_files"], out
+
+
+def test_an_honest_program_the_verifier_runs_still_scores_1(tmp_path: Path) -> None:
+    out = asyncio.run(_rollout_on(harbor_task_dir(tmp_path), harbor_agent(HARBOR_HONEST)))
+    assert out["reward"] == 1.0 and out["status"] == "resolved" and out["flags"] == [], out
 
 
 def test_harbors_own_task_template_runs(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 from legorl.sandbox.base import Backend, DiffError, Sandbox, SandboxError, SandboxSpec
 from legorl.types import Outcome, Status, Task
 from legorl.verify import state
+from legorl.verify.verdict import TAMPER
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
@@ -112,6 +113,43 @@ async def _read(sb: Sandbox, path: str) -> bytes | None:
         return None
 
 
+def reward_files_named(tests_dir: Path) -> set[str]:
+    """The reward files the verifier's own files name (test.sh and its helpers). Harbor reads
+    reward.json before reward.txt, so code of the agent's that the verifier runs (a module the
+    tests import, a script test.sh calls) could otherwise win by writing the file the verifier
+    never writes: a reward.json beside the verifier's reward.txt."""
+    names = {Path(p).name for p in (REWARD_JSON, REWARDS_JSON, REWARD_TXT)}
+    found: set[str] = set()
+    for f in sorted(tests_dir.rglob("*")):
+        if f.is_file():
+            text = f.read_bytes()[: 1 << 20].decode("utf-8", "replace")
+            found |= {n for n in names if n in text}
+    return found
+
+
+def planted_rewards(files: dict[str, bytes | None], named: set[str]) -> list[str]:
+    """Reward files present after the verifier ran that none of its own files names. A
+    verifier that names none (its paths are built at run time) is not judged this way."""
+    if not named:
+        return []
+    return sorted(p for p, data in files.items() if data is not None and Path(p).name not in named)
+
+
+async def _locked_rewards(sb: Sandbox) -> list[str]:
+    """Reward files made read-only for their owner: the verifier (same user as the agent's code
+    it runs) could then not write its verdict over a planted one. Also anything in the
+    verifier's directory that is neither a regular file nor a directory (a FIFO, a link)."""
+    res = await sb.exec(
+        f"find {VERIFIER_DIR} -maxdepth 1 -mindepth 1 \\( -name 'reward*' -type f ! -perm -u+w \\) -print "
+        f"-o \\( -name 'reward*' ! -type f ! -type d \\) -print",
+        timeout_s=30,
+        cwd="/",
+    )
+    if res.exit_code != 0:  # no `find` in the image: this check is skipped, the others stand
+        return []
+    return sorted(line.strip() for line in res.stdout.splitlines() if line.strip())
+
+
 def _reset_logs(user: str) -> str:
     name = user.partition(":")[0]
     q = shlex.quote(name)
@@ -178,8 +216,14 @@ async def _grade_in(sb: Sandbox, task: Task, diff: str, ev: dict[str, Any], st: 
     if run.timed_out:  # the agent's code hung the verifier: 0, whatever file it left
         ev["duration_s"] = round(time.monotonic() - t0, 3)
         return Outcome(0.0, Status.FAILED, flags=[*flags, "test_timeout"], evidence=ev)
-    js = await _read(sb, REWARD_JSON)
-    reward, rewards = parse_reward(js if js is not None else await _read(sb, REWARDS_JSON), await _read(sb, REWARD_TXT))
+    files = {path: await _read(sb, path) for path in (REWARD_JSON, REWARDS_JSON, REWARD_TXT)}
+    forged = planted_rewards(files, reward_files_named(spec.tests_dir)) + await _locked_rewards(sb)
+    if forged:  # the agent's code, run by the verifier, wrote or pinned a reward: never counted
+        ev["forged_reward_files"] = forged
+        ev["duration_s"] = round(time.monotonic() - t0, 3)
+        return Outcome(0.0, Status.HACK_DETECTED, flags=[*flags, "planted_reward_file", TAMPER], evidence=ev)
+    js = files[REWARD_JSON]
+    reward, rewards = parse_reward(js if js is not None else files[REWARDS_JSON], files[REWARD_TXT])
     ev["rewards"] = rewards
     ev["duration_s"] = round(time.monotonic() - t0, 3)
     return Outcome(reward, Status.RESOLVED if reward >= 1.0 else Status.FAILED, flags=flags, evidence=ev)
