@@ -7,5 +7,6 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check --quiet legorl tests bench scripts
 .venv/bin/ruff check --quiet legorl tests bench scripts
 # two workers, one file at a time each (module fixtures stay whole); tests/conftest.py
-# hands out the longest files first
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"
+# hands out the longest files first (--no-loadscope-reorder: xdist would otherwise send the files
+# with the most tests first)
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder "$@"
