@@ -15,37 +15,14 @@ import math
 from pathlib import Path
 
 import pytest
+from smollm2_util import MISSING, NAME, shrunk
 
-from legorl.gguf_models import GgufUnavailable, gguf_file
 from legorl.types import FinishReason
-
-NAME = "smollm2-135m-instruct"
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "smollm2-calc.toml"
-try:
-    gguf_file(NAME)
-    _MISSING = None
-except GgufUnavailable as e:  # only where the PyPI package cannot be installed
-    _MISSING = str(e)
-
-
-def shrunk(run_dir: Path) -> object:
-    """The example config, one step of two rollouts: everything else as shipped."""
-    from legorl.loop.config import RunConfig, load_run_config
-
-    d = load_run_config(EXAMPLE).model_dump()
-    d["run"].update(dir=run_dir, steps=1, tasks_per_step=1, group_size=2, max_concurrent_rollouts=2, time_budget_s=None)
-    d["calc_tasks"].update(train=2, heldout=1)
-    d["heldout"]["tasks"] = 0
-    d["warm_start"].update(episodes=0, control_steps=0)
-    d["proxy"]["max_tokens"] = 24
-    d["harness"]["max_turns"] = 2
-    d["trainer"]["zero_variance_groups"] = "keep"  # two failed rollouts still make a step
-    return RunConfig.model_validate(d)
 
 
 @pytest.mark.slow
 @pytest.mark.harness
-@pytest.mark.skipif(_MISSING is not None, reason=_MISSING or "")
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 @pytest.mark.usefixtures("one_thread_per_module")
 def test_one_gspo_step_of_smollm2_through_mini_swe_agent(tmp_path: Path) -> None:
     from legorl.loop.train import train

@@ -22,13 +22,16 @@ from rich.console import Console
 from rich.table import Table
 
 from legorl.engine.registry import make_engine
+from legorl.harness.actions import ActionFormat, format_of
 from legorl.loop.config import RunConfig
 from legorl.loop.manifest import build as build_manifest
 from legorl.loop.manifest import path_for as manifest_path
 from legorl.loop.startup import load_task_split
+from legorl.loop.record import CONTEXT_FLAG, SILENT_EXIT_FLAG
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
-from legorl.types import Status, Task
+from legorl.trajectory import delivered
+from legorl.types import FinishReason, Status, Task
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -62,6 +65,38 @@ def summarize(records: list[RolloutRecord], k: int) -> dict[str, Any]:
     }
 
 
+def turn_summary(records: list[RolloutRecord], fmt: ActionFormat) -> dict[str, Any]:
+    """How the policy's turns went, judged by the harness's own action format
+    (`legorl.harness.actions`): the share that held an action the harness could take (a
+    tool call, or the one command block mini-swe-agent reads), the share it could parse at
+    all (an action or a final answer), prompt and completion tokens per turn, and seconds per
+    turn (request to last token, as the proxy saw it). Side calls (titles, summaries) are
+    the harness's, not the policy's: left out. These are what collapse first when a real
+    model trains, and what a real model's evaluation has to show beside its pass rate."""
+    turns = [t for r in records for t in r.turns if not t.side_call]
+    n = len(turns)
+    flags = Counter(f for r in records for f in r.trajectory.outcome.flags)
+
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 4) if xs else None
+
+    return {
+        "action_format": fmt.label,
+        "count": n,
+        "per_rollout": round(n / len(records), 3) if records else 0.0,
+        "action_share": mean([float(fmt.acts(t)) for t in turns]),
+        "parse_share": mean([float(fmt.parses(t)) for t in turns]),
+        "prompt_tokens": mean([float(len(t.prompt_ids)) for t in turns]),
+        "completion_tokens": mean([float(len(t.completion_ids)) for t in turns]),
+        "seconds": mean([t.t_end - t.t_start for t in turns if t.t_end >= t.t_start > 0]),
+        "finish_length_share": mean([float(t.finish_reason is FinishReason.LENGTH) for t in turns]),
+        # the smallest share of any rollout's sampled tokens found at its trained positions: 1.0
+        "delivered_fraction": min((float(delivered(r.turns, r.trajectory)["fraction"]) for r in records), default=None),
+        CONTEXT_FLAG: flags.get(CONTEXT_FLAG, 0),
+        SILENT_EXIT_FLAG: flags.get(SILENT_EXIT_FLAG, 0),
+    }
+
+
 async def image_keys(w: RolloutWorker, tasks: list[Task], records: list[RolloutRecord]) -> dict[str, Any]:
     """Content keys of the images the evaluation ran in (the worker has them cached); a
     task whose image could not be built has none."""
@@ -81,6 +116,10 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     t.add_row(key, f"{summary[key]:.3f}")
     for status, n in summary["status_counts"].items():
         t.add_row(f"status/{status}", str(n))
+    turns = summary.get("turns", {})
+    for key in ("count", "action_share", "parse_share", "prompt_tokens", "seconds", CONTEXT_FLAG, SILENT_EXIT_FLAG):
+        if turns.get(key) is not None:
+            t.add_row(f"turns/{key}", f"{turns[key]:g}")
     console.print(t)
 
 
@@ -107,6 +146,7 @@ async def evaluate(
         async with RolloutWorker(
             cfg, engine, upstream=endpoint, upstream_api_key=api_key or cfg.eval.endpoint_api_key
         ) as w:
+            fmt = format_of(w.harness)
             groups = await asyncio.gather(*(w.group(t, k, step=0, limit=sem) for t in tasks))
             images = await image_keys(w, tasks, [r for g in groups for r in g])
     finally:
@@ -114,6 +154,7 @@ async def evaluate(
             await engine.close()
     records = [r for g in groups for r in g]
     summary = summarize(records, k)
+    summary["turns"] = turn_summary(records, fmt)
     summary["endpoint"] = endpoint or f"{cfg.engine.kind}:{cfg.engine.model}"
     summary["harness"] = cfg.harness.name
     summary["per_task"] = (

@@ -8,7 +8,9 @@ monitors read; `Outcome` and `Trajectory` are frozen, so nothing is stamped on a
 
 An engine failure during the run is the infrastructure's fault even when the harness
 merely reports "API error" and exits: a non-zero engine-error count makes the record
-`infra_error` (cause `engine_error`, retried, then masked), never a reward of 0.
+`infra_error` (cause `engine_error`, retried, then masked), never a reward of 0. A prompt the
+proxy refused as over the model's window is the agent's (its conversation grew, or its own
+system prompt does not fit a small model): graded as it stands, flagged `context_exceeded`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from typing import Any
 from legorl.rollout import RolloutResult
 from legorl.trajectory import assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
+
+CONTEXT_FLAG = "context_exceeded"  # the harness's prompt reached the model's window (the proxy refused it)
+SILENT_EXIT_FLAG = "exited_before_first_call"  # the harness failed before it asked the model anything
+HINT_CHARS = 800
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class Attempt:
     result: RolloutResult  # the agent run, the diff, the attempt's verdict and its timings
     turns: list[Turn]  # what the proxy session recorded
     engine_errors: int  # engine failures the session saw (0 for a relayed external endpoint)
+    context_errors: int = 0  # requests refused as over the context window (the agent's; graded)
 
     @property
     def infra_cause(self) -> str | None:
@@ -59,6 +66,18 @@ class Attempt:
         return timings
 
 
+def silent_exit(attempt: Attempt) -> str | None:
+    """The harness's last words when it failed before its first model call (exit status not 0,
+    no turn recorded, no context refusal to explain it): a `no_patch` alone would not say why."""
+    run = attempt.result.agent
+    if run is None or run.exit_code == 0 or run.timed_out or attempt.context_errors:
+        return None
+    if any(not t.side_call for t in attempt.turns):
+        return None
+    tail = (run.stderr_tail or run.stdout_tail).strip()
+    return tail[-HINT_CHARS:] or f"exit status {run.exit_code}, no output"
+
+
 def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
     """The final outcome of a rollout whose last attempt is `attempt`: its verdict (turned
     into `engine_error` when the engine failed under an agent-caused one), the diff and the
@@ -70,11 +89,18 @@ def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
         reward, status, masked, tests = 0.0, Status.INFRA_ERROR, True, {}
     else:
         reward, status, masked, tests = verdict.reward, verdict.status, verdict.masked, dict(verdict.tests)
+    flags = list(verdict.flags)
+    if attempt.context_errors:  # graded as it stands, but the table and the UI say why it stopped
+        flags.append(CONTEXT_FLAG)
+        evidence["context_errors"] = attempt.context_errors
+    if (hint := silent_exit(attempt)) is not None:
+        flags.append(SILENT_EXIT_FLAG)
+        evidence["agent_output_tail"] = hint
     evidence.setdefault("diff", attempt.result.diff)
     evidence.setdefault("timings", {k: round(v, 4) for k, v in attempt.timings.items()})
     if retried_after:
         evidence["retried_after"] = list(retried_after)
-    return Outcome(reward, status, masked=masked, flags=list(verdict.flags), tests=tests, evidence=evidence)
+    return Outcome(reward, status, masked=masked, flags=flags, tests=tests, evidence=evidence)
 
 
 def record_of(task: Task, step: int, attempt: Attempt, retried_after: list[str]) -> RolloutRecord:

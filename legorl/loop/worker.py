@@ -202,8 +202,9 @@ class RolloutWorker:
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
-        engine_errors = session.engine_errors if session is not None else 0  # none: an external endpoint, relayed
-        return Attempt(sid, result, turns, engine_errors)
+        if session is None:  # an external endpoint, relayed: its errors are its own
+            return Attempt(sid, result, turns, 0)
+        return Attempt(sid, result, turns, session.engine_errors, session.context_errors)
 
     async def group(
         self,

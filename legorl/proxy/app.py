@@ -36,11 +36,12 @@ import orjson
 
 from legorl.proxy import anthropic, gemini, openai_chat, responses
 from legorl.proxy.context import ProxyContext
-from legorl.proxy.errors import ProxyError, context_too_long, error_body, stream_error_event
+from legorl.proxy.errors import CONTEXT_EXCEEDED, ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render import Renderer
 from legorl.proxy.render_cache import Journal, TooLong
+from legorl.proxy.sessions import Session
 from legorl.types import Dialect
 
 log = logging.getLogger(__name__)
@@ -324,6 +325,7 @@ class ProxyApp:
         dialect: Dialect = mod.DIALECT
         ctx = self.ctx
         size = 0
+        session: Session | None = None
         try:
             body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)
@@ -352,6 +354,8 @@ class ProxyApp:
                 journal.end()
             run.session = ctx.sessions.adopt(session)  # a standalone session opens here, once accepted
         except ProxyError as e:
+            if e.code == CONTEXT_EXCEEDED and session is not None:
+                session.context_errors += 1
             await send_error(send, dialect, e)
             return
         finally:
@@ -424,6 +428,8 @@ class ProxyApp:
         log.warning("session %s: %s", run.session.id, err.message)
         if err.kind in ("engine", "timeout"):
             run.session.engine_errors += 1
+        elif err.code == CONTEXT_EXCEEDED:  # the engine's own window, smaller than the proxy's
+            run.session.context_errors += 1
         await self._abort(run)
         if started:
             await send({"type": "http.response.body", "body": stream_error_event(dialect, err), "more_body": False})

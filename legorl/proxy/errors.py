@@ -78,6 +78,9 @@ def bad_request(message: str, param: str | None = None) -> ProxyError:
     return ProxyError(400, message, "invalid_request", param=param)
 
 
+CONTEXT_EXCEEDED = "context_length_exceeded"  # the OpenAI code every dialect's overflow error carries here
+
+
 def context_too_long(dialect: Dialect, n_tokens: int, maximum: int) -> ProxyError:
     """The honest overflow error each harness recognises as 'compact now'."""
     if dialect is Dialect.ANTHROPIC:
@@ -89,7 +92,7 @@ def context_too_long(dialect: Dialect, n_tokens: int, maximum: int) -> ProxyErro
             f"This model's maximum context length is {maximum} tokens. However, your messages "
             f"resulted in {n_tokens} tokens. Please reduce the length of the messages."
         )
-    return ProxyError(400, msg, "invalid_request", code="context_length_exceeded")
+    return ProxyError(400, msg, "invalid_request", code=CONTEXT_EXCEEDED)
 
 
 def error_body(dialect: Dialect | None, err: ProxyError) -> bytes:

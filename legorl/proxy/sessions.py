@@ -51,6 +51,10 @@ class Session:
         self.closed = False
         self.late_turns = 0  # turns that finished after the session was closed
         self.engine_errors = 0  # calls that failed in the engine (or timed out): infrastructure faults
+        # requests refused because the prompt did not fit the window: the agent's doing, graded as
+        # it stands, but named on the outcome (`context_exceeded`) so a harness whose prompt alone
+        # overflows a small model is not read as a model that chose to stop
+        self.context_errors = 0
         self._next = 0
 
     def next_index(self) -> int:
@@ -68,6 +72,7 @@ class Session:
             "turns": len(self.turns),
             "aborted": len(self.aborted),
             "engine_errors": self.engine_errors,
+            "context_errors": self.context_errors,
             "side_calls": sum(1 for t in self.turns if t.side_call),
             "opened_at": self.opened_at,
             "closed": self.closed,
