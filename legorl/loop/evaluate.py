@@ -26,8 +26,8 @@ from legorl.harness.actions import ActionFormat, format_of
 from legorl.loop.config import RunConfig
 from legorl.loop.manifest import build as build_manifest
 from legorl.loop.manifest import path_for as manifest_path
-from legorl.loop.startup import load_task_split
 from legorl.loop.record import CONTEXT_FLAG, SILENT_EXIT_FLAG
+from legorl.loop.startup import load_task_split
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.trajectory import delivered
