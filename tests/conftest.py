@@ -26,6 +26,7 @@ LONGEST_FIRST = [
     "test_harness_network.py",
     "test_redteam.py",
     "test_engine_vllm_real.py",
+    "test_smollm2_vllm.py",
     "test_loop_train_harness.py",
     "test_smollm2.py",
     "test_loop_run_dir.py",
