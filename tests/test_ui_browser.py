@@ -3,8 +3,8 @@
 On a run written through the store API: the overview draws its charts, heads with the
 held-out table and names the phases before GSPO, a trajectory page shows coloured tokens
 and the diff (and why a skipped group's trajectory has no advantage), a filter narrows the
-list, and a trajectory written while the page is open appears without a reload. Saves the
-README screenshots.
+list, and a trajectory written while the page is open appears without a reload. (The
+README's screenshots are of a real run: scripts/ui_screenshots.py.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from legorl.monitor.store import RunStore
 from legorl.monitor.ui.server import UIServerThread
 from legorl.types import Dialect
 
-DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -70,7 +69,7 @@ def open_page(pg: object, url: str) -> None:
     pg.wait_for_selector("body[data-ready='1']")
 
 
-def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object) -> None:
+def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object, tmp_path: Path) -> None:
     _, url = ui
     open_page(page, url)
     for title in (
@@ -88,8 +87,7 @@ def test_overview_draws_the_rl_charts(ui: tuple[RunStore, str], page: object) ->
         assert d.count("L") >= 7, f"chart {title!r} does not span the 8 steps"
     assert page.locator("table.alerts tr.sev-warning").count() >= 1  # the demo's mismatch dip raised one
     assert page.locator(".chart[data-title='Rollout/trainer prob correlation'] line.mark").count() >= 1
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(DOCS_IMG / "ui-overview.png"))
+    assert page.screenshot(path=str(tmp_path / "ui-overview.png"))  # the page renders to an image
 
 
 def test_overview_heads_with_the_heldout_table_and_names_the_phases(ui: tuple[RunStore, str], page: object) -> None:
@@ -141,7 +139,9 @@ def test_a_skipped_groups_trajectory_says_why_it_has_no_advantage(ui: tuple[RunS
     assert "phaseheld-out evaluation" in page.locator(".thead .kv").text_content()
 
 
-def test_trajectory_page_shows_coloured_tokens_segments_and_diff(ui: tuple[RunStore, str], page: object) -> None:
+def test_trajectory_page_shows_coloured_tokens_segments_and_diff(
+    ui: tuple[RunStore, str], page: object, tmp_path: Path
+) -> None:
     store, url = ui
     resolved = store.list_trajectories(status="resolved", limit=200)["items"]
     sid = max(resolved, key=lambda r: r["n_turns"])["session_id"]
@@ -158,7 +158,7 @@ def test_trajectory_page_shows_coloured_tokens_segments_and_diff(ui: tuple[RunSt
     assert page.locator("pre.diff .dl.add").count() >= 1 and "cright" in page.locator("pre.diff").text_content()
     assert page.locator("table.tests .t-passed").count() >= 1
     assert page.locator(".msg.m-tool_result").count() >= 1  # tool outputs as the harness sent them
-    page.screenshot(path=str(DOCS_IMG / "ui-trajectory.png"))
+    assert page.screenshot(path=str(tmp_path / "ui-trajectory.png"))
     rollout_bg = first.evaluate("e => e.style.background")
     page.click("button[data-mode=diff]")
     page.wait_for_selector(".tokens[data-mode=diff]")
