@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from legorl.verify.junit import TestStatus
-from legorl.verify.runner import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
-from legorl.verify.runners import NativeCommand
+from legorl.verify.pytest_plan import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
+from legorl.verify.test_cmd import NativeCommand
 from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
 NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")

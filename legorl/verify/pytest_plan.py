@@ -1,4 +1,5 @@
-"""The hardened pytest invocation used to grade (and, when generating tasks, to label) tests.
+"""The plan of a hardened, supervised pytest run: used to grade (and, when generating tasks,
+to label) tests. (Which runner a task's test_cmd names is `test_cmd.py`.)
 
 What the repository under test could otherwise do to the runner, and what stops it:
 - shadow pytest or its dependencies (`pytest.py`, `_pytest/` in the repo): the runner is
@@ -68,32 +69,6 @@ def canary_source(must_pass: bool, rng: secrets.SystemRandom) -> str:
         i = rng.randrange(3)
         expected[i], expected[i + 1] = expected[i + 1], expected[i]
     return f"def {{name}}():\n    values = {values!r}\n    assert sorted(values) == {expected!r}\n"
-
-
-class TestCmdError(ValueError):
-    """A task's test_cmd is not a pytest command line we can run."""
-
-    __test__ = False
-
-
-def parse_test_cmd(test_cmd: str) -> list[str]:
-    """The pytest arguments of `test_cmd` (`pytest ARGS`, `python -m pytest ARGS`, …)."""
-    try:
-        words = shlex.split(test_cmd)
-    except ValueError as exc:
-        raise TestCmdError(f"test_cmd is not valid shell syntax: {exc}") from None
-    if words[:1] in (["pytest"], ["py.test"]):
-        return words[1:]
-    if len(words) >= 3 and words[0].startswith("python") and words[1:3] == ["-m", "pytest"]:
-        return words[3:]
-    raise TestCmdError(
-        f"test_cmd must start with `pytest` or `python -m pytest` (other runners are not supported), got {test_cmd!r}"
-    )
-
-
-def default_test_args(test_ids: list[str]) -> list[str]:
-    """Run just the files that hold the given tests (SWE-bench's 'test directives')."""
-    return sorted({t.split("::", 1)[0] for t in test_ids})
 
 
 @dataclass(frozen=True)
