@@ -8,6 +8,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from tasks_util import backend_and_images, pick_task
+
+from legorl.types import Status
 
 VERIFY = Path(__file__).resolve().parents[1] / "legorl" / "verify"
 MAX_LINES = 80
@@ -72,7 +75,8 @@ def _long_functions(source: str, limit: int) -> list[str]:
 
 @pytest.mark.parametrize("path", sorted(VERIFY.glob("*.py")), ids=lambda p: p.name)
 def test_no_function_in_verify_is_over_80_lines(path: Path) -> None:
-    assert not _long_functions(path.read_text(encoding="utf-8"), MAX_LINES)
+    long = _long_functions(path.read_text(encoding="utf-8"), MAX_LINES)
+    assert not long, f"{path.name}: {long}"
 
 
 def test_the_line_check_sees_a_long_function() -> None:
@@ -81,3 +85,28 @@ def test_the_line_check_sees_a_long_function() -> None:
 
     assert _long_functions(source(MAX_LINES), MAX_LINES) == [f"f ({MAX_LINES + 1} lines, line 1)"]
     assert _long_functions(source(MAX_LINES - 1), MAX_LINES) == []
+
+
+async def test_a_real_grade_enters_the_stages_once_in_order_and_an_early_verdict_stops_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gold fix runs all five stages, once each; a diff that does not apply stops at apply."""
+    from legorl.verify import grade as grade_mod
+
+    entered: list[str] = []
+    for fn, _ in STAGES:
+        real = getattr(grade_mod, fn)
+
+        def spy(*args: object, _real: object = real, _fn: str = fn) -> object:
+            entered.append(_fn)
+            return _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(grade_mod, fn, spy)
+    task = pick_task()
+    async with backend_and_images("local") as (backend, images):
+        image = await images.for_task(task)
+        gold = await grade_mod.grade(task, task.patch, backend, image)
+        assert gold.status is Status.RESOLVED and entered == [fn for fn, _ in STAGES], (gold.status, entered)
+        entered.clear()
+        broken = await grade_mod.grade(task, task.patch.replace("\n-", "\n-nonexistent line ", 1), backend, image)
+    assert "patch_apply_failed" in broken.flags and entered == ["select", "prepare", "apply"], (broken.flags, entered)
