@@ -10,6 +10,11 @@ directives are the files of the task's FAIL_TO_PASS/PASS_TO_PASS tests and the t
 its `test_patch` touches. The grader's own canaries go *into* one of those files (see
 `pytest_plan.py`), so they never change which task tests run.
 
+As stage 1 of grading (`select`, called once by `grade.grade_in`) it also decides, from
+the task alone, what the later stages need: the paths that are this task's tests whatever
+their names (`task_test_files`, protected in stages 2 and 3), the native runner if the
+test_cmd names one, and the task test file the canaries are planted in.
+
 `selection_problems` is the load-time check (`legorl tasks validate` and every task load):
 a task whose tests cannot all be selected this way is rejected with the reason, instead of
 being graded 0 for every fix.
