@@ -110,3 +110,44 @@ async def test_a_real_grade_enters_the_stages_once_in_order_and_an_early_verdict
         entered.clear()
         broken = await grade_mod.grade(task, task.patch.replace("\n-", "\n-nonexistent line ", 1), backend, image)
     assert "patch_apply_failed" in broken.flags and entered == ["select", "prepare", "apply"], (broken.flags, entered)
+
+
+# Package code that, at import, finds the recorder and changes its hooks: on the class of
+# the part of the run that defines them, or by a new override on the recorder's own class.
+RECORDER_EDITS = {
+    "replaced_on_its_part": (
+        "for _c in type(_rec).__mro__:\n"
+        "    if 'pytest_runtest_teardown' in vars(_c):\n"
+        "        _old = vars(_c)['pytest_runtest_teardown']\n"
+        "        setattr(_c, 'pytest_runtest_teardown', lambda *a, **k: _old(*a, **k))\n"
+        "        break\n"
+    ),
+    "overridden_on_the_recorder": "type(_rec).pytest_runtest_teardown = lambda *a, **k: None\n",
+}
+
+
+@pytest.mark.parametrize("edit", sorted(RECORDER_EDITS))
+def test_a_changed_recorder_hook_is_reported_whichever_of_its_classes_holds_it(edit: str, tmp_path: Path) -> None:
+    """The recorder's hooks live on one class per part of a run; a hook replaced on any of
+    them, or overridden on the recorder's own class, is in the end record's `changed`."""
+    import os
+    import subprocess
+    import sys
+
+    from legorl.verify.pytest_plan import parse_summary, plan_run
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    finder = "import gc as _gc\n_rec = next(o for o in _gc.get_objects() if type(o).__name__ == '_Recorder')\n"
+    (repo / "pkg" / "__init__.py").write_text(finder + RECORDER_EDITS[edit])
+    (repo / "tests" / "test_a.py").write_text("import pkg\n\n\ndef test_a():\n    assert pkg\n")
+    plan = plan_run(str(repo), ["tests/test_a.py"], python=sys.executable, tmp_root=str(tmp_path))
+    for path, text in plan.files.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        Path(path).write_text(text)
+    proc = subprocess.run(plan.command, shell=True, capture_output=True, text=True, timeout=120)
+    summary, tags = parse_summary(proc.stdout, plan.nonce)
+    assert summary is not None and tags == 1, proc.stderr[-2000:]
+    end = next(r for r in summary["records"] if r.get("k") == "end")
+    assert "recorder.pytest_runtest_teardown" in end["changed"], end["changed"]
