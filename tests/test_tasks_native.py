@@ -18,7 +18,7 @@ from legorl.tasks import official
 from legorl.tasks.generator.native import NATIVE_PROJECTS, build_native_tasks, swebench_cache
 from legorl.tasks.loader import TaskFileError, load_tasks
 from legorl.types import Status, Task
-from legorl.verify.runners import native_command
+from legorl.verify.test_cmd import native_command
 
 CLI = [sys.executable, "-m", "legorl.tasks.cli"]
 EVAL_SCRIPT = """#!/bin/bash
@@ -309,9 +309,9 @@ def test_native_verdict_needs_the_official_parse_and_the_records_to_agree(
 
 
 def test_django_ids_of_either_python_read_a_log_of_the_other() -> None:
-    from legorl.verify.grade import _django_aliases
+    from legorl.verify.execute import django_aliases
 
-    got = _django_aliases(
+    got = django_aliases(
         {"test_x (m.C.test_x)": "PASSED", "test_y (m.C)": "FAILED"},
         ["test_x (m.C)", "test_y (m.C.test_y)", "test_z (m.C)"],
     )

@@ -14,7 +14,8 @@ import pytest
 from legorl.verify.junit import ReportError, TestStatus, node_id, parse_junit
 from legorl.verify.patch import filter_diff, split_diff, unquote
 from legorl.verify.protect import Category, classify
-from legorl.verify.runner import TestCmdError, parse_summary, parse_test_cmd, plan_run
+from legorl.verify.pytest_plan import parse_summary, plan_run
+from legorl.verify.test_cmd import TestCmdError, parse_test_cmd
 
 SAMPLE_TESTS = {
     "pkg/__init__.py": "",

@@ -1,10 +1,15 @@
 """Grading: an agent's diff judged in a fresh sandbox, by tests it never saw.
 
-Start here: `grade.py` (`grade_in`: the last stage of a rollout, its steps in its
-docstring). It uses `protect.py` and `patch.py` (which paths the diff may not change),
-`selection.py` (which tests run, as SWE-bench selects them), `runners.py` (which runner a
-task's command names) and `runner.py` (the hardened pytest invocation), and decides with
-`verdict.py` (three channels that must agree: `junit.py`'s report, the recorder's records
-and the canaries). `_supervisor.py` and `_native_supervisor.py` run inside the sandbox
-under the image's Python; `native.py` plans and judges Django's and SymPy's own runners.
+Start here: `grade.py` (`grade`, and `grade_in`: one attempt). An attempt is five stages,
+each a module entered once, in order (`attempt.py` holds what they share):
+1. `selection.py`: which tests run (SWE-bench's selection), by which runner (`test_cmd.py`:
+   pytest, or Django's/SymPy's own), which paths protect them, where the canaries go;
+2. `prepare.py`: the diff's size, its protected sections dropped (`protect.py`, `patch.py`),
+   the grader's work directory;
+3. `apply.py`: the diff applied, every protected path put back by the tree, the task's tests;
+4. `execute.py`: the supervised run (`pytest_plan.py` + `_supervisor.py`, or `native.py` +
+   `_native_supervisor.py`: these two run inside the sandbox under the image's Python);
+5. `judge.py`: the channels that must agree (`verdict.py`: `junit.py`'s report, the
+   recorder's records and the canaries; `native.py` for the native runners) → the Outcome.
+Harbor tasks are graded by their verifier's reward instead (`state_grade.py`, `state.py`).
 """

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from legorl.verify.junit import TestStatus
-from legorl.verify.runner import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
-from legorl.verify.runners import NativeCommand
+from legorl.verify.pytest_plan import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
+from legorl.verify.test_cmd import NativeCommand
 from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
 NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")
@@ -161,42 +161,8 @@ def judge_native(
     flags: list[str] = []
     ev: dict[str, Any] = {}
     s = summary or {}
-    records: dict[str, dict[str, Any]] = {}
-    counts: dict[str, int] = {}
-    end = None
-    for rec in s.get("records", []):
-        if rec.get("k") == "test" and isinstance(rec.get("id"), str):
-            for key in {rec["id"], rec.get("legacy")} - {None}:
-                if isinstance(key, str):
-                    records[key] = rec
-                    counts[key] = counts.get(key, 0) + 1  # twice: flagged, never "the last one wins"
-        elif rec.get("k") == "end":
-            end = rec
-    if summary is None:
-        ev["supervisor"] = "no summary" if tags == 0 else f"{tags} tagged lines"
-        if tags > 1:
-            flags += [TAMPER, "summary_forged"]
-    if s.get("bad_records"):
-        flags += [TAMPER, "records_forged"]
-    if summary is not None and log_sha256 is not None and s.get("log_sha256") != log_sha256:
-        flags += [TAMPER, "report_replaced"]
-    if end and end.get("changed"):
-        flags += [TAMPER, "runner_modified"]
-        ev["runner_modified"] = list(end["changed"])[:20]
-    if s.get("tests_changed"):
-        flags += [TAMPER, "tests_modified_at_run"]
-        ev["tests_modified_at_run"] = s["tests_changed"][:20]
-    events = list(end.get("events", [])) if end else []
-    if events:
-        flags += [TAMPER, "agent_hooks"]
-        ev["interpreter_events"] = events[:20]
-        if any(e.startswith("equality_forged:") for e in events):
-            flags.append("equality_forged")
-    hooks = list(end.get("hooks", [])) if end else []
-    if hooks:
-        ev["interpreter_hooks"] = hooks[:20]
-        if agents_hooks(hooks, agent_files):
-            flags += [TAMPER, "agent_hooks"]
+    records, counts, end = _read_records(s)
+    _channel_flags(summary, s, tags, log_sha256, end or {}, agent_files, flags, ev)
     can_ids = [str(v) for v in (s.get("canaries") or {}).values()]
     pf, pev = provenance_flags(records, counts, [*wanted, *can_ids], f2p)
     flags += pf
@@ -208,40 +174,11 @@ def judge_native(
         ev["machinery_patched"] = dict(list(machinery.items())[:5])
     parsed = {t: OFFICIAL_STATUS.get(v, TestStatus.FAILED) for t, v in (official or {}).items()}
 
-    def ours(t: str) -> TestStatus:
-        rec = records.get(t)
-        return recorded_status(rec) if rec is not None else TestStatus.MISSING
-
     def confirmed(t: str) -> TestStatus:
-        status = parsed.get(t, TestStatus.MISSING)
-        if not status.ok:
-            return status
-        rec = records.get(t)
-        if rec is None:
-            if summary is not None:
-                flags.extend([TAMPER, "report_unconfirmed"])
-                ev.setdefault("unconfirmed", []).append(t)
-            return TestStatus.MISSING
-        seen = recorded_status(rec)
-        ok = seen is TestStatus.PASSED or (
-            status is TestStatus.XFAILED and (seen is TestStatus.XFAILED or rec.get("xfail"))
-        )
-        if not ok:
-            flags.extend([TAMPER, "report_contradicted"])
-            ev.setdefault("contradicted", {})[t] = {"log": status.value, "raised": seen.value}
-            return seen if seen is not TestStatus.PASSED else TestStatus.FAILED
-        if t in f2p and status is not TestStatus.PASSED:  # a FAIL_TO_PASS test must pass, not be excused
-            ev.setdefault("f2p_not_passed", {})[t] = status.value
-            return TestStatus.FAILED
-        return status
+        return _confirmed(t, parsed.get(t, TestStatus.MISSING), records.get(t), summary, f2p, flags, ev)
 
     tests = {t: confirmed(t).value for t in wanted}
-    agree = [t for t in wanted if _norm(parsed.get(t, TestStatus.MISSING)) == _norm(ours(t))]
-    ev["parser_agreement"] = {
-        "agree": len(agree),
-        "total": len(wanted),
-        "disagree": {t: [parsed.get(t, TestStatus.MISSING).value, ours(t).value] for t in wanted if t not in agree},
-    }
+    ev["parser_agreement"] = _agreement(wanted, parsed, records)
     can = s.get("canaries") or {}
     c_pass_id, c_fail_id = str(can.get("pass", "")), str(can.get("fail", ""))
     c_pass = confirmed(c_pass_id) if c_pass_id else TestStatus.MISSING
@@ -249,11 +186,8 @@ def judge_native(
     ev["canary"] = {"pass": c_pass.value, "fail": c_fail.value}
     all_ok = bool(wanted) and all(TestStatus(v).ok for v in tests.values())
     fail_rec = records.get(c_fail_id)
-    if (
-        c_fail.ok
-        or c_fail is TestStatus.SKIPPED
-        or (fail_rec is not None and recorded_status(fail_rec) is not TestStatus.FAILED)
-    ):
+    fail_raised = fail_rec is not None and recorded_status(fail_rec) is TestStatus.FAILED
+    if c_fail.ok or c_fail is TestStatus.SKIPPED or (fail_rec is not None and not fail_raised):
         flags += [TAMPER, "report_inconsistent"]
     if exit_code == 0 and not timed_out:
         flags += [TAMPER, "report_inconsistent"]  # a run holding a failing canary exited 0
@@ -262,15 +196,8 @@ def judge_native(
         if all_ok:
             flags += [TAMPER, "session_incomplete"]
     ran_others = any(t in records for t in wanted)
-    if (
-        c_pass_id
-        and c_pass_id not in records
-        and c_fail_id not in records
-        and c_pass_id not in parsed
-        and ran_others
-        and end
-        and TAMPER not in flags
-    ):
+    absent = c_pass_id and c_pass_id not in records and c_fail_id not in records and c_pass_id not in parsed
+    if absent and ran_others and end and TAMPER not in flags:
         return Verdict(tests=tests, flags=[], evidence=ev, fault="canaries absent")
     integrity = (
         summary is not None
@@ -279,9 +206,7 @@ def judge_native(
         and (
             c_fail in (TestStatus.FAILED, TestStatus.ERROR)
             # a failure inside subTest, which the official Django parser does not key by the test's id
-            or (
-                c_fail is TestStatus.MISSING and fail_rec is not None and recorded_status(fail_rec) is TestStatus.FAILED
-            )
+            or (c_fail is TestStatus.MISSING and fail_raised)
         )
         and exit_code != 0
     )
@@ -296,3 +221,105 @@ def judge_native(
         evidence=ev,
         resolved=all_ok and integrity and TAMPER not in flags,
     )
+
+
+def _read_records(s: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, int], dict[str, Any] | None]:
+    """(test records by id and by legacy id, how often each was recorded, the end record)."""
+    records: dict[str, dict[str, Any]] = {}
+    counts: dict[str, int] = {}
+    end = None
+    for rec in s.get("records", []):
+        if rec.get("k") == "test" and isinstance(rec.get("id"), str):
+            for key in {rec["id"], rec.get("legacy")} - {None}:
+                if isinstance(key, str):
+                    records[key] = rec
+                    counts[key] = counts.get(key, 0) + 1  # twice: flagged, never "the last one wins"
+        elif rec.get("k") == "end":
+            end = rec
+    return records, counts, end
+
+
+def _channel_flags(
+    summary: dict[str, Any] | None,
+    s: dict[str, Any],
+    tags: int,
+    log_sha256: str | None,
+    end: dict[str, Any],
+    agent_files: frozenset[str],
+    flags: list[str],
+    ev: dict[str, Any],
+) -> None:
+    """The summary, the records and the log are what the supervisor produced; the runner,
+    the test files and the interpreter's hooks are as they were."""
+    if summary is None:
+        ev["supervisor"] = "no summary" if tags == 0 else f"{tags} tagged lines"
+        if tags > 1:
+            flags += [TAMPER, "summary_forged"]
+    if s.get("bad_records"):
+        flags += [TAMPER, "records_forged"]
+    if summary is not None and log_sha256 is not None and s.get("log_sha256") != log_sha256:
+        flags += [TAMPER, "report_replaced"]
+    if end.get("changed"):
+        flags += [TAMPER, "runner_modified"]
+        ev["runner_modified"] = list(end["changed"])[:20]
+    if s.get("tests_changed"):
+        flags += [TAMPER, "tests_modified_at_run"]
+        ev["tests_modified_at_run"] = s["tests_changed"][:20]
+    events = list(end.get("events", []))
+    if events:
+        flags += [TAMPER, "agent_hooks"]
+        ev["interpreter_events"] = events[:20]
+        if any(e.startswith("equality_forged:") for e in events):
+            flags.append("equality_forged")
+    hooks = list(end.get("hooks", []))
+    if hooks:
+        ev["interpreter_hooks"] = hooks[:20]
+        if agents_hooks(hooks, agent_files):
+            flags += [TAMPER, "agent_hooks"]
+
+
+def _confirmed(
+    t: str,
+    status: TestStatus,
+    rec: dict[str, Any] | None,
+    summary: dict[str, Any] | None,
+    f2p: frozenset[str],
+    flags: list[str],
+    ev: dict[str, Any],
+) -> TestStatus:
+    """The status to grade `t` with (the official parse's `status`, checked against its
+    record `rec`); flags any contradiction that favours the agent."""
+    if not status.ok:
+        return status
+    if rec is None:
+        if summary is not None:
+            flags.extend([TAMPER, "report_unconfirmed"])
+            ev.setdefault("unconfirmed", []).append(t)
+        return TestStatus.MISSING
+    seen = recorded_status(rec)
+    ok = seen is TestStatus.PASSED or (
+        status is TestStatus.XFAILED and (seen is TestStatus.XFAILED or rec.get("xfail"))
+    )
+    if not ok:
+        flags.extend([TAMPER, "report_contradicted"])
+        ev.setdefault("contradicted", {})[t] = {"log": status.value, "raised": seen.value}
+        return seen if seen is not TestStatus.PASSED else TestStatus.FAILED
+    if t in f2p and status is not TestStatus.PASSED:  # a FAIL_TO_PASS test must pass, not be excused
+        ev.setdefault("f2p_not_passed", {})[t] = status.value
+        return TestStatus.FAILED
+    return status
+
+
+def _agreement(wanted: list[str], parsed: dict[str, TestStatus], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """How often the official parse and our records agree on the task's tests (evidence)."""
+
+    def ours(t: str) -> TestStatus:
+        rec = records.get(t)
+        return recorded_status(rec) if rec is not None else TestStatus.MISSING
+
+    agree = [t for t in wanted if _norm(parsed.get(t, TestStatus.MISSING)) == _norm(ours(t))]
+    return {
+        "agree": len(agree),
+        "total": len(wanted),
+        "disagree": {t: [parsed.get(t, TestStatus.MISSING).value, ours(t).value] for t in wanted if t not in agree},
+    }

@@ -4,7 +4,7 @@ Grading never trusts the agent with anything that decides how tests run: the tes
 themselves, pytest's configuration, interpreter start-up hooks, modules that could shadow
 the runner, and compiled code that would be imported instead of the reviewed source. A
 change to any of these is dropped from the agent's diff and the path is restored to the
-task's own version before the tests run (see `verify/grade.py`).
+task's own version before the tests run (see `verify/apply.py`).
 
 Categories (each becomes evidence; `tamper` also becomes the `tamper_attempt` flag):
 - `test`: a test file or anything under a `tests/`/`test/` directory. Agents edit tests for

@@ -8,7 +8,12 @@ else and every FAIL_TO_PASS test would be missing. So a `test_cmd` is split into
 its runner flags and its paths: when it names paths they are the directives, otherwise the
 directives are the files of the task's FAIL_TO_PASS/PASS_TO_PASS tests and the test files
 its `test_patch` touches. The grader's own canaries go *into* one of those files (see
-`runner.py`), so they never change which task tests run.
+`pytest_plan.py`), so they never change which task tests run.
+
+As stage 1 of grading (`select`, called once by `grade.grade_in`) it also decides, from
+the task alone, what the later stages need: the paths that are this task's tests whatever
+their names (`task_test_files`, protected in stages 2 and 3), the native runner if the
+test_cmd names one, and the task test file the canaries are planted in.
 
 `selection_problems` is the load-time check (`legorl tasks validate` and every task load):
 a task whose tests cannot all be selected this way is rejected with the reason, instead of
@@ -23,9 +28,19 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from legorl.types import Task
+from legorl.verify.attempt import GraderFault
 from legorl.verify.patch import split_diff
 from legorl.verify.protect import TEST_FILE_GLOBS, test_files_of
-from legorl.verify.runner import TestCmdError, parse_test_cmd
+from legorl.verify.test_cmd import (
+    RUNNER_FILES,
+    NativeCommand,
+    TestCmdError,
+    django_class,
+    django_label_covers,
+    django_test_file,
+    native_command,
+    parse_test_cmd,
+)
 
 # pytest options that take a separate value (`-k expr`, `--tb short`); their value is not a path.
 VALUE_OPTIONS = frozenset(
@@ -224,3 +239,120 @@ def selection_problems(task: Task) -> list[str]:
 def shell_args(sel: TestSelection) -> str:
     """The selection as a command line (for evidence and error messages)."""
     return shlex.join(["pytest", *sel.args])
+
+
+# Stage 1 of grading (`grade.py`): everything about the task's tests that the later stages
+# need, decided once from the task alone, before the sandbox is touched.
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which tests a grading attempt runs, by which runner, and where the canaries go."""
+
+    __test__ = False
+
+    protected: list[str]  # paths that are tests for this task whatever their names (`task_test_files`)
+    native: NativeCommand | None  # the task's own runner, or None for pytest
+    pytest: TestSelection | None  # pytest's arguments (None for a native runner)
+    host: str | None  # the task test file the canaries are planted in
+    like: list[str]  # its tests' function names (canaries are named like them)
+    like_classes: list[str]  # its test classes' names (Django)
+    fault: str = ""  # a task whose tests cannot run: raised as a GraderFault("select") at the run stage
+
+    def check(self) -> None:
+        """Raise the task's selection fault, if any (the run stage calls this first, so the
+        agent's diff is applied and judged exactly as far as it would be for a good task)."""
+        if self.fault:
+            raise GraderFault("select", self.fault)
+
+
+def select(task: Task) -> Selection:
+    """Stage 1: the task's tests, the paths that protect them, the runner and the canaries' host."""
+    protected = task_test_files(task)
+    try:
+        native = native_command(task.test_cmd) if task.test_cmd.strip() else None
+    except TestCmdError as exc:
+        return Selection(protected, None, None, None, [], [], fault=str(exc))
+    if native is not None:
+        host, like, classes = native_canary_host(task, native)
+        return Selection(protected, native, None, host, like, classes)
+    try:
+        sel = select_tests(task)
+    except TestCmdError as exc:
+        return Selection(protected, None, None, None, [], [], fault=str(exc))
+    host, like = canary_host(task, sel.directives)
+    return Selection(protected, None, sel, host, like, [])
+
+
+def task_test_files(task: Task) -> list[str]:
+    """Paths that are tests for this task whatever their names (for a native runner also
+    the files that decide how it runs, `test_cmd.RUNNER_FILES`)."""
+    sections, _ = split_diff(task.test_patch)
+    paths = {p for sec in sections for p in sec.paths}
+    ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
+    paths |= test_files_of(ids)
+    native = _native_or_none(task)
+    if native is not None:
+        paths |= set(RUNNER_FILES[native.runner])
+        if native.runner == "django":
+            paths |= {f for f in map(django_test_file, ids) if f}
+        else:
+            paths |= {lb for lb in native.labels if lb.endswith(".py")}
+    return sorted(paths)
+
+
+def _native_or_none(task: Task) -> NativeCommand | None:
+    try:
+        return native_command(task.test_cmd) if task.test_cmd.strip() else None
+    except TestCmdError:
+        return None
+
+
+def test_args(task: Task) -> list[str]:
+    """The pytest arguments of a task: test_cmd's flags, then its paths or the task's test files."""
+    return select_tests(task).args
+
+
+def guarded_files(paths: list[str]) -> list[str]:
+    """The task's test modules and the conftests pytest loads for them (those of their
+    directories up to the root): no honest run writes to them. Data files are left out, as
+    tests may regenerate those."""
+    out = {p for p in paths if p.endswith(".py")}
+    for p in list(out):
+        parts = p.split("/")[:-1]
+        out |= {"/".join([*parts[:i], "conftest.py"]) for i in range(len(parts) + 1)}
+    return sorted(out)
+
+
+def canary_host(task: Task, directives: list[str]) -> tuple[str | None, list[str]]:
+    """The task test file to plant the canaries in, and its tests' function names.
+
+    A file that holds FAIL_TO_PASS tests, so that sparing "other files" spares nothing; the
+    names make the canaries look like that file's tests (`test_merge` → `test_merge_nested`).
+    """
+    for tid in task.FAIL_TO_PASS + task.PASS_TO_PASS:
+        file = tid.split("::", 1)[0]
+        if file.endswith(".py") and any(covers(d, tid) for d in directives) and not any("::" in d for d in directives):
+            names = [
+                t.split("::")[-1].split("[", 1)[0]
+                for t in task.FAIL_TO_PASS + task.PASS_TO_PASS
+                if t.startswith(file + "::")
+            ]
+            return file, names
+    return None, []
+
+
+def native_canary_host(task: Task, cmd: NativeCommand) -> tuple[str | None, list[str], list[str]]:
+    """(file to plant the canaries in, its tests' function names, its test classes' names)."""
+    ids = task.FAIL_TO_PASS + task.PASS_TO_PASS
+    if cmd.runner == "sympy":
+        files = [lb for lb in cmd.labels if lb.endswith(".py")]
+        return (files[0] if files else None), [t for t in ids if t.isidentifier()], []
+    for tid in ids:
+        file = django_test_file(tid)
+        if file and any(django_label_covers(lb, tid) for lb in cmd.labels):
+            mine = [t for t in ids if django_test_file(t) == file]
+            names = [t.split(" ", 1)[0] for t in mine]
+            classes = [c for c in map(django_class, mine) if c]
+            return file, names, classes
+    return None, [], []

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legorl.verify.junit import ReportError, TestStatus, failure_texts, parse_junit
-from legorl.verify.runner import plan_run
+from legorl.verify.pytest_plan import plan_run
 
 
 @dataclass

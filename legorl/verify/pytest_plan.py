@@ -1,4 +1,5 @@
-"""The hardened pytest invocation used to grade (and, when generating tasks, to label) tests.
+"""The plan of a hardened, supervised pytest run: used to grade (and, when generating tasks,
+to label) tests. (Which runner a task's test_cmd names is `test_cmd.py`.)
 
 What the repository under test could otherwise do to the runner, and what stops it:
 - shadow pytest or its dependencies (`pytest.py`, `_pytest/` in the repo): the runner is
@@ -70,32 +71,6 @@ def canary_source(must_pass: bool, rng: secrets.SystemRandom) -> str:
     return f"def {{name}}():\n    values = {values!r}\n    assert sorted(values) == {expected!r}\n"
 
 
-class TestCmdError(ValueError):
-    """A task's test_cmd is not a pytest command line we can run."""
-
-    __test__ = False
-
-
-def parse_test_cmd(test_cmd: str) -> list[str]:
-    """The pytest arguments of `test_cmd` (`pytest ARGS`, `python -m pytest ARGS`, …)."""
-    try:
-        words = shlex.split(test_cmd)
-    except ValueError as exc:
-        raise TestCmdError(f"test_cmd is not valid shell syntax: {exc}") from None
-    if words[:1] in (["pytest"], ["py.test"]):
-        return words[1:]
-    if len(words) >= 3 and words[0].startswith("python") and words[1:3] == ["-m", "pytest"]:
-        return words[3:]
-    raise TestCmdError(
-        f"test_cmd must start with `pytest` or `python -m pytest` (other runners are not supported), got {test_cmd!r}"
-    )
-
-
-def default_test_args(test_ids: list[str]) -> list[str]:
-    """Run just the files that hold the given tests (SWE-bench's 'test directives')."""
-    return sorted({t.split("::", 1)[0] for t in test_ids})
-
-
 @dataclass(frozen=True)
 class RunnerPlan:
     """Everything one hardened test run needs: files to write and the command to execute."""
@@ -150,29 +125,13 @@ def plan_run(
     canaries'), the supervisor keeps them from the child. Without it they get a file of their own,
     added to the args (task generation, where nothing adversarial runs).
     """
-    rng = secrets.SystemRandom()
     work = f"{tmp_root.rstrip('/')}/.lg-{secrets.token_hex(8)}"
     junit = f"{work}/{secrets.token_hex(8)}.xml"
     repo_root = repo.rstrip("/")
-    plant: dict[str, object] = {}
-    if plant_in:
-        rel = plant_in
-        plant = {
-            "path": f"{repo_root}/{rel}",
-            "rel": rel,
-            "candidates": canary_candidates(like or [], rng),
-            "pass": canary_source(True, rng),
-            "fail": canary_source(False, rng),
-            "constructs": ["approx", "subTest", "class"],  # one more must-fail canary per construct the file uses
-        }
-        file_source, run_args, p_id, f_id = "", list(args), "", ""
-    else:
-        nonce = secrets.token_hex(8)
-        rel = f".lg-{nonce}/test_{nonce}.py"
-        p_id, f_id = f"{rel}::test_{nonce}_pass", f"{rel}::test_{nonce}_fail"
-        file_source, run_args = _CANARY_FILE.format(nonce=nonce), [*args, rel]
+    c = _canaries(repo_root, plant_in, like or [])
     full_args = [
-        *run_args,
+        *args,
+        *c.extra_args,
         f"--rootdir={repo}",
         "--import-mode=append",
         "--continue-on-collection-errors",
@@ -194,28 +153,15 @@ def plan_run(
             "log": f"{work}/out.log",
             "nonce": nonce,
             "key": key,
-            "plant": plant,
+            "plant": c.plant,
             "guard": list(guard or []),
             "wanted": list(wanted or []),
             "agent_files": sorted(agent_files or []),  # whose code is whose (not secret: they are the agent's own)
             "test_files": list(guard or []),
         }
     )
-    env = [
-        "env",
-        "-i",
-        f"PATH={SAFE_PATH}",
-        f"HOME={work}/home",
-        f"TMPDIR={work}/tmp",
-        "LANG=C.UTF-8",
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
-    ]
     cfg_path = f"{work}/{secrets.token_hex(8)}.json"
-    command = (
-        f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && "
-        f"cd {shlex.quote(repo)} && exec {shlex.join(env)} {shlex.quote(python)} -I -B "
-        f"{shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
-    )
+    command = _command(repo, python, work, cfg_path)
     return RunnerPlan(
         work_dir=work,
         junit_path=junit,
@@ -225,11 +171,60 @@ def plan_run(
         config=config,
         nonce=nonce,
         key=key,
-        canary_path=f"{repo_root}/{rel}",
-        canary_source=file_source,
-        canary_pass=p_id,
-        canary_fail=f_id,
+        canary_path=f"{repo_root}/{c.rel}",
+        canary_source=c.file_source,
+        canary_pass=c.pass_id,
+        canary_fail=c.fail_id,
         command=command,
+    )
+
+
+def _command(repo: str, python: str, work: str, cfg_path: str) -> str:
+    """The supervisor under `python -I -B` in an empty environment, plugin autoload off."""
+    env = [
+        "env",
+        "-i",
+        f"PATH={SAFE_PATH}",
+        f"HOME={work}/home",
+        f"TMPDIR={work}/tmp",
+        "LANG=C.UTF-8",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+    ]
+    return (
+        f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && "
+        f"cd {shlex.quote(repo)} && exec {shlex.join(env)} {shlex.quote(python)} -I -B "
+        f"{shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
+    )
+
+
+@dataclass(frozen=True)
+class _Canaries:
+    """Where a run's canaries go: planted by the supervisor into a task test file, or a file of their own."""
+
+    rel: str  # repo-relative file that holds them
+    plant: dict[str, object]  # the supervisor's planting spec ({} for a file of their own)
+    file_source: str  # that file's text ("" when planted)
+    extra_args: list[str]  # that file, added to pytest's arguments
+    pass_id: str  # their node ids ("" when planted: the supervisor picks the names)
+    fail_id: str
+
+
+def _canaries(repo_root: str, plant_in: str | None, like: list[str]) -> _Canaries:
+    if plant_in:
+        rng = secrets.SystemRandom()
+        plant: dict[str, object] = {
+            "path": f"{repo_root}/{plant_in}",
+            "rel": plant_in,
+            "candidates": canary_candidates(like, rng),
+            "pass": canary_source(True, rng),
+            "fail": canary_source(False, rng),
+            "constructs": ["approx", "subTest", "class"],  # one more must-fail canary per construct the file uses
+        }
+        return _Canaries(plant_in, plant, "", [], "", "")
+    nonce = secrets.token_hex(8)
+    rel = f".lg-{nonce}/test_{nonce}.py"
+    return _Canaries(
+        rel, {}, _CANARY_FILE.format(nonce=nonce), [rel], f"{rel}::test_{nonce}_pass", f"{rel}::test_{nonce}_fail"
     )
 
 

@@ -1,7 +1,9 @@
-"""Which test runner a task's command line names, and whether grading can harden it.
+"""What a task's `test_cmd` names: pytest or one of the native runners, and whether grading
+can harden it.
 
-pytest command lines go to the pytest path (`runner.py`, `selection.py`). Two repositories'
-own runners are supported natively, as the official SWE-bench specs run them:
+pytest command lines go to the pytest path (`parse_test_cmd` here, then `selection.py` and
+`pytest_plan.py`). Two repositories' own runners are supported natively, as the official
+SWE-bench specs run them:
 - Django: `./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 LABELS`
   (unittest underneath);
 - SymPy: `bin/test -C --verbose FILES` (`sympy.testing.runtests`).
@@ -19,7 +21,27 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from legorl.verify.runner import TestCmdError
+
+class TestCmdError(ValueError):
+    """A task's test_cmd is not a pytest command line we can run."""
+
+    __test__ = False
+
+
+def parse_test_cmd(test_cmd: str) -> list[str]:
+    """The pytest arguments of `test_cmd` (`pytest ARGS`, `python -m pytest ARGS`, …)."""
+    try:
+        words = shlex.split(test_cmd)
+    except ValueError as exc:
+        raise TestCmdError(f"test_cmd is not valid shell syntax: {exc}") from None
+    if words[:1] in (["pytest"], ["py.test"]):
+        return words[1:]
+    if len(words) >= 3 and words[0].startswith("python") and words[1:3] == ["-m", "pytest"]:
+        return words[3:]
+    raise TestCmdError(
+        f"test_cmd must start with `pytest` or `python -m pytest` (other runners are not supported), got {test_cmd!r}"
+    )
+
 
 HARDENED = "pytest, Django's tests/runtests.py, SymPy's bin/test"
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")

@@ -1,0 +1,195 @@
+"""Stage 4 of grading: run the task's tests under the supervisor and read back what it produced.
+
+The tests run as stage 1 selected them, canaries planted among the task's own tests, under
+the supervised runner: `pytest_plan.py` + `_supervisor.py` for pytest, `native.py` +
+`_native_supervisor.py` for Django's and SymPy's own runners. What comes back is read, not
+judged: the supervisor's nonce-tagged summary line, and the JUnit report (pytest) or the
+runner's log as the official SWE-bench parser reads it (native). Stage 5 (`judge.py`)
+decides from them. A supervisor that could not even prepare the run (before any
+repository code ran) is a `GraderFault`; everything after that is evidence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from legorl.sandbox.base import ExecResult, Sandbox
+from legorl.verify.apply import Applied
+from legorl.verify.attempt import Attempt, GraderFault, exec_step
+from legorl.verify.junit import ReportError, TestStatus, parse_junit
+from legorl.verify.native import plan_native
+from legorl.verify.prepare import Workspace
+from legorl.verify.pytest_plan import SETUP_FAILED, RunnerPlan, parse_summary, plan_run
+from legorl.verify.selection import Selection, guarded_files
+from legorl.verify.test_cmd import NativeCommand
+
+
+@dataclass(frozen=True)
+class PytestRun:
+    """What a supervised pytest run left: its result, its plan, the summary and the report."""
+
+    result: ExecResult
+    plan: RunnerPlan
+    summary: dict[str, Any] | None  # the supervisor's one tagged line (None: none, or several)
+    tags: int  # how many lines carried the tag
+    report: dict[str, TestStatus] | None  # the JUnit report (None: missing or unparsable)
+    report_sha256: str | None
+    agent_files: frozenset[str]  # whose code is whose, for the verdict (stage 3's `Applied`)
+
+
+@dataclass(frozen=True)
+class NativeRun:
+    """What a supervised run of a native runner left: the summary and the official parse of its log."""
+
+    result: ExecResult
+    cmd: NativeCommand
+    summary: dict[str, Any] | None
+    tags: int
+    log_sha256: str | None
+    parsed: dict[str, str] | None  # test id -> official status (None: no log)
+    agent_files: frozenset[str]
+
+
+async def execute(sb: Sandbox, a: Attempt, sel: Selection, ws: Workspace, applied: Applied) -> PytestRun | NativeRun:
+    """Stage 4: the task's tests, by its runner."""
+    sel.check()
+    if sel.native is not None:
+        return await _execute_native(sb, a, sel, sel.native, ws, applied)
+    return await _execute_pytest(sb, a, sel, ws, applied)
+
+
+async def _execute_pytest(sb: Sandbox, a: Attempt, sel: Selection, ws: Workspace, applied: Applied) -> PytestRun:
+    assert sel.pytest is not None  # `select` gives pytest arguments whenever there is no native runner
+    plan = plan_run(
+        a.cfg.repo_dir,
+        sel.pytest.args,
+        python=a.cfg.python,
+        tmp_root=ws.dir,
+        plant_in=sel.host,
+        like=sel.like,
+        guard=guarded_files([*sel.protected, *sel.pytest.directives]),
+        wanted=a.wanted,
+        agent_files=sorted(applied.agent_files),
+    )
+    a.ev["test_args"] = sel.pytest.args
+    dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
+    run = await _run(sb, a, plan.command, plan.files, dirs)
+    _record(a, run, (run.stderr[-3000:] + ("\n" + _untagged(run.stdout, plan.nonce)[-1500:])).strip())
+    summary, tags = _summary(run, plan.nonce)
+    report: dict[str, TestStatus] | None = None
+    sha: str | None = None
+    try:
+        data = await sb.read_file(plan.junit_path)
+        sha = hashlib.sha256(data).hexdigest()
+        report = parse_junit(data)
+        a.ev["report"] = "ok"
+    except OSError:
+        a.ev["report"] = "missing"
+    except ReportError as exc:
+        a.ev["report"] = f"invalid: {exc}"
+    return PytestRun(run, plan, summary, tags, report, sha, applied.agent_files)
+
+
+async def _execute_native(
+    sb: Sandbox, a: Attempt, sel: Selection, cmd: NativeCommand, ws: Workspace, applied: Applied
+) -> NativeRun:
+    """A native runner (`native.py`): the official parser reads the log the supervisor kept."""
+    from legorl.tasks import official
+
+    task = a.task
+    parser = official.parser_name(task.repo, task.log_parser)
+    if parser is None:
+        raise GraderFault("parser", f"no official log parser for repository {task.repo!r}")
+    if sel.host is None:
+        raise GraderFault("select", f"no task test file among the runner's labels {cmd.labels} to plant canaries in")
+    tests_py = [p for p in sel.protected if p.endswith(".py")]
+    plan = plan_native(
+        a.cfg.repo_dir,
+        cmd,
+        a.cfg.python,
+        ws.dir,
+        sel.host,
+        sel.like,
+        sel.like_classes,
+        tests_py,
+        a.wanted,
+        tests_py,
+        sorted(applied.agent_files),
+    )
+    a.ev["test_args"] = [cmd.script, *cmd.args]
+    a.ev["runner"] = cmd.runner
+    run = await _run(sb, a, plan.command, plan.files, {plan.work_dir})
+    _record(a, run, run.stderr[-3000:].strip())
+    summary, tags = _summary(run, plan.nonce)
+    log, sha = "", None
+    try:
+        data = await sb.read_file(plan.log_path)
+        sha, log = hashlib.sha256(data).hexdigest(), data.decode("utf-8", "replace")
+        a.ev["report"] = "ok"
+    except OSError:
+        a.ev["report"] = "missing"
+    try:
+        parsed = (
+            official.parse_log(parser, log, task.instance_id, task.repo, task.FAIL_TO_PASS, task.PASS_TO_PASS)
+            if log
+            else None
+        )
+    except Exception as exc:  # the official parser choked on a log: ours to look at, never the agent's reward
+        raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
+    a.ev["log_parser"] = parser
+    if parsed is not None and cmd.runner == "django":
+        parsed = django_aliases(parsed, a.wanted)
+    return NativeRun(run, cmd, summary, tags, sha, parsed, applied.agent_files)
+
+
+async def _run(sb: Sandbox, a: Attempt, command: str, files: dict[str, str], dirs: set[str]) -> ExecResult:
+    """Write the plan's files and run its command; `state["step"]` is "tests" while it runs."""
+    await exec_step(sb, "runner", "mkdir -p " + " ".join(shlex.quote(d) for d in sorted(dirs)), a.cfg)
+    for path, text in files.items():
+        await sb.write_file(path, text.encode())
+    a.state["step"] = "tests"
+    run = await sb.exec(command, timeout_s=a.cfg.test_timeout_s, cwd=a.cfg.repo_dir)
+    a.state["step"] = "report"
+    return run
+
+
+def _record(a: Attempt, run: ExecResult, output: str) -> None:
+    """The run's exit, output tail and duration as evidence; a timeout or exhaustion as flags."""
+    a.ev["exit_code"] = run.exit_code
+    a.ev["test_output"] = output
+    a.ev["test_duration_s"] = round(run.duration_s, 3)
+    if run.timed_out:
+        a.flags.append("test_timeout")
+    if run.resource_exhausted:
+        a.flags.append("resource_exhausted")
+
+
+def _summary(run: ExecResult, nonce: str) -> tuple[dict[str, Any] | None, int]:
+    """The supervisor's summary; a GraderFault when it said it could not prepare the run."""
+    summary, tags = parse_summary(run.stdout, nonce)
+    if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
+        raise GraderFault("runner", run.stderr.strip()[-800:])
+    return summary, tags
+
+
+def django_aliases(parsed: dict[str, str], wanted: list[str]) -> dict[str, str]:
+    """Django ids are `test_x (mod.Class)` up to Python 3.10 and `test_x (mod.Class.test_x)`
+    since (unittest's `str(test)`); a task's ids in one format read a log in the other."""
+    out = dict(parsed)
+    for t in wanted:
+        if t in out:
+            continue
+        name, _, rest = t.partition(" (")
+        dotted = rest.rstrip(")")
+        other = f"{name} ({dotted.rsplit('.', 1)[0]})" if dotted.endswith("." + name) else f"{name} ({dotted}.{name})"
+        if other in parsed:
+            out[t] = parsed[other]
+    return out
+
+
+def _untagged(stdout: str, nonce: str) -> str:
+    """The run's stdout without the supervisor's tagged summary (evidence only)."""
+    return "\n".join(ln for ln in stdout.splitlines() if not ln.startswith(nonce + " "))
