@@ -48,7 +48,7 @@ from legorl.loop.run import Run
 from legorl.loop.startup import build_trainer, load_task_split, rollout_backend
 from legorl.loop.worker import RolloutRecord
 from legorl.models import load_tokenizer
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TICK = os.sysconf("SC_CLK_TCK")

@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="one task, two rollouts, 8 tokens: a dry check")
     args = ap.parse_args()
     from legorl.loop.train import train
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"

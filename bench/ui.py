@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 
 from legorl.monitor.demo import write_demo_run
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 TASKS, GROUP = 16, 8
 

@@ -223,8 +223,8 @@ def export(
 
     if format not in EXPORT_FORMATS:
         fail(f"unknown --format {format!r}: use one of {', '.join(EXPORT_FORMATS)}")
-    from legorl.monitor.schema import db_path
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
+    from legorl.store.schema import db_path
 
     if not db_path(run).is_file():
         fail(f"{run} is not a run directory (no {db_path(run).name} in it)")

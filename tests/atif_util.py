@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 HARBOR_PY = Path(os.environ.get("LEGORL_HARBOR_VENV", ROOT / ".venv-harbor")) / "bin" / "python"

@@ -24,7 +24,7 @@ from atif_util import LEGORL, ROOT, export, exported_and_valid, harbor_errors
 
 from legorl.monitor.atif import SCHEMA_VERSION, read_turns
 from legorl.monitor.demo import encode, write_demo_run
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 from legorl.trajectory import assemble
 from legorl.types import Dialect, FinishReason, Outcome, Status, Turn
 

@@ -20,8 +20,8 @@ from legorl.harness.command import CommandHarness
 from legorl.harness.registry import HARNESSES, action_format
 from legorl.loop.config import load_run_config
 from legorl.loop.startup import record_action_format
-from legorl.monitor.store import RunStore
 from legorl.quickstart.expert import FENCE, SUBMIT
+from legorl.store.run_store import RunStore
 from legorl.types import Dialect, FinishReason, Turn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -262,7 +262,7 @@ def test_a_run_over_its_time_budget_is_refused_at_start_up(tmp_path: Path) -> No
     proc = train(config(tmp_path, run=run + "\ntime_budget_s = 1"))
     one_message(proc, "time budget 1s", "this run cannot fit", "tokens/s", "raise run.time_budget_s")
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
 
     if (tmp_path / "run" / "run.sqlite").exists():  # refused before the first rollout (or before the store)
         with RunStore(tmp_path / "run", readonly=True) as store:

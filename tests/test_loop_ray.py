@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from loop_util import train, write_run  # the same scripted agent and run as in-process
 
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from loop_util import train, write_run
 
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from legorl.monitor.monitors import (
     evaluate,
     run_monitors,
 )
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 HEALTHY = {
     "reward/mean": 0.3,

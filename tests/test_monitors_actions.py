@@ -13,8 +13,8 @@ from legorl.loop.config import load_run_config
 from legorl.loop.metrics import rollout_metrics
 from legorl.loop.startup import record_action_format
 from legorl.monitor.monitors import MonitorConfig, RunFacts, evaluate, run_monitors
-from legorl.monitor.store import RunStore
 from legorl.quickstart.expert import FENCE, SUBMIT
+from legorl.store.run_store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Status, Trajectory, Turn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -414,7 +414,7 @@ async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(
 
 
 def test_store_dumps_never_raises() -> None:
-    from legorl.monitor.rebuild import dumps
+    from legorl.store.rebuild import dumps
 
     assert json.loads(dumps({"deep": deep_list(400), "big": 2**90}))["big"] == str(2**90)
 

@@ -27,7 +27,7 @@ from legorl.types import FinishReason
 def test_one_gspo_step_of_smollm2_through_mini_swe_agent(tmp_path: Path) -> None:
     from legorl.loop.train import train
     from legorl.models import load_tokenizer
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
 
     summary = asyncio.run(train(shrunk(tmp_path / "run")))
     assert len(summary["steps"]) == 1

@@ -26,7 +26,7 @@ from smollm2_util import MISSING, NAME, shrunk
 from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
 from legorl.loop.train import train
 from legorl.models import resolve_model
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 pytestmark = [
     pytest.mark.slow,

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from legorl.monitor import codec
 from legorl.monitor.demo import write_demo_run, write_session
 from legorl.monitor.export import export_jsonl, export_parquet
-from legorl.monitor.queries import compare_tasks
-from legorl.monitor.store import RunStore
+from legorl.store import codec
+from legorl.store.queries import compare_tasks
+from legorl.store.run_store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn, as_routing
 
 

@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 
 
 def ids(sid: str, i: int) -> list[int]:
@@ -22,7 +22,7 @@ def ids(sid: str, i: int) -> list[int]:
 
 WRITER = inspect.getsource(ids) + textwrap.dedent("""
     import sys
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
     from legorl.types import Dialect, FinishReason, Outcome, Status, Turn
 
     store = RunStore(sys.argv[1])

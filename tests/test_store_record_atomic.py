@@ -20,7 +20,7 @@ WRITER = textwrap.dedent("""
     import sys
     from legorl.loop.run import record
     from legorl.loop.worker import RolloutRecord
-    from legorl.monitor.store import RunStore
+    from legorl.store.run_store import RunStore
     from legorl.trajectory import assemble
     from legorl.types import Dialect, FinishReason, Outcome, Status, Turn
 

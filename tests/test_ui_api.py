@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from legorl.monitor.demo import write_demo_run, write_session
-from legorl.monitor.store import RunStore
 from legorl.monitor.ui.server import UIServerThread, serve_ui
+from legorl.store.run_store import RunStore
 from legorl.types import Dialect
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from legorl.monitor.demo import write_demo_run, write_session
-from legorl.monitor.store import RunStore
 from legorl.monitor.ui.server import UIServerThread
+from legorl.store.run_store import RunStore
 from legorl.types import Dialect
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]

@@ -16,7 +16,7 @@ import time
 
 from legorl.loop.stats import Evaluation, summarize
 from legorl.loop.worker import OnRecord, RolloutBackend
-from legorl.monitor.phases import HELDOUT_STEP
+from legorl.store.phases import HELDOUT_STEP
 from legorl.types import Status, Task
 
 

@@ -19,7 +19,7 @@ from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.report import Report
 from legorl.loop.worker import RolloutBackend, RolloutRecord
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 from legorl.train.trainer import Trainer
 from legorl.types import Task
 

@@ -27,7 +27,7 @@ from typing import Any
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.report import RESULTS_FILE
-from legorl.monitor.schema import db_path
+from legorl.store.schema import db_path
 from legorl.train.checkpoint import STEP_DIR
 
 # Settings that say where a run lives or how it is watched, not what it trains: a run

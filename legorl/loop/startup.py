@@ -22,9 +22,9 @@ from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.worker import RolloutBackend, RolloutWorker
 from legorl.models import ModelNotFound, check_model, load_tokenizer
-from legorl.monitor.store import RunStore
 from legorl.quickstart.source import SOURCE_NAME, ensure_task_file
 from legorl.sandbox.images import ImageStore
+from legorl.store.run_store import RunStore
 from legorl.tasks.loader import TaskFileError, load_shipped, load_tasks
 from legorl.train.sync import WeightSync
 from legorl.train.trainer import Trainer

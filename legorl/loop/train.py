@@ -51,7 +51,7 @@ from legorl.loop.startup import (
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import Trackers, open_trackers
-from legorl.monitor.store import RunStore
+from legorl.store.run_store import RunStore
 from legorl.train.checkpoint import check_weights_fit
 
 

@@ -9,7 +9,7 @@ turn, so the export is lossless where it matters:
 - **One agent step per model call** (a `Turn`), with its true token ids and rollout
   logprobs in `metrics`. Between agent steps, what the harness added to the conversation
   (tool outputs, user text) becomes observations and user/system steps, read from the
-  recorded request bodies of each dialect (`legorl.monitor.messages`).
+  recorded request bodies of each dialect (`legorl.store.messages`).
 - **Segments are kept apart.** Each agent step names its segment in
   `extra.legorl.segment`; the root's `extra.legorl.segments` lists them. A segment that
   runs inside another conversation (it starts while an earlier segment is still being
@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
-from legorl.monitor import messages as msgs
-from legorl.monitor.store import RunStore
+from legorl.store import messages as msgs
+from legorl.store.run_store import RunStore
 from legorl.trajectory import assemble
 from legorl.types import Dialect, FinishReason, Trajectory, Turn
 

@@ -23,8 +23,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from legorl.harness.actions import MINI_BASH_TOOL, TOOL_CALLS
-from legorl.monitor.phases import HELDOUT_STEP, WARM_START_STEP
-from legorl.monitor.store import RunStore
+from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP
+from legorl.store.run_store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
 
 TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tokenizer" / "tokenizer.json"

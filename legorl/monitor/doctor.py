@@ -170,7 +170,7 @@ def store_check(run_dir: Path | str | None = None) -> Check:
                 f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
                 fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)",
             ) from None
-        from legorl.monitor.store import RunStore
+        from legorl.store.run_store import RunStore
 
         target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
         db = target / "doctor.sqlite"

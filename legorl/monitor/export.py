@@ -17,10 +17,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from legorl.monitor import codec
-from legorl.monitor.queries import turn_of
-from legorl.monitor.rebuild import dumps, loads, rebuild_turns
-from legorl.monitor.store import RunStore
+from legorl.store import codec
+from legorl.store.queries import turn_of
+from legorl.store.rebuild import dumps, loads, rebuild_turns
+from legorl.store.run_store import RunStore
 
 
 def _turn_records(store: RunStore, session_id: str) -> list[dict[str, Any]]:

@@ -31,9 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from legorl.loop.report import RESULTS_FILE
 from legorl.monitor.monitors import describe_metrics
-from legorl.monitor.queries import compare_tasks
-from legorl.monitor.schema import db_path
-from legorl.monitor.store import RunStore
+from legorl.store.queries import compare_tasks
+from legorl.store.run_store import RunStore
+from legorl.store.schema import db_path
 
 STATIC = Path(__file__).parent / "static"
 

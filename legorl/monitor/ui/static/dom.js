@@ -68,7 +68,7 @@ function debounce(fn, ms) {
   return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); };
 }
 
-// Run-store steps below 0 are phases of the run (legorl/monitor/phases.py), not GSPO steps.
+// Run-store steps below 0 are phases of the run (legorl/store/phases.py), not GSPO steps.
 const HELDOUT_STEP = -2;
 const PHASE_NAMES = { [-2]: "held-out evaluation", [-1]: "warm start" };
 

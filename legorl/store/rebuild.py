@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from legorl.monitor.codec import unpack_ids, unpack_text
+from legorl.store.codec import unpack_ids, unpack_text
 
 JSON_OPTS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 
 from legorl.harness.actions import ActionFormat
-from legorl.monitor import codec
-from legorl.monitor import messages as msgs
-from legorl.monitor.phases import HELDOUT_STEP, WARM_START_STEP, phase_name
-from legorl.monitor.rebuild import RebuiltTurn, loads, rebuild_turns
-from legorl.monitor.schema import TURN_ROW_BITS
+from legorl.store import codec
+from legorl.store import messages as msgs
+from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP, phase_name
+from legorl.store.rebuild import RebuiltTurn, loads, rebuild_turns
+from legorl.store.schema import TURN_ROW_BITS
 from legorl.types import (
     INFRA_STATUSES,
     AlignmentStats,

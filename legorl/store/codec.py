@@ -9,7 +9,7 @@ not compress, and float32 is already finer than the bf16/fp32 the engines comput
 Prompt deltas: within a segment each prompt extends the previous prompt + completion
 token-for-token, so storing every prompt in full makes a run's size quadratic in its
 turn count. `common_prefix_len` lets the store keep only the new tail of each prompt and
-rebuild the full one by walking back (see store.py).
+rebuild the full one by walking back (see run_store.py).
 """
 
 from __future__ import annotations

@@ -38,11 +38,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from legorl.harness.actions import ActionFormat
-from legorl.monitor import codec
-from legorl.monitor import messages as msgs
-from legorl.monitor.queries import StoreQueries
-from legorl.monitor.rebuild import TurnState, common_items, dumps, loads, rebuild_turns, state_of
-from legorl.monitor.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_path, init_schema
+from legorl.store import codec
+from legorl.store import messages as msgs
+from legorl.store.queries import StoreQueries
+from legorl.store.rebuild import TurnState, common_items, dumps, loads, rebuild_turns, state_of
+from legorl.store.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_path, init_schema
 from legorl.types import Outcome, Trajectory, Turn
 
 SEVERITIES = ("info", "warning", "critical")
