@@ -18,6 +18,7 @@ from legorl.harness.base import (
     COMMON_ENV,
     PROBLEM_FILE,
     InstalledHarness,
+    Launch,
     NativeAdapter,
     http_status_is_infra,
     jsonl,
@@ -326,6 +327,20 @@ def test_every_native_adapter_has_the_one_base(layers) -> None:
         assert set(adapter.readonly_mounts) == {str(install.layer_path(layer)) for layer in adapter.layers}, name
     traced = NetTraced(ClaudeCode())
     assert isinstance(traced, NativeAdapter) and traced.layers == ("claude-code", "strace")
+
+
+def test_an_adapter_missing_interpret_fails_at_construction() -> None:
+    """`launch` and `interpret` are abstract: forgetting one is a TypeError naming it when the
+    adapter is built, not a NotImplementedError in the middle of a rollout."""
+
+    class LaunchOnly(NativeAdapter):
+        name, layers = "launch-only", ()
+
+        def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
+            return Launch("true")
+
+    with pytest.raises(TypeError, match="interpret"):
+        LaunchOnly()
 
 
 def test_a_harness_section_builds_its_adapter_through_make_harness(tmp_path: Path) -> None:

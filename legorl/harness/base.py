@@ -29,6 +29,7 @@ A context overflow the harness could not compact its way out of is the policy's 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import shlex
@@ -148,21 +149,25 @@ class Verdict:
     details: dict[str, str] = field(default_factory=dict)
 
 
-class NativeAdapter:
+class NativeAdapter(abc.ABC):
     """The base of every native adapter (a frozen dataclass per harness program): it says its
     layers, how to launch the harness (`launch`) and how to read its ending (`interpret`),
     and inherits the rollout's two hooks, the same for all of them: the layers to mount
     read-only at their own paths (`readonly_mounts`, so it is an `InstalledHarness`) and the
-    run (`run`: launch, wait, read the outputs, interpret; so it is a `Harness`)."""
+    run (`run`: launch, wait, read the outputs, interpret; so it is a `Harness`). `launch` and
+    `interpret` are abstract: an adapter missing one fails when it is constructed, not in
+    the middle of a rollout."""
 
     name: str
     layers: tuple[str, ...]
 
+    @abc.abstractmethod
     def launch(self, task: Task, base_url: str, repo_dir: str) -> Launch:
-        raise NotImplementedError
+        """The files to write and the command that runs the harness on `task` in `repo_dir`."""
 
+    @abc.abstractmethod
     def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
-        raise NotImplementedError
+        """How the harness ended, from its exit (`res`) and the output files it left."""
 
     @property
     def readonly_mounts(self) -> dict[str, str]:
