@@ -318,8 +318,8 @@ def template_model(tmp: Path, which: str) -> str:
 def render_ms(model: str) -> dict[str, float]:
     from legorl.models import load_tokenizer
     from legorl.proxy import openai_chat
-    from legorl.proxy.render import ChatRequest, RenderState
-    from legorl.proxy.renderers import make_renderer
+    from legorl.proxy.renderer import ChatRequest, RenderState
+    from legorl.proxy.renderer_choice import make_renderer
 
     tok = load_tokenizer(model)
     r = make_renderer(tok)
@@ -389,7 +389,7 @@ async def overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
     from legorl.engine.scripted import ScriptedEngine
     from legorl.models import load_tokenizer
     from legorl.proxy import anthropic, openai_chat, responses
-    from legorl.proxy.renderers import make_renderer
+    from legorl.proxy.renderer_choice import make_renderer
 
     cells = []
     with tempfile.TemporaryDirectory(prefix="legorl-bench-") as d:

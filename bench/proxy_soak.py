@@ -49,8 +49,8 @@ from proxy_fuzz import BODIES, CHAT, MSGS, RESP, ThreadedProxy, turns_recorded  
 from proxy_util import tokenizer  # noqa: E402
 
 from legorl.engine.scripted import ScriptedEngine  # noqa: E402
+from legorl.proxy.chatml_renderer import ChatMLRenderer  # noqa: E402
 from legorl.proxy.config import ProxyConfig  # noqa: E402
-from legorl.proxy.render import Renderer  # noqa: E402
 from legorl.proxy.server import ProxyServer  # noqa: E402
 
 REPLIES = [
@@ -67,7 +67,7 @@ def rss_mb() -> float:
 
 def make_server(out: Path, **cfg: Any) -> ProxyServer:
     engine = ScriptedEngine(REPLIES, tokenizer(), latency_s=cfg.pop("latency_s", 0.0))
-    return ProxyServer(ProxyConfig(port=0, **cfg), engine, Renderer(tokenizer()), standalone=True, out_dir=out)
+    return ProxyServer(ProxyConfig(port=0, **cfg), engine, ChatMLRenderer(tokenizer()), standalone=True, out_dir=out)
 
 
 # -- fuzz ----------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ async def stall(huge_mb: float) -> dict[str, Any]:
     engine = PacedEngine(ScriptedEngine([long_reply], tokenizer()), 0.005)
     cfg = ProxyConfig(port=0, max_tokens=800)
     async with (
-        ProxyServer(cfg, engine, Renderer(tokenizer()), standalone=True, out_dir=out) as srv,
+        ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), standalone=True, out_dir=out) as srv,
         httpx.AsyncClient(base_url=srv.base_url, timeout=300) as c,
     ):
 

@@ -36,8 +36,8 @@ from legorl.loop.train import train
 from legorl.loop.worker import RolloutWorker
 from legorl.models import resolve_model
 from legorl.monitor.doctor import run_one
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.tasks.loader import load_shipped
 from legorl.train.sync import DiskSync
@@ -88,7 +88,9 @@ def recompute(lm: torch.nn.Module, prompt: list[int], ids: list[int], params: Sa
 @pytest.mark.parametrize("stream", [False, True])
 async def test_proxy_records_what_the_real_vllm_sampled(vllm_server: VLLMServer, stream: bool) -> None:
     spy = SpyEngine(engine(vllm_server, stream=stream))
-    async with ProxyServer(ProxyConfig(port=0, max_tokens=24), spy, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(
+        ProxyConfig(port=0, max_tokens=24), spy, ChatMLRenderer(tokenizer()), standalone=True
+    ) as srv:
         sid = f"vllm-{stream}"
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key=sid, max_retries=0)
         msgs = [{"role": "user", "content": "list the files"}]
@@ -170,7 +172,7 @@ async def test_routed_experts_from_a_server_without_them_is_an_error_naming_the_
         await e.generate(PROMPT, SamplingParams(max_tokens=4))
     await e.close()
     spy = SpyEngine(engine(vllm_server, return_routed_experts=True))
-    async with ProxyServer(ProxyConfig(port=0, max_tokens=8), spy, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(ProxyConfig(port=0, max_tokens=8), spy, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="routed", max_retries=0)
         with pytest.raises(openai.APIStatusError, match="--enable-return-routed-experts") as info:
             await o.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}])

@@ -80,14 +80,14 @@ def test_oracle_plan_through_codex_tools() -> None:
     """The oracle drives Codex's `exec_command {cmd}` (not `command`) through all its steps."""
     from legorl.engine.oracle import MARK, OraclePolicy, OracleTask
     from legorl.models import load_tokenizer
-    from legorl.proxy.render import Renderer
+    from legorl.proxy.chatml_renderer import ChatMLRenderer
     from legorl.proxy.toolcalls import parse_completion
 
     first = _requests("codex")[0]
     parsed = responses.parse(first)
     task = shipped(1)[0]
     policy = OraclePolicy({task.instance_id: OracleTask(task.instance_id, task.problem_statement, task.patch)})
-    renderer = Renderer(load_tokenizer("tiny-qwen3"))
+    renderer = ChatMLRenderer(load_tokenizer("tiny-qwen3"))
     msgs = list(parsed.chat.messages)
     for step in range(1, 5):
         text = policy.complete(renderer.decode(renderer.render(type(parsed.chat)(msgs, parsed.chat.tools))))

@@ -36,8 +36,8 @@ from legorl.engine.scripted import ScriptedEngine
 from legorl.harness.install import is_built
 from legorl.harness.nettrace import NetTraced
 from legorl.proxy import responses
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.toolcalls import parse_completion
 from legorl.train.batch import pack
@@ -75,7 +75,7 @@ def _metadata(body: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 async def proxy():
     engine = ScriptedEngine(SCRIPT, tokenizer(), mode="per_session")
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
         yield srv
 
 
@@ -153,7 +153,7 @@ def test_oracle_delegates_through_codex_tools() -> None:
     task = shipped(1)[0]
     oracle_task = OracleTask(task.instance_id, task.problem_statement, task.patch)
     policy = OraclePolicy({task.instance_id: oracle_task}, delegate=True)
-    renderer = Renderer(tokenizer())
+    renderer = ChatMLRenderer(tokenizer())
 
     def act(body: dict[str, Any]) -> Any:
         chat = responses.parse(body).chat

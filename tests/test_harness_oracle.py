@@ -20,7 +20,8 @@ from legorl.engine.oracle import (
 )
 from legorl.engine.registry import EngineConfig, make_engine
 from legorl.models import load_tokenizer
-from legorl.proxy.render import ChatRequest, Renderer
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.renderer import ChatRequest
 from legorl.proxy.toolcalls import parse_completion
 from legorl.types import FinishReason, SamplingParams
 
@@ -87,7 +88,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def renderer(tok):
-    return Renderer(tok)
+    return ChatMLRenderer(tok)
 
 
 def _assistant(text: str) -> dict:
@@ -286,7 +287,7 @@ async def test_oracle_through_the_proxy_with_official_clients(tok) -> None:
     from legorl.proxy.server import ProxyServer
 
     eng = OracleEngine(tok, [TASK])
-    async with ProxyServer(ProxyConfig(port=0), eng, Renderer(tok)) as srv:
+    async with ProxyServer(ProxyConfig(port=0), eng, ChatMLRenderer(tok)) as srv:
         srv.open_session("oa")
         srv.open_session("an")
         client = openai.AsyncOpenAI(base_url=srv.session_url("oa") + "/v1", api_key="x")

@@ -19,9 +19,9 @@ from proxy_fuzz import BODIES, CHAT, MSGS, RESP, STREAM_ENDS, ThreadedProxy, is_
 from proxy_util import tokenizer
 
 from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.limits import safe_dumps
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 
 GOOD = {
@@ -41,7 +41,7 @@ def deep_list(depth: int) -> Any:
 def server(tmp: Path, replies: list[str] | None = None, **cfg: Any) -> ProxyServer:
     cfg = {"port": 0, "max_context": 2000, "header_timeout_s": 1.0, "body_timeout_s": 1.0, **cfg}
     engine = ScriptedEngine(replies or ["fine, thanks"], tokenizer())
-    return ProxyServer(ProxyConfig(**cfg), engine, Renderer(tokenizer()), standalone=True, out_dir=tmp)
+    return ProxyServer(ProxyConfig(**cfg), engine, ChatMLRenderer(tokenizer()), standalone=True, out_dir=tmp)
 
 
 def shaped_error(path: str, r: httpx.Response, status: int | None = None) -> dict[str, Any]:
@@ -326,12 +326,12 @@ def test_byte_lru_evicts_by_bytes() -> None:
 
 
 async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_prompt(tmp_path: Path) -> None:
-    """The model's-own-template renderer (its piece cache) is bounded like render.Renderer's:
+    """The model's-own-template renderer (its piece cache) is bounded like render.ChatMLRenderer's:
     a ByteLRU, and a refused prompt — rendered on the loop or off it — leaves nothing."""
     from template_util import standin_tokenizer, template
 
     from legorl.proxy.render_cache import ByteLRU
-    from legorl.proxy.renderers import make_renderer
+    from legorl.proxy.renderer_choice import make_renderer
 
     tok = standin_tokenizer("glm45_added.json", template("glm-4.5.jinja"), "<|endoftext|>")
     cfg = ProxyConfig(port=0, max_context=2000, render_cache_bytes=4 << 20, offload_bytes=16 * 1024)
@@ -354,10 +354,10 @@ async def test_template_renderer_cache_is_bounded_in_bytes_and_keeps_no_refused_
 async def test_a_piece_over_the_window_is_refused_before_its_ids_are_built() -> None:
     """Off the loop, a piece that alone reaches the context window stops the render
     (`TooLong`, a lower bound of the prompt's tokens); under the budget the ids are exact."""
-    from legorl.proxy.render import ChatRequest
     from legorl.proxy.render_cache import OffLoopRenderer, TooLong
+    from legorl.proxy.renderer import ChatRequest
 
-    renderer = Renderer(tokenizer())
+    renderer = ChatMLRenderer(tokenizer())
     off = OffLoopRenderer(renderer)
     try:
         chat = ChatRequest([{"role": "user", "content": "w " * 5000}], [])

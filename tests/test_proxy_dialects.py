@@ -19,8 +19,8 @@ import pytest
 from proxy_util import SpyEngine, canonical, check_turn, tokenizer
 
 from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
@@ -66,7 +66,7 @@ EXPECTED_CALLS = [
 @pytest.fixture
 async def proxy():
     engine = SpyEngine(ScriptedEngine(SCRIPT, tokenizer(), mode="per_session"))
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
         srv.spy = engine
         yield srv
 

@@ -16,8 +16,8 @@ from proxy_util import SpyEngine, tokenizer
 
 from legorl.engine.base import EngineError, collect
 from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.types import FinishReason, SamplingParams, TokenStep
 
@@ -62,7 +62,7 @@ class FaultyEngine:
 async def proxy():
     engine = SpyEngine(ScriptedEngine(["fine, thanks"], tokenizer()))
     cfg = ProxyConfig(port=0, max_context=400, max_body_bytes=1 << 20)
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         yield srv
 
 
@@ -268,7 +268,7 @@ async def test_context_overflow_is_the_error_each_harness_compacts_on(proxy: Pro
 
 async def test_unknown_session_in_managed_mode() -> None:
     engine = ScriptedEngine(["x"], tokenizer())
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
         srv.open_session("known")
         async with httpx.AsyncClient(base_url=srv.base_url) as c:
             r = await c.post(MSGS, json=GOOD[MSGS], headers={"x-api-key": "stranger"})
@@ -286,7 +286,9 @@ async def test_unknown_session_in_managed_mode() -> None:
 
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
 async def test_engine_failure_is_a_502_not_a_hang(path: str) -> None:
-    async with ProxyServer(ProxyConfig(port=0), FaultyEngine("fail"), Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(
+        ProxyConfig(port=0), FaultyEngine("fail"), ChatMLRenderer(tokenizer()), standalone=True
+    ) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, headers={"x-api-key": "k"}) as c:
             for stream in (False, True):
                 r = await c.post(path, json={**GOOD[path], "stream": stream})
@@ -297,7 +299,7 @@ async def test_engine_failure_is_a_502_not_a_hang(path: str) -> None:
 @pytest.mark.parametrize("path", [CHAT, MSGS, RESP])
 async def test_engine_failure_mid_stream_ends_the_stream_with_an_error(path: str) -> None:
     engine = SpyEngine(FaultyEngine("fail_mid"))
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, headers={"x-api-key": "k"}) as c:
             r = await c.post(path, json={**GOOD[path], "stream": True})
             assert r.status_code == 200
@@ -310,7 +312,7 @@ async def test_engine_failure_mid_stream_ends_the_stream_with_an_error(path: str
 async def test_timeout_and_client_disconnect_abort_the_generation() -> None:
     engine = SpyEngine(FaultyEngine("hang"))
     cfg = ProxyConfig(port=0, request_timeout_s=0.5)
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url, headers={"x-api-key": "k"}) as c:
             r = await c.post(MSGS, json=GOOD[MSGS])
             assert r.status_code == 504 and anthropic_error(r)["type"] == "timeout_error"
@@ -336,7 +338,7 @@ async def test_timeout_and_client_disconnect_abort_the_generation() -> None:
 
 async def test_stop_strings_are_honoured_and_trimmed() -> None:
     engine = SpyEngine(ScriptedEngine(["call <function=bash>ls</function> then more text"], tokenizer()))
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
         r = await o.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stop=["</function"])
         assert r.choices[0].message.content == "call <function=bash>ls"

@@ -38,8 +38,8 @@ from proxy_util import SpyEngine, canonical, check_turn, tokenizer
 from test_proxy_dialects import EXPECTED_CALLS, OPENAI_TOOLS, SCRIPT
 
 from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
@@ -77,7 +77,7 @@ def config(decl: types.FunctionDeclaration = BASH, **kw: Any) -> types.GenerateC
 @pytest.fixture
 async def proxy():
     engine = SpyEngine(ScriptedEngine(SCRIPT, tokenizer(), mode="per_session"))
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer())) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
         srv.spy = engine
         yield srv
 
@@ -249,7 +249,9 @@ def hf() -> Iterator[Any]:
 @pytest.fixture
 async def hf_proxy(hf: Any):
     spy = SpyEngine(hf)
-    async with ProxyServer(ProxyConfig(port=0, max_tokens=24), spy, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(
+        ProxyConfig(port=0, max_tokens=24), spy, ChatMLRenderer(tokenizer()), standalone=True
+    ) as srv:
         srv.spy = spy
         yield srv
 
@@ -300,7 +302,11 @@ def test_gemini_fuzz_never_5xx_and_every_accepted_turn_recorded(tmp_path: Path) 
     def make() -> ProxyServer:
         cfg = ProxyConfig(port=0, max_context=4000, header_timeout_s=1.0, body_timeout_s=1.0)
         return ProxyServer(
-            cfg, ScriptedEngine(["fine, thanks"], tokenizer()), Renderer(tokenizer()), standalone=True, out_dir=tmp_path
+            cfg,
+            ScriptedEngine(["fine, thanks"], tokenizer()),
+            ChatMLRenderer(tokenizer()),
+            standalone=True,
+            out_dir=tmp_path,
         )
 
     counts = {"ok": 0, "4xx": 0}

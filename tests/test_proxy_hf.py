@@ -20,8 +20,8 @@ import pytest
 from proxy_util import SpyEngine, canonical, check_turn, tokenizer
 
 from legorl.engine.hf import HFEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
@@ -49,7 +49,9 @@ def hf() -> Iterator[HFEngine]:
 @pytest.fixture
 async def proxy(hf: HFEngine):
     spy = SpyEngine(hf)
-    async with ProxyServer(ProxyConfig(port=0, max_tokens=24), spy, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(
+        ProxyConfig(port=0, max_tokens=24), spy, ChatMLRenderer(tokenizer()), standalone=True
+    ) as srv:
         srv.spy = spy
         yield srv
 

@@ -12,8 +12,8 @@ from proxy_util import tokenizer
 
 from legorl.engine.hf import HFEngine
 from legorl.model_families import save
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 
@@ -26,7 +26,7 @@ async def test_proxy_serves_the_family_and_records_routing(family: str, tmp_path
     engine = HFEngine(str(save(family, tmp_path / family)), tokenizer(), seed=0, num_threads=1)
     try:
         async with ProxyServer(
-            ProxyConfig(port=0, max_tokens=12), engine, Renderer(tokenizer()), standalone=True
+            ProxyConfig(port=0, max_tokens=12), engine, ChatMLRenderer(tokenizer()), standalone=True
         ) as srv:
 
             async def session(sid: str) -> None:

@@ -12,8 +12,8 @@ from proxy_util import SpyEngine, tokenizer
 
 from legorl.engine.scripted import ScriptedEngine
 from legorl.loop.config import RunConfig
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 
 BABBLE = " ".join(["word"] * 3000)  # a completion longer than any cap below
@@ -27,7 +27,9 @@ def test_default_cap_is_modest_and_the_run_config_raises_it() -> None:
 
 async def test_harness_request_only_lowers_the_configured_cap() -> None:
     engine = SpyEngine(ScriptedEngine([BABBLE] * 3, tokenizer()))
-    async with ProxyServer(ProxyConfig(port=0, max_tokens=40), engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(
+        ProxyConfig(port=0, max_tokens=40), engine, ChatMLRenderer(tokenizer()), standalone=True
+    ) as srv:
         o = openai.AsyncOpenAI(base_url=srv.base_url + "/v1", api_key="k", max_retries=0)
         msgs = [{"role": "user", "content": "x"}]
         none = await o.chat.completions.create(model="m", messages=msgs)

@@ -23,8 +23,8 @@ import orjson
 from proxy_util import SpyEngine, tokenizer
 
 from legorl.engine.scripted import ScriptedEngine
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.types import SamplingParams, TokenStep, Turn
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 async def test_side_calls_are_answered_recorded_and_left_out(tmp_path: Path) -> None:
     engine = SpyEngine(ScriptedEngine([TOOL_CALL, "A short title", "Summary: did things"], tokenizer()))
     cfg = ProxyConfig(port=0, side_call_models=["small-fast-model"])
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path) as srv:
+    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), out_dir=tmp_path) as srv:
         srv.open_session("ep1", {"instance_id": "repo__1"})
         o = openai.AsyncOpenAI(base_url=srv.session_url("ep1") + "/v1", api_key="x", max_retries=0)
         main = [{"role": "system", "content": "You are opencode."}, {"role": "user", "content": "fix it"}]
@@ -87,7 +87,7 @@ async def test_side_calls_are_answered_recorded_and_left_out(tmp_path: Path) -> 
 async def test_recorded_turn_fields_and_admin_routes(tmp_path: Path) -> None:
     engine = SpyEngine(ScriptedEngine(["<think>\nplan\n</think>\n\n" + TOOL_CALL], tokenizer()))
     cfg = ProxyConfig(port=0, temperature=0.7, top_p=0.9, max_tokens=500)
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
+    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
         engine.inner.policy_version = 7
         body = {
             "model": "harness-name",
@@ -125,7 +125,7 @@ async def test_recorded_turn_fields_and_admin_routes(tmp_path: Path) -> None:
 
 async def test_many_concurrent_streaming_sessions() -> None:
     engine = ScriptedEngine(["Sure, here is a longer answer with several tokens in it."], tokenizer())
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), standalone=True) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
         limits = httpx.Limits(max_connections=1)
         tls = ssl.create_default_context()  # one for all clients: building one per client is slow
 
@@ -237,7 +237,7 @@ async def test_moe_routing_is_kept_once_per_position_and_reassembles_exactly(tmp
 
     moe = (3, 2, 8)  # layers, top_k, experts
     engine = ScriptedEngine([TOOL_CALL, TOOL_CALL, "Done.", "Resumed.", "Finished."], tokenizer(), moe=moe)
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tokenizer()), out_dir=tmp_path) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer()), out_dir=tmp_path) as srv:
         srv.open_session("ep")
         o = openai.AsyncOpenAI(base_url=srv.session_url("ep") + "/v1", api_key="x", max_retries=0)
         msgs: list[dict] = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "fix it"}]
@@ -302,7 +302,7 @@ async def test_a_turn_across_a_weight_update_records_its_oldest_version(tmp_path
     engine = _UpdatedMidTurn(ScriptedEngine(["a long enough answer to span the update"], tokenizer()))
     engine.inner.policy_version = 3
     cfg = ProxyConfig(port=0, max_tokens=100)
-    async with ProxyServer(cfg, engine, Renderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
+    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), out_dir=tmp_path, standalone=True) as srv:
         async with httpx.AsyncClient(base_url=srv.base_url) as c:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
             r = await c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer run-v"})

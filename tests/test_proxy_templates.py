@@ -16,7 +16,7 @@ from template_util import qwen_tokenizer, standin_tokenizer, template
 
 from legorl.engine.scripted import ScriptedEngine
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.renderers import make_renderer
+from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.template import _args_as_object
 from legorl.trajectory import assemble

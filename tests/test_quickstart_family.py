@@ -114,10 +114,11 @@ def test_expert_reply_reads_the_fail_line_p_read_of_the_time() -> None:
 
 async def test_expert_engine_answers_from_the_rendered_prompt() -> None:
     from legorl.models import load_tokenizer
-    from legorl.proxy.render import ChatRequest, Renderer
+    from legorl.proxy.chatml_renderer import ChatMLRenderer
+    from legorl.proxy.renderer import ChatRequest
 
     tok = load_tokenizer("quickstart-qwen3")
-    renderer = Renderer(tok)
+    renderer = ChatMLRenderer(tok)
     task = family.tasks("train", 1, k=3)[0]
     out, _ = family.run_tests_in_process(task, task.source())
     engine = ExpertEngine(tok, p_read=0.3, seed=1)

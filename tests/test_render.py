@@ -7,7 +7,10 @@ import random
 import pytest
 
 from legorl.models import load_tokenizer
-from legorl.proxy.render import ChatRequest, Renderer, RenderState
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.renderer import ChatRequest, Renderer, RenderState
+from legorl.proxy.renderer_choice import make_renderer
+from legorl.proxy.template import TemplateRenderer
 from legorl.proxy.toolcalls import parse_completion
 
 TOOLS = [
@@ -72,7 +75,7 @@ def test_render_matches_chat_template(tok, seed: int) -> None:
     rng = random.Random(seed)
     msgs = _random_conversation(rng)
     tools = TOOLS if rng.random() < 0.6 else []
-    r = Renderer(tok)
+    r = ChatMLRenderer(tok)
     ids = r.render(ChatRequest(msgs, tools))
     ref = tok.apply_chat_template(msgs, tools=tools or None, tokenize=False, add_generation_prompt=True)
     assert ids == tok(ref, add_special_tokens=False)["input_ids"]
@@ -81,12 +84,12 @@ def test_render_matches_chat_template(tok, seed: int) -> None:
 
 def test_continue_final_message(tok) -> None:
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Partial answer"}]
-    ids = Renderer(tok).render(ChatRequest(msgs, [], add_generation_prompt=False))
+    ids = ChatMLRenderer(tok).render(ChatRequest(msgs, [], add_generation_prompt=False))
     assert tok.decode(ids).endswith("<|im_start|>assistant\nPartial answer")
 
 
 def test_splice_keeps_sampled_ids_under_reserialisation(tok) -> None:
-    r = Renderer(tok)
+    r = ChatMLRenderer(tok)
     state = RenderState()
     msgs = [{"role": "user", "content": "list files"}]
     prompt = r.render(ChatRequest(msgs, TOOLS), state)
@@ -110,3 +113,19 @@ def test_splice_keeps_sampled_ids_under_reserialisation(tok) -> None:
     assert prompt2[: len(prompt) + len(sampled)] == prompt + sampled
     # without the session state the canonical rendering is used and the prefix diverges
     assert r.render(ChatRequest(msgs2, TOOLS))[: len(prompt) + len(sampled)] != prompt + sampled
+
+
+def test_both_renderers_are_the_protocol_the_proxy_is_typed_with(tok) -> None:
+    """The proxy's seams take a `Renderer`; each implementation has every member it names,
+    and an object missing one (here `count`) is not one."""
+    for r in (ChatMLRenderer(tok), TemplateRenderer(tok), make_renderer(tok)):
+        assert isinstance(r, Renderer), type(r).__name__
+        assert r.render(ChatRequest([{"role": "user", "content": "hi"}])) == r.encode(
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        )
+
+    class NoCount:
+        tokenizer, eos_ids, tool_format, starts_in_reasoning = tok, {0}, "hermes", False
+        render = encode = decode = staticmethod(lambda *_: [])
+
+    assert not isinstance(NoCount(), Renderer)

@@ -6,8 +6,8 @@ import httpx
 
 from legorl.engine.scripted import ScriptedEngine
 from legorl.models import load_tokenizer
+from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
 
@@ -15,7 +15,7 @@ from legorl.proxy.session_socket import SessionSocket
 async def test_socket_is_pinned_to_its_session(tmp_path) -> None:
     tok = load_tokenizer("tiny-qwen3")
     engine = ScriptedEngine(["hello there"], tok)
-    async with ProxyServer(ProxyConfig(port=0), engine, Renderer(tok)) as srv:
+    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tok)) as srv:
         srv.open_session("mine")
         srv.open_session("theirs")
         path = tmp_path / "s.sock"

@@ -24,7 +24,7 @@ import pytest
 from legorl.gguf_models import GgufUnavailable, gguf_file
 from legorl.models import load_tokenizer, resolve_model
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.renderers import make_renderer, round_trip
+from legorl.proxy.renderer_choice import make_renderer, round_trip
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.template import TemplateRenderer
 from legorl.trajectory import assemble

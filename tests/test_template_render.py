@@ -16,8 +16,9 @@ from template_util import qwen_tokenizer, standin_tokenizer, template
 from test_render import _random_conversation
 
 from legorl.models import load_tokenizer
-from legorl.proxy.render import ChatRequest, Renderer, RenderState
-from legorl.proxy.renderers import make_renderer
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.renderer import ChatRequest, RenderState
+from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.template import TemplateError, TemplateRenderer, _args_as_object
 from legorl.trajectory import extends
 
@@ -152,12 +153,12 @@ def test_bundled_template_same_ids_as_the_fast_renderer(seed: int) -> None:
     rng = random.Random(seed)
     msgs = _random_conversation(rng)
     tools = TOOLS if rng.random() < 0.6 else []
-    assert isinstance(make_renderer(tok), Renderer)  # the bundled models keep today's renderer
+    assert isinstance(make_renderer(tok), ChatMLRenderer)  # the bundled models keep today's renderer
     # the template renderer passes arguments as objects (the fast one writes strings verbatim)
     obj_msgs = [
         {**m, "tool_calls": [_args_as_object(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in msgs
     ]
-    assert TemplateRenderer(tok).render(ChatRequest(obj_msgs, tools)) == Renderer(tok).render(
+    assert TemplateRenderer(tok).render(ChatRequest(obj_msgs, tools)) == ChatMLRenderer(tok).render(
         ChatRequest(obj_msgs, tools)
     )
 
@@ -349,7 +350,7 @@ def test_growing_conversation_reuses_prefix_ids_exactly(toks, name: str, seed: i
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_doctor_round_trip_per_family(toks, name: str) -> None:
-    from legorl.proxy.renderers import round_trip
+    from legorl.proxy.renderer_choice import round_trip
 
     tok = toks[name]
     saved = tok.chat_template
@@ -361,7 +362,7 @@ def test_doctor_round_trip_per_family(toks, name: str) -> None:
 
 
 def test_doctor_round_trip_refuses_an_unknown_shape() -> None:
-    from legorl.proxy.renderers import round_trip
+    from legorl.proxy.renderer_choice import round_trip
 
     tok = load_tokenizer("tiny-qwen3")
     tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"

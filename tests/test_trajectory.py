@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from legorl.models import load_tokenizer
-from legorl.proxy.render import ChatRequest, Renderer, RenderState
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.renderer import ChatRequest, RenderState
 from legorl.proxy.toolcalls import parse_completion
 from legorl.trajectory import assemble, delivered
 from legorl.types import Dialect, FinishReason, Turn
@@ -15,14 +16,14 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type"
 
 
 @pytest.fixture(scope="module")
-def renderer() -> Renderer:
-    return Renderer(load_tokenizer("tiny-qwen3"))
+def renderer() -> ChatMLRenderer:
+    return ChatMLRenderer(load_tokenizer("tiny-qwen3"))
 
 
 class Harness:
     """Drives the renderer the way the proxy does, with a scripted policy."""
 
-    def __init__(self, renderer: Renderer) -> None:
+    def __init__(self, renderer: ChatMLRenderer) -> None:
         self.r, self.state, self.turns = renderer, RenderState(), []
 
     def call(self, msgs: list[dict], text: str) -> dict:
@@ -63,7 +64,7 @@ def _masked_ids(traj) -> list[int]:
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 
 
-def test_multi_turn_is_one_segment(renderer: Renderer) -> None:
+def test_multi_turn_is_one_segment(renderer: ChatMLRenderer) -> None:
     h = Harness(renderer)
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "fix it"}]
     for k in range(4):
@@ -80,7 +81,7 @@ def test_multi_turn_is_one_segment(renderer: Renderer) -> None:
     assert [lp for lp, m in zip(seg.logprobs, seg.loss_mask) if m] == [lp for t in h.turns for lp in t.logprobs]
 
 
-def test_compaction_starts_new_segment_and_loses_nothing(renderer: Renderer) -> None:
+def test_compaction_starts_new_segment_and_loses_nothing(renderer: ChatMLRenderer) -> None:
     h = Harness(renderer)
     msgs = [{"role": "user", "content": "fix it"}]
     a = h.call(msgs, CALL)
@@ -96,7 +97,7 @@ def test_compaction_starts_new_segment_and_loses_nothing(renderer: Renderer) -> 
     assert 0 < traj.stats.first_divergence["token"] < len(h.turns[2].prompt_ids)
 
 
-def test_reserialised_assistant_message_starts_new_segment(renderer: Renderer) -> None:
+def test_reserialised_assistant_message_starts_new_segment(renderer: ChatMLRenderer) -> None:
     h = Harness(renderer)
     msgs = [{"role": "user", "content": "hello"}]
     a = h.call(msgs, "Let me look.  ")
@@ -109,7 +110,7 @@ def test_reserialised_assistant_message_starts_new_segment(renderer: Renderer) -
     assert traj.stats.first_divergence["turn"] == 1
 
 
-def test_interleaved_sub_agent_keeps_its_own_segment(renderer: Renderer) -> None:
+def test_interleaved_sub_agent_keeps_its_own_segment(renderer: ChatMLRenderer) -> None:
     """A parent calls a sub-agent tool; the sub-agent's turns come between the parent's
     (one session): the parent's chain stays one segment, the sub-agent's is another."""
     h = Harness(renderer)
@@ -133,7 +134,7 @@ def test_interleaved_sub_agent_keeps_its_own_segment(renderer: Renderer) -> None
     }
 
 
-def test_delivered_counts_a_lost_turn(renderer: Renderer) -> None:
+def test_delivered_counts_a_lost_turn(renderer: ChatMLRenderer) -> None:
     h = Harness(renderer)
     msgs = [{"role": "user", "content": "hi"}]
     a = h.call(msgs, CALL)
@@ -144,7 +145,7 @@ def test_delivered_counts_a_lost_turn(renderer: Renderer) -> None:
     assert d["delivered_tokens"] == len(h.turns[0].completion_ids) and d["fraction"] < 1.0
 
 
-def test_side_calls_are_excluded(renderer: Renderer) -> None:
+def test_side_calls_are_excluded(renderer: ChatMLRenderer) -> None:
     h = Harness(renderer)
     h.call([{"role": "user", "content": "hi"}], "Hello.")
     h.call([{"role": "user", "content": "Generate a title"}], "Title")

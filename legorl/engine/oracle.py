@@ -9,7 +9,7 @@ tokens of the model's tokenizer and its trajectories are token-exact training da
 
 How it decides (stateless, from the prompt alone, so concurrency and compaction need no
 bookkeeping): the prompt ids are decoded; the tools come from the rendered system block
-(`<tools>` JSON lines, see proxy/render.py); the task is the one whose problem statement
+(`<tools>` JSON lines, see proxy/chatml_renderer.py); the task is the one whose problem statement
 appears in the prompt (or whose `legorl-oracle:task=` marker does, after a compaction);
 the progress is the highest `legorl-oracle:step-N` marker in the conversation (every
 action carries one, and so does every summary it writes). The plan a competent agent
@@ -108,7 +108,7 @@ class PromptView:
 
 
 def parse_prompt(text: str) -> PromptView:
-    """Split a prompt rendered by proxy/render.py (Qwen-style ChatML) into its parts."""
+    """Split a prompt rendered by proxy/chatml_renderer.py (Qwen-style ChatML) into its parts."""
     system, tools, messages, open_text = "", [], [], None
     blocks = text.split("<|im_start|>")[1:]
     for i, block in enumerate(blocks):

@@ -136,8 +136,8 @@ def template_check(cfg: RunConfig) -> Check:
     def fn() -> str:
         from legorl.engine.registry import make_engine
         from legorl.models import load_tokenizer
-        from legorl.proxy.render import ChatRequest, RenderState
-        from legorl.proxy.renderers import make_renderer, round_trip
+        from legorl.proxy.renderer import ChatRequest, RenderState
+        from legorl.proxy.renderer_choice import make_renderer, round_trip
         from legorl.proxy.template import TemplateError
         from legorl.proxy.toolcalls import parse_completion
 
@@ -268,7 +268,7 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
     def reaches_proxy() -> str:
         from legorl.engine.scripted import ScriptedEngine
         from legorl.models import load_tokenizer
-        from legorl.proxy.renderers import make_renderer
+        from legorl.proxy.renderer_choice import make_renderer
         from legorl.proxy.server import ProxyServer
         from legorl.proxy.session_socket import SessionSocket
 

@@ -27,7 +27,7 @@ from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.record import Attempt, RolloutRecord, masked_record, record_of
 from legorl.models import load_tokenizer
-from legorl.proxy.renderers import make_renderer
+from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.session_socket import SessionSocket
 from legorl.rollout import HostLoopback, ProxyAccess, SandboxSocket, run_rollout

@@ -39,8 +39,8 @@ from legorl.proxy.context import ProxyContext
 from legorl.proxy.errors import CONTEXT_EXCEEDED, ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.pipeline import Parsed, TurnRun
-from legorl.proxy.render import Renderer
 from legorl.proxy.render_cache import Journal, TooLong
+from legorl.proxy.renderer import Renderer
 from legorl.proxy.sessions import Session
 from legorl.types import Dialect
 

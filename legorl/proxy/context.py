@@ -11,8 +11,8 @@ from typing import Any
 
 from legorl.engine.base import Engine
 from legorl.proxy.config import ProxyConfig
-from legorl.proxy.render import Renderer
 from legorl.proxy.render_cache import OffLoopRenderer, bound_renderer
+from legorl.proxy.renderer import Renderer
 from legorl.proxy.sessions import SessionRegistry
 from legorl.types import SamplingParams
 
@@ -30,7 +30,7 @@ class ProxyContext:
         self.eos_ids = frozenset(renderer.eos_ids)
         # the completion format: the config's, or (`auto`) the one the model's template writes
         self.tool_format = renderer.tool_format if cfg.tool_format == "auto" else cfg.tool_format
-        self.starts_in_reasoning = bool(getattr(renderer, "starts_in_reasoning", False))
+        self.starts_in_reasoning = bool(renderer.starts_in_reasoning)
         tok = renderer.tokenizer
         self.backend = getattr(tok, "backend_tokenizer", None) or tok  # a tokenizers.Tokenizer
         self.max_context = min(cfg.max_context, engine.max_context)

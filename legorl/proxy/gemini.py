@@ -39,7 +39,7 @@ import orjson
 from legorl.proxy import fields as F
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
-from legorl.proxy.render import ChatRequest
+from legorl.proxy.renderer import ChatRequest
 from legorl.proxy.toolcalls import ReasoningDelta, StreamEvent, TextDelta
 from legorl.types import Dialect, FinishReason
 

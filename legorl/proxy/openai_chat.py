@@ -24,7 +24,7 @@ from legorl.proxy import fields as F
 from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.pipeline import Parsed, TurnRun
-from legorl.proxy.render import ChatRequest
+from legorl.proxy.renderer import ChatRequest
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.OPENAI_CHAT

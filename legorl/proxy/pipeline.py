@@ -23,7 +23,7 @@ from tokenizers.decoders import DecodeStream
 from legorl.engine.base import ContextLengthExceeded, EngineError
 from legorl.proxy.completion import ParsedCompletion, StreamEvent, TextDelta
 from legorl.proxy.errors import ProxyError, context_too_long
-from legorl.proxy.render import ChatRequest
+from legorl.proxy.renderer import ChatRequest
 from legorl.proxy.toolcalls import StreamParser, parse_completion
 from legorl.types import Dialect, FinishReason, Routing, SamplingParams, TokenStep, Turn, as_routing
 

@@ -1,6 +1,6 @@
 """Bounded render caches, and rendering huge prompts off the event loop.
 
-`render.Renderer` caches the token ids of every message block and tool schema it renders,
+`chatml_renderer.ChatMLRenderer` caches the token ids of every message block and tool schema it renders,
 capped by *entries* (50,000 blocks, 1,024 tool sets); `template.TemplateRenderer` (the
 model's own Jinja template) the ids of every text piece between added tokens (`_cache`,
 50,000 pieces, no tools cache). A few multi-megabyte prompts fill that with gigabytes, and
@@ -37,7 +37,11 @@ import ctypes.util
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+from legorl.proxy.renderer import Renderer
+
+T = TypeVar("T")
 
 _ENTRY_OVERHEAD = 120  # dict slot, key tuple, list header
 _ID_BYTES = 36  # a list slot plus an int object (ids above 256 are not shared)
@@ -109,11 +113,11 @@ class ByteLRU(OrderedDict):
 CACHES = ("_cache", "_tools_cache")  # the renderers' cache attributes (blocks/pieces, tool sets)
 
 
-def _caches(renderer: Any) -> dict[str, dict]:
+def _caches(renderer: Renderer) -> dict[str, dict]:
     return {name: c for name in CACHES if isinstance(c := getattr(renderer, name, None), dict)}
 
 
-def bound_renderer(renderer: Any, max_bytes: int) -> bool:
+def bound_renderer(renderer: Renderer, max_bytes: int) -> bool:
     """Replace the renderer's caches by ByteLRUs (keeping what they hold); False when the
     renderer has no `_cache`."""
     caches = _caches(renderer)
@@ -145,7 +149,7 @@ class Journal:
     """Notes what a render on the loop inserts into the renderer's ByteLRUs; `rollback()`
     removes it (the prompt was refused), `end()` keeps it."""
 
-    def __init__(self, renderer: Any) -> None:
+    def __init__(self, renderer: Renderer) -> None:
         self.caches = [c for c in _caches(renderer).values() if isinstance(c, ByteLRU)]
         for c in self.caches:
             c.journal = []
@@ -210,7 +214,7 @@ class _FastEncode:
 class OffLoopRenderer:
     """Renders requests on worker threads; see the module docstring."""
 
-    def __init__(self, renderer: Any, workers: int = 2) -> None:
+    def __init__(self, renderer: Renderer, workers: int = 2) -> None:
         self.renderer = renderer
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="legorl-render")
         self.shadowable = "_cache" in _caches(renderer) and hasattr(renderer, "_fast")
@@ -239,18 +243,18 @@ class OffLoopRenderer:
         except RuntimeError:  # the pool was shut down meanwhile
             pass
 
-    def _shadow(self, token_budget: int | None) -> Any:
+    def _shadow(self, token_budget: int | None) -> Renderer:
         if not self.shadowable:
             return self.renderer
-        shadow = copy.copy(self.renderer)
+        shadow: Any = copy.copy(self.renderer)
         for name, cache in _caches(self.renderer).items():
             setattr(shadow, name, _Overlay(cache))
-        fast = self.renderer._fast
+        fast = getattr(self.renderer, "_fast", None)  # there: `shadowable` checked it
         if fast is not None and hasattr(fast, "encode_batch_fast"):
             shadow._fast = _FastEncode(fast, token_budget)
         return shadow
 
-    async def run(self, work: Callable[[Any], Any], token_budget: int | None = None) -> tuple[Any, Callable[[], None]]:
+    async def run(self, work: Callable[[Renderer], T], token_budget: int | None = None) -> tuple[T, Callable[[], None]]:
         """`work(renderer)` on a thread with a shadow renderer; returns its result and a
         `commit()` that merges what it cached into the shared caches (call it only for a
         prompt that was accepted, on the loop thread). With `token_budget` (the context

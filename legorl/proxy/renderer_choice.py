@@ -1,9 +1,10 @@
 """Which renderer a tokenizer gets, and the doctor's check that it renders like the model's
 own chat template.
 
-Two renderers exist (`render.Renderer`: the bundled ChatML template, hand-rendered;
-`template.TemplateRenderer`: any published template, run through its Jinja). Choosing between
-them is this module's job, above both, so neither imports the other's chooser.
+Two renderers implement `renderer.Renderer` (`chatml_renderer.ChatMLRenderer`: the bundled
+ChatML template, hand-rendered; `template.TemplateRenderer`: any published template, run
+through its Jinja). Choosing between them is this module's job, above both, so neither
+imports the other's chooser.
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from legorl.models import TOKENIZER_DIR
-from legorl.proxy.render import ChatRequest, Renderer
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.renderer import ChatRequest, Renderer
 from legorl.proxy.template import TemplateError, TemplateRenderer
 
 
-def make_renderer(tokenizer: Any) -> Renderer | TemplateRenderer:
-    """The renderer for a tokenizer: this module's for the bundled template (same ids,
+def make_renderer(tokenizer: Any) -> Renderer:
+    """The renderer for a tokenizer: the ChatML one for the bundled template (same ids,
     faster), else the template renderer, which refuses a template shape it cannot serve
     (`legorl.proxy.template.TemplateError`)."""
     if getattr(tokenizer, "chat_template", None) == _bundled_template(str(TOKENIZER_DIR)):
-        return Renderer(tokenizer)
+        return ChatMLRenderer(tokenizer)
     return TemplateRenderer(tokenizer)
 
 

@@ -37,7 +37,7 @@ from legorl.proxy.completion import ReasoningDelta, StreamEvent, TextDelta
 from legorl.proxy.errors import bad_request
 from legorl.proxy.openai_chat import flatten
 from legorl.proxy.pipeline import Parsed, TurnRun
-from legorl.proxy.render import ChatRequest
+from legorl.proxy.renderer import ChatRequest
 from legorl.types import Dialect, FinishReason
 
 DIALECT = Dialect.RESPONSES

@@ -26,8 +26,8 @@ from legorl.engine.base import Engine
 from legorl.proxy.app import ProxyApp
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.context import ProxyContext
-from legorl.proxy.render import Renderer
-from legorl.proxy.renderers import make_renderer
+from legorl.proxy.renderer import Renderer
+from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.sessions import JsonlRecorder, Session, SessionRegistry
 from legorl.types import Turn
 

@@ -29,7 +29,7 @@ import orjson
 
 from legorl.proxy.errors import ProxyError, bad_request
 from legorl.proxy.limits import safe_dumps
-from legorl.proxy.render import RenderState
+from legorl.proxy.renderer import RenderState
 from legorl.trajectory import assemble, extends
 from legorl.types import Trajectory, Turn
 

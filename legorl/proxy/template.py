@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from legorl.proxy.chatml_renderer import TOOLS_POSTAMBLE, TOOLS_PREAMBLE
 from legorl.proxy.completion import ParsedCompletion
 from legorl.proxy.errors import bad_request
-from legorl.proxy.render import TOOLS_POSTAMBLE, TOOLS_PREAMBLE, ChatRequest, RenderState, assistant_key
+from legorl.proxy.renderer import ChatRequest, RenderState, assistant_key
 from legorl.proxy.toolcalls import parse_completion
 
 _TAG = "\ue000LEGORL_CONTINUE\ue001"  # marks the continued final message (private-use code points)
