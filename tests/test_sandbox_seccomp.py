@@ -1,6 +1,6 @@
 """The syscall filter: what it denies (from inside real sandboxes), and that normal work still runs.
 
-Both backends install the same filter (`legorl/sandbox/_seccomp.py`) in the sandbox's pid 1:
+Both backends install the same filter (`legorl/sandbox/in_sandbox/seccomp.py`) in the sandbox's pid 1:
 the local backend's zygote, the docker backend's init (over Docker's own profile, which lets
 unshare, setns, mount, clone3 and clone(CLONE_NEW*) through for a container with
 CAP_SYS_ADMIN). Every check runs against both backends; the program is also
@@ -11,6 +11,7 @@ checked off-line, for both architectures, with a small BPF interpreter, and on P
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import shutil
 import signal
 import struct
@@ -27,8 +28,13 @@ from legorl.sandbox import (
     local,
     open_backend,
 )
-from legorl.sandbox import _seccomp as S
 from legorl.sandbox.base import SandboxError
+
+# The filter runs in the sandbox, so the host never imports it: the test reads it by path.
+_spec = importlib.util.spec_from_file_location("seccomp", Path(local.ZYGOTE_PATH).with_name("seccomp.py"))
+assert _spec is not None and _spec.loader is not None
+S = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(S)
 
 # syscall(nr, args...) from inside; prints "<ret> <errno name>"
 PY_SYSCALL = (
@@ -120,10 +126,10 @@ async def test_start_fails_if_the_filter_cannot_be_installed(
     store: ImageStore, task: ImageRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sandbox_dir = Path(local.ZYGOTE_PATH).parent
-    for name in ("_zygote.py", "_init.py", "_linux.py"):
+    for name in ("zygote.py", "init.py", "linux.py"):
         shutil.copy(sandbox_dir / name, tmp_path / name)
-    (tmp_path / "_seccomp.py").write_text("def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
-    monkeypatch.setattr(local, "ZYGOTE_PATH", str(tmp_path / "_zygote.py"))
+    (tmp_path / "seccomp.py").write_text("def install():\n    raise OSError(22, 'seccomp refused (test)')\n")
+    monkeypatch.setattr(local, "ZYGOTE_PATH", str(tmp_path / "zygote.py"))
     await _start_is_refused("local", store, task)
 
 
@@ -211,9 +217,9 @@ def test_runs_on_python_37() -> None:
         pytest.skip("no python3.7 at hand")
     sandbox_dir = Path(S.__file__).parent
     code = (
-        "import hashlib,sys; sys.path.insert(0, sys.argv[1]); import _seccomp; "
-        "compile(open(sys.argv[1] + '/_init.py').read(), '_init.py', 'exec'); "
-        "print(hashlib.sha256(_seccomp.FILTER or b'').hexdigest())"
+        "import hashlib,sys; sys.path.insert(0, sys.argv[1]); import seccomp; "
+        "compile(open(sys.argv[1] + '/init.py').read(), 'init.py', 'exec'); "
+        "print(hashlib.sha256(seccomp.FILTER or b'').hexdigest())"
     )
     out = subprocess.run([py37, "-I", "-S", "-c", code, str(sandbox_dir)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == hashlib.sha256(S.FILTER or b"").hexdigest()

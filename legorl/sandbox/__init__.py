@@ -16,9 +16,15 @@ Start here:
 
 Modules: base.py (protocol + dataclasses), images.py / layers.py / docker_images.py (the
 image cache), local.py and docker.py (backends), channel.py (the host side shared by both),
-_init.py (pid 1 inside every sandbox), _zygote.py, _linux.py and _seccomp.py (namespaces
-and syscall filter for `local`), forwarder.py (loopback -> proxy socket), cgroups.py
-(limits), pool.py (warm starts, retries), cli.py (`legorl images ...`).
+forwarder.py (loopback -> proxy socket), cgroups.py (limits), pool.py (warm starts,
+retries), cli.py (`legorl images ...`).
+
+Where code runs: `in_sandbox/` holds the programs that run in another interpreter, inside a
+sandbox: init.py (pid 1 of every sandbox), zygote.py (the local backend's forking zygote),
+linux.py (its ctypes wrappers) and seccomp.py (the syscall filter). They use the standard
+library only and are read as files (sent down a pipe, started by path), never imported by
+the host; nothing outside `in_sandbox/` runs anywhere but the host. The same rule holds in
+every package (`legorl/harness/in_sandbox/`, `legorl/harness/in_driver/`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host side of a sandbox: talks to its init (`_init.py`) and implements `Sandbox`.
+"""The host side of a sandbox: talks to its init (`in_sandbox/init.py`) and implements `Sandbox`.
 
 Both backends hand `ChannelSandbox` a byte stream to the sandbox's init plus three small
 callables (cgroup counters, network namespace path, cleanup), so every behaviour the

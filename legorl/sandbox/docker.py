@@ -10,7 +10,7 @@ and read-only binds for `readonly_mounts`. The disk quota is the local backend's
 first moves into an overlay of the image whose writable layer is a tmpfs of `disk_mb`
 (storage-driver quotas need XFS project quotas or btrfs qgroups; the first is missing from
 some kernels, the second made create/delete take tens of seconds under load). Its
-command is the same init as the local backend's (`_init.py`, run by the image's python3),
+command is the same init as the local backend's (`in_sandbox/init.py`, run by the image's python3),
 attached over stdin/stdout, so exec/timeouts/files/diff behave identically and each exec is
 one message, not a `docker exec` round-trip. The proxy forwarder listens inside the
 container's network namespace, opened from the host (forwarder.py). `StdinOnce` makes the
@@ -28,7 +28,7 @@ OOM does not fire) → the agent's; the engine not answering → `backend_died`.
 Syscalls: Docker applies its default seccomp profile, but derives it from the capabilities,
 and the CAP_SYS_ADMIN the init needs for the quota's tmpfs makes it allow unshare, setns,
 mount, clone3 and clone(CLONE_NEW*), i.e. nested user namespaces. So the init also installs
-the local backend's filter (`_seccomp.py`, whose source the host sends down stdin right after
+the local backend's filter (`in_sandbox/seccomp.py`, whose source the host sends down stdin right after
 the init's), once it has dropped CAP_SYS_ADMIN and before it serves a command; the start
 fails if it cannot. Both filters apply; the stricter verdict wins.
 """
@@ -56,8 +56,9 @@ from legorl.sandbox.images import ImageStore
 
 log = logging.getLogger(__name__)
 
-INIT_SRC = Path(__file__).with_name("_init.py").read_bytes()
-SECCOMP_SRC = Path(__file__).with_name("_seccomp.py").read_bytes()
+IN_SANDBOX = Path(__file__).parent / "in_sandbox"  # programs the sandbox runs: read as files, never imported
+INIT_SRC = (IN_SANDBOX / "init.py").read_bytes()
+SECCOMP_SRC = (IN_SANDBOX / "seccomp.py").read_bytes()
 # The container's command only reads the init's source from stdin (10-digit length, then
 # the bytes) and runs it: the source is not repeated in every sandbox's /proc/1/cmdline.
 # The init then reads the seccomp filter's source, framed the same way, from the same stdin.
@@ -133,7 +134,7 @@ class DockerBackend(BackendLifecycle):
     def _create_body(self, spec: SandboxSpec, tag: str, sid: str) -> dict[str, Any]:
         lim = spec.limits
         binds = sorted(spec.readonly_mounts.items())
-        # The init mounts a tmpfs of disk_mb as the writable layer (see _init.enter_private_root):
+        # The init mounts a tmpfs of disk_mb as the writable layer (see init.py, enter_private_root):
         # it needs CAP_SYS_ADMIN for that and drops it before any command runs.
         # A file is bound through its directory (at a staging path the sandbox cannot reach
         # once it has switched roots), so that the init can re-mount it naming no host path.

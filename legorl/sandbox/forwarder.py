@@ -14,14 +14,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import socket
 import threading
 
-from legorl.sandbox import _linux
-
 log = logging.getLogger(__name__)
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int, nstype: int) -> None:
+    """setns(2) for this thread (Python 3.11 has no os.setns). Its own few lines here: the
+    ctypes wrappers of `in_sandbox/linux.py` are the zygote's, read as a file, not imported."""
+    if _libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)) == -1:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns({nstype:#x}): {os.strerror(err)}")
 
 
 def listen_in_netns(netns_path: str, port: int, host: str = "127.0.0.1") -> socket.socket:
@@ -32,7 +42,7 @@ def listen_in_netns(netns_path: str, port: int, host: str = "127.0.0.1") -> sock
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         target = os.open(netns_path, os.O_RDONLY)
         try:
-            _linux.setns(target, _linux.CLONE_NEWNET)
+            _setns(target, CLONE_NEWNET)
             try:
                 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 try:
@@ -45,7 +55,7 @@ def listen_in_netns(netns_path: str, port: int, host: str = "127.0.0.1") -> sock
                 s.setblocking(False)
                 out["sock"] = s
             finally:
-                _linux.setns(own, _linux.CLONE_NEWNET)  # the thread ends anyway; be tidy
+                _setns(own, CLONE_NEWNET)  # the thread ends anyway; be tidy
         except OSError as e:
             out["error"] = e
         finally:

@@ -7,17 +7,17 @@
         patch = await sb.diff(task.base_commit)
     await backend.aclose()
 
-A sandbox is: pid 1 (the shared init, `_init.py`) in fresh pid/mount/net/ipc/uts/cgroup
+A sandbox is: pid 1 (the shared init, `in_sandbox/init.py`) in fresh pid/mount/net/ipc/uts/cgroup
 namespaces and its own user namespace, over an overlay of the image's read-only layers
 with the writable upper dir on a tmpfs of `limits.disk_mb` (the disk quota; its pages are
 charged to the sandbox's memory cgroup, so disk use also counts against `memory_mb`),
 in cgroups limiting memory, pids and CPU. It sees none of the host's files, no other
-sandbox, no network but `lo`, and a seccomp filter (`_seccomp.py`, the local twin of
+sandbox, no network but `lo`, and a seccomp filter (`in_sandbox/seccomp.py`, the local twin of
 Docker's default profile) denies the syscalls that reach kernel machinery a container
 has no business with (namespaces, mounts, keyrings, bpf, io_uring, modules, the clock).
 `readonly_mounts` bind extra host dirs read-only, and
 `proxy_socket` is reachable at `http://127.0.0.1:{proxy_port}` (see forwarder.py). All
-forking happens in a zygote process (see `_zygote.py` for the exact steps and why);
+forking happens in a zygote process (see `in_sandbox/zygote.py` for the exact steps and why);
 everything a sandbox held is gone when its pid 1 exits, also if this process crashes.
 """
 
@@ -44,7 +44,7 @@ from legorl.sandbox.images import ImageStore
 
 log = logging.getLogger(__name__)
 
-ZYGOTE_PATH = str(Path(__file__).with_name("_zygote.py"))
+ZYGOTE_PATH = str(Path(__file__).parent / "in_sandbox" / "zygote.py")  # read as a file, never imported
 START_TIMEOUT_S = 30.0
 
 

@@ -22,10 +22,10 @@ namespace and, in order:
      namespaces (it cannot mount, unmount, reconfigure the network or load modules);
      drops the capability bounding set to Docker's default set, sets no_new_privs, makes
      itself non-dumpable (so nothing inside can ptrace or read it), shields itself from
-     the OOM killer, and installs the seccomp filter of `_seccomp.py` (Docker's default
+     the OOM killer, and installs the seccomp filter of `seccomp.py` (Docker's default
      profile's denials: no unshare/setns/mount, keyrings, bpf, io_uring…), which every
      command inherits; if it cannot be installed the start fails;
-  6. runs `_init.serve` on the control socket.
+  6. runs `init.serve` on the control socket.
 Nothing survives the sandbox: when its pid 1 exits, the kernel kills every process in the
 pid namespace and the mount namespace with its tmpfs disappears. Pid 1 dies with the
 zygote (PDEATHSIG) and the zygote dies with the host (PDEATHSIG and EOF on its socket).
@@ -52,9 +52,9 @@ sys.path.insert(
     0, os.environ.get("LEGORL_SANDBOX_DIR") or os.path.dirname(os.path.abspath(globals().get("__file__", ".")))
 )
 
-import _init  # noqa: E402
-import _linux as L  # noqa: E402
-import _seccomp  # noqa: E402  (builds the filter once, here, not per sandbox)
+import init  # noqa: E402
+import linux as L  # noqa: E402
+import seccomp  # noqa: E402  (builds the filter once, here, not per sandbox)
 
 NS_FLAGS = L.CLONE_NEWNS | L.CLONE_NEWNET | L.CLONE_NEWIPC | L.CLONE_NEWUTS | L.CLONE_NEWCGROUP
 MASK_FILES = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats")
@@ -67,7 +67,7 @@ OVERLAY_OPTS = "redirect_dir=off,metacopy=off,index=off"
 def _fail(ctl, msg):
     head = json.dumps({"op": "error", "error": msg}).encode()
     try:
-        os.write(ctl, _init.HDR.pack(len(head), 0) + head)
+        os.write(ctl, init.HDR.pack(len(head), 0) + head)
     finally:
         os._exit(1)
 
@@ -142,7 +142,7 @@ def _setup_root(req):
             os.close(fd)
     _setup_dev(root)
     _setup_proc(root)
-    _init.synthetic_sys(root + "/sys", L.mount)  # not sysfs, which is the host's
+    init.synthetic_sys(root + "/sys", L.mount)  # not sysfs, which is the host's
     if req["mounts"] and not req.get("upper"):
         os.mkdir(scratch + "/empty", 0o755)
     for host, target in req["mounts"]:
@@ -157,14 +157,14 @@ def _setup_root(req):
             _ro_bind(host, dst)
         else:
             try:
-                _init.ro_mount_unnamed(host, dst, scratch + "/empty", L.mount, lambda p: L.umount2(p, L.MNT_DETACH))
+                init.ro_mount_unnamed(host, dst, scratch + "/empty", L.mount, lambda p: L.umount2(p, L.MNT_DETACH))
             except OSError:  # e.g. overlayfs' stacking limit: a bind, naming its host path
                 _ro_bind(host, dst)
     L.sethostname(req.get("hostname", "sandbox"))
     L.loopback_up()
     with open("/proc/sys/net/ipv4/ip_unprivileged_port_start", "w") as f:
         f.write("0")  # root inside holds no net capability: let it bind low ports anyway
-    try:  # commands raise theirs (see _init), so the OOM killer takes them, not pid 1
+    try:  # commands raise theirs (see init.py), so the OOM killer takes them, not pid 1
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("-1000")
     except OSError:
@@ -218,7 +218,7 @@ def _sandbox_main(req, ctl):
                 f.write("0")
         _setup_root(req)
         _enter_userns()
-        _seccomp.install()  # after no_new_privs, before anything of the sandbox runs
+        seccomp.install()  # after no_new_privs, before anything of the sandbox runs
         os.closerange(0, ctl)
         os.closerange(ctl + 1, 65536)
     except Exception as e:  # noqa: BLE001 - every failure must reach the host as a message
@@ -227,7 +227,7 @@ def _sandbox_main(req, ctl):
             tb = tb.tb_next
         where = "%s:%d" % (tb.tb_frame.f_code.co_name, tb.tb_lineno)
         _fail(ctl, "%s: %s (at %s)" % (type(e).__name__, e, where))
-    _init.serve(ctl, ctl)
+    init.serve(ctl, ctl)
 
 
 class Zygote:

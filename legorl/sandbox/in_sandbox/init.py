@@ -9,7 +9,7 @@ command with the image's own python3 (`python3 -I -S -c <this file>`), talking o
 attached stdin/stdout. It therefore uses the standard library only and must run on any
 Python >= 3.7.
 
-Under Docker, the host sends this file's source and then `_seccomp.py`'s down stdin, each as
+Under Docker, the host sends this file's source and then `seccomp.py`'s down stdin, each as
 10 ASCII digits of length and the bytes (docker.py's BOOT reads the first and runs it; the
 `__main__` block below reads the second). The init moves into its private root, drops
 CAP_SYS_ADMIN, sets no_new_privs and installs that filter (`install_filter`) before it says
@@ -33,6 +33,13 @@ process the command starts (even one that double-forks and calls setsid) stays i
 descendant. On timeout the shepherd SIGKILLs all its descendants until none is left, then
 reports exit code 124. When the command itself exits, its background children live on; the
 exec returns with the output read so far (redirect a daemon's output to a file).
+
+Where this runs (the rule for every `in_sandbox/` folder of the project): everything in this
+folder runs inside a sandbox, in an interpreter of its own, never in the host's. The host
+reads these files by path (`docker.py` sends this one and `seccomp.py` down stdin,
+`local.py` starts `zygote.py`, which imports its neighbours from this folder), never imports
+them, and they never import `legorl`: standard library only, Python >= 3.7. A program that
+runs in a harness's own interpreter instead lives in an `in_driver/` folder.
 """
 
 import gc
@@ -583,7 +590,7 @@ def enter_private_root(disk_mb, keep):
 
 
 def install_filter(seccomp_src):
-    """Docker: set no_new_privs and install the seccomp filter of `_seccomp.py`, whose source
+    """Docker: set no_new_privs and install the seccomp filter of `seccomp.py`, whose source
     `seccomp_src` the host sent after this file's, on this (only) thread; every command,
     forked from here, inherits it. Runs after enter_private_root: its mounts come first, and
     without CAP_SYS_ADMIN the kernel takes a filter only under no_new_privs (Docker's
@@ -591,7 +598,7 @@ def install_filter(seccomp_src):
     import ctypes
     import types
 
-    module = types.ModuleType("_seccomp")
+    module = types.ModuleType("seccomp")
     module.__file__ = "legorl-seccomp"
     exec(compile(seccomp_src, module.__file__, "exec", dont_inherit=True), module.__dict__)  # noqa: S102
     libc = ctypes.CDLL(None, use_errno=True)

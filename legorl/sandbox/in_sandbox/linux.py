@@ -1,6 +1,6 @@
 """Thin ctypes wrappers for the Linux calls the sandboxes need and Python 3.11 lacks.
 
-Standard library only: the zygote (`_zygote.py`) imports this file by path with `python -I -S`
+Standard library only: the zygote (`zygote.py`) imports this file by path with `python -I -S`
 so that forking a sandbox costs a fork, not an interpreter start. Every wrapper raises
 `OSError` with the errno and the call's arguments, so a failed mount says which one.
 """

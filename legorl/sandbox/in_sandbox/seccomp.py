@@ -22,7 +22,7 @@ Standard library only, and Python >= 3.7 (annotations stay unevaluated strings, 
 the __future__ import): the local backend's zygote imports this file by path under
 `python -I -S`, builds the program once (`FILTER`) and each sandbox's pid 1 only calls
 `install()` after no_new_privs, so every command inherits the filter. The docker backend
-sends this file's source into the container with the init's; the init (`_init.py`,
+sends this file's source into the container with the init's; the init (`init.py`,
 `install_filter`) runs it as a module under the image's python3 and calls `install()`. Numbers: x86_64 from
 asm/unistd_64.h, aarch64 from
 asm-generic/unistd.h. Cost: ~0.15 ms per sandbox start to attach; at run time, only clone and
