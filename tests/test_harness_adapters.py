@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import json
 import subprocess
@@ -13,7 +14,7 @@ from typing import get_args
 import pytest
 import typer
 
-from legorl.harness import install
+from legorl.harness import install, openhands
 from legorl.harness.base import (
     COMMON_ENV,
     PROBLEM_FILE,
@@ -227,7 +228,10 @@ def test_openhands_endings(layers, result, status) -> None:
 
 def test_openhands_warm_options_are_the_drivers() -> None:
     """The warm adapter's per-rollout options are the in-sandbox driver's own (its parser)."""
-    from legorl.harness import openhands_driver
+    spec = importlib.util.spec_from_file_location("openhands_driver", openhands.DRIVER_SOURCE)  # never imported
+    assert spec is not None and spec.loader is not None
+    openhands_driver = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(openhands_driver)
 
     a = make_harness("openhands-warm", max_turns=7, condenser_max_size=6, command_timeout_s=5)
     assert (a.name, a.layers, a.command_timeout_s) == ("openhands-warm", (), 5)

@@ -1,4 +1,4 @@
-"""The OpenHands Software Agent SDK as a harness (driven by `openhands_driver.py`).
+"""The OpenHands Software Agent SDK as a harness (driven by `in_sandbox/openhands_driver.py`).
 
 The SDK is a Python library (Python >= 3.12, in its own venv layer), so its "command
 line" is a small driver script this adapter writes into the sandbox and runs with the
@@ -35,7 +35,7 @@ from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
 
-DRIVER_SOURCE = Path(__file__).with_name("openhands_driver.py")
+DRIVER_SOURCE = Path(__file__).parent / "in_sandbox" / "openhands_driver.py"  # copied in, never imported
 DRIVER = f"{AGENT_DIR}/openhands_driver.py"
 RESULT = f"{AGENT_DIR}/openhands_result.json"
 OUT = f"{AGENT_DIR}/openhands.out"

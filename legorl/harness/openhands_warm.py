@@ -3,7 +3,7 @@
 The in-sandbox adapter (`openhands.py`) starts the SDK inside each agent sandbox, and its
 import alone costs ~5 CPU-s per rollout (LiteLLM ~55%, the SDK's and ACP's pydantic
 models most of the rest: docs/harnesses.md), more than start-up may take. This adapter
-keeps one SDK process per rollout worker (`openhands_warm_driver/driver.py`, in the
+keeps one SDK process per rollout worker (`in_driver/openhands_warm_driver/driver.py`, in the
 openhands layer's own venv, started once) and runs each rollout's conversation in a thread
 of it: the same agent, condenser and limits as the in-sandbox adapter
 (`openhands_driver.run`), with the SDK's own terminal and file-editor definitions whose
@@ -35,7 +35,7 @@ from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
 
-DRIVER = Path(__file__).resolve().parent / "openhands_warm_driver" / "driver.py"
+DRIVER = Path(__file__).resolve().parent / "in_driver" / "openhands_warm_driver" / "driver.py"
 
 
 def openhands_python() -> Path:

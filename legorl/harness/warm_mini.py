@@ -3,7 +3,7 @@
 The CLI adapter (`mini_swe_agent.py`) starts `mini` inside each agent sandbox: the
 harness's Python and LiteLLM imports cost seconds of CPU per rollout, more than a small
 task's whole agent loop. This adapter keeps one mini-swe-agent process per rollout worker
-(`mini_driver/driver.py`, in the harness layer's own venv, started once) and runs each
+(`in_driver/mini_driver/driver.py`, in the harness layer's own venv, started once) and runs each
 rollout in a thread of it: mini-swe-agent's own `DefaultAgent`, model class and config,
 unmodified, with its documented environment extension point set to
 `legorl_sandbox_env.SandboxEnvironment`, which sends every command back here to run with
@@ -35,7 +35,7 @@ from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
 from legorl.sandbox.base import Sandbox
 from legorl.types import Status, Task
 
-DRIVER = Path(__file__).resolve().parent / "mini_driver" / "driver.py"
+DRIVER = Path(__file__).resolve().parent / "in_driver" / "mini_driver" / "driver.py"
 
 
 def _env(home: str) -> dict[str, str]:

@@ -9,6 +9,9 @@ one process serves every rollout of a worker, each in a thread: mini-swe-agent's
 in that rollout's sandbox — exactly how its batch runner (`mini-extra swebench`) builds
 agents in threads with a per-instance environment.
 
+Where this runs: in the harness layer's own interpreter, started by path, never imported
+by the host (the `in_driver/` rule: `../warm_driver_lib/warm_protocol.py`).
+
 Protocol, one JSON object per line:
 
     stdin  {"op": "run", "id": R, "config": YAML, "model": "openai/legorl-policy",

@@ -6,6 +6,12 @@ first, so that the protocol owns the real stdout before the harness is imported:
 the harness or LiteLLM prints goes to stderr (the driver's log) instead of corrupting the
 JSON lines. Then it imports its harness, says `ready` and `serve`s: each "run" in a thread
 of a pool, each "result" handed to the thread that asked for it.
+
+Where this runs (the rule for every `in_driver/` folder of the project): everything under
+`legorl/harness/in_driver/` runs in a harness layer's own interpreter, outside any sandbox,
+as a long-lived warm driver. The host starts a driver by path (`warm.WarmDriver`) and never
+imports these files; they never import `legorl`. A driver puts its own folder and
+`../warm_driver_lib` on sys.path. Programs that run inside a sandbox live in `in_sandbox/`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ adapter (the SDK's standard agent and condenser), with the SDK's terminal and fi
 resolved through `sandbox_tools` (registered tools whose execution happens in that
 rollout's sandbox) and the SDK's own task tracker, `finish` and `think`.
 
+Where this runs: in the harness layer's own interpreter, started by path, never imported
+by the host (the `in_driver/` rule: `../warm_driver_lib/warm_protocol.py`).
+
 Protocol, one JSON object per line:
 
     stdin  {"op": "run", "id": R, "argv": [driver options...], "task": "...", "cwd": "/repo",
@@ -43,9 +46,11 @@ os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
 
 
 def _load_driver() -> Any:
-    """`openhands_driver.py` (one directory up, beside the adapter module `openhands.py`,
-    which must not shadow the SDK package: loaded by path, not through sys.path)."""
-    spec = importlib.util.spec_from_file_location("openhands_driver", os.path.join(HERE, "..", "openhands_driver.py"))
+    """The in-sandbox driver, `legorl/harness/in_sandbox/openhands_driver.py`: loaded by path,
+    not through sys.path (its folder's parent holds the adapter module `openhands.py`, which
+    must not shadow the SDK package)."""
+    path = os.path.join(HERE, "..", "..", "in_sandbox", "openhands_driver.py")
+    spec = importlib.util.spec_from_file_location("openhands_driver", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

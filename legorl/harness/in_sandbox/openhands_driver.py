@@ -10,6 +10,11 @@ launches only; nothing of the SDK is patched. It must stay importable without `l
 
     python openhands_driver.py --base-url URL --model NAME --api-key KEY --workspace DIR \
         --prompt-file FILE --out RESULT.json [--max-iterations N] [--condenser-max-size N]
+
+Where this runs (the rule for every `in_sandbox/` folder of the project): inside the agent's
+sandbox, on the harness layer's interpreter. The adapter (`openhands.py`) reads this file
+by path and writes it into the sandbox; the host never imports it. The warm driver
+(`in_driver/openhands_warm_driver/driver.py`) loads it by path too, for `parser` and `run`.
 """
 
 from __future__ import annotations

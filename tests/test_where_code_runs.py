@@ -1,0 +1,62 @@
+"""Where code runs is visible in its path: `in_sandbox/` (inside a sandbox) and `in_driver/`
+(in a harness layer's own interpreter) hold every program that runs outside the host's
+interpreter; the host reads them as files, never imports them, and package data ships them."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import tomllib
+from pathlib import Path
+
+from legorl.harness import openhands, openhands_warm, warm_mini
+from legorl.sandbox import docker, local
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "legorl"
+PLACES = ("in_sandbox", "in_driver")
+
+
+def _programs() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if set(p.relative_to(PKG).parts[:-1]) & set(PLACES))
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return names
+
+
+def test_every_program_the_host_reads_by_path_sits_where_it_runs() -> None:
+    assert Path(local.ZYGOTE_PATH).parent.name == "in_sandbox"
+    assert docker.IN_SANDBOX.name == "in_sandbox" and (docker.IN_SANDBOX / "init.py").is_file()
+    assert openhands.DRIVER_SOURCE.parent.name == "in_sandbox"
+    assert warm_mini.DRIVER.parents[1].name == "in_driver" and warm_mini.DRIVER.is_file()
+    assert openhands_warm.DRIVER.parents[1].name == "in_driver" and openhands_warm.DRIVER.is_file()
+
+
+def test_programs_are_not_packages_and_never_import_legorl() -> None:
+    programs = _programs()
+    assert len(programs) >= 9, programs  # 4 in the sandbox's pid 1 tree, 1 + 5 of the harnesses
+    for p in programs:
+        assert p.name != "__init__.py", p
+        assert not [n for n in _imports(p) if n.split(".")[0] == "legorl"], p
+
+
+def test_the_host_never_imports_a_program() -> None:
+    for p in PKG.rglob("*.py"):
+        if set(p.relative_to(PKG).parts[:-1]) & set(PLACES):
+            continue
+        bad = [n for n in _imports(p) if set(n.split(".")) & set(PLACES)]
+        assert not bad, f"{p.relative_to(ROOT)} imports {bad}: read the program by path instead"
+
+
+def test_package_data_ships_every_program() -> None:
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["legorl"]
+    for p in _programs():
+        rel = p.relative_to(PKG).as_posix()
+        assert any(fnmatch.fnmatchcase(rel, g) and rel.count("/") == g.count("/") for g in globs), rel
