@@ -73,7 +73,7 @@ def _long_functions(source: str, limit: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", sorted(VERIFY.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(VERIFY.rglob("*.py")), ids=lambda p: p.name)
 def test_no_function_in_verify_is_over_80_lines(path: Path) -> None:
     long = _long_functions(path.read_text(encoding="utf-8"), MAX_LINES)
     assert not long, f"{path.name}: {long}"

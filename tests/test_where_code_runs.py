@@ -11,6 +11,7 @@ from pathlib import Path
 
 from legorl.harness import openhands, openhands_warm, warm_mini
 from legorl.sandbox import docker, local
+from legorl.verify import native, pytest_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "legorl"
@@ -37,11 +38,13 @@ def test_every_program_the_host_reads_by_path_sits_where_it_runs() -> None:
     assert openhands.DRIVER_SOURCE.parent.name == "in_sandbox"
     assert warm_mini.DRIVER.parents[1].name == "in_driver" and warm_mini.DRIVER.is_file()
     assert openhands_warm.DRIVER.parents[1].name == "in_driver" and openhands_warm.DRIVER.is_file()
+    for supervisor in (pytest_plan.SUPERVISOR, native.NATIVE_SUPERVISOR):  # the grading runs
+        assert supervisor.parent.name == "in_sandbox" and supervisor.is_file(), supervisor
 
 
 def test_programs_are_not_packages_and_never_import_legorl() -> None:
     programs = _programs()
-    assert len(programs) >= 9, programs  # 4 in the sandbox's pid 1 tree, 1 + 5 of the harnesses
+    assert len(programs) >= 11, programs  # 4 in the sandbox's pid 1 tree, 1 + 5 of the harnesses, 2 graders'
     for p in programs:
         assert p.name != "__init__.py", p
         assert not [n for n in _imports(p) if n.split(".")[0] == "legorl"], p

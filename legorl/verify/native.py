@@ -5,7 +5,7 @@ A native runner has no report we can trust more than its log, so here the channe
 1. the runner's log, read by the *official* SWE-bench parser for the repository (what the
    published numbers are computed from); written by the process the code under test shares;
 2. the recorder's HMAC-tagged records of what each test function really raised
-   (`_native_supervisor.py`): our own per-test verdict, which printing `test_x ... ok`
+   (`in_sandbox/native_supervisor.py`): our own per-test verdict, which printing `test_x ... ok`
    cannot forge;
 3. canaries planted among the task's tests in the runner's own shape (a TestCase class for
    Django, a `test_` function for SymPy): one must pass, one must fail.
@@ -29,7 +29,7 @@ from legorl.verify.pytest_plan import SAFE_PATH, SUPERVISOR, canary_candidates, 
 from legorl.verify.test_cmd import NativeCommand
 from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
-NATIVE_SUPERVISOR = Path(__file__).with_name("_native_supervisor.py")
+NATIVE_SUPERVISOR = Path(__file__).parent / "in_sandbox" / "native_supervisor.py"  # runs in the grading sandbox
 OFFICIAL_STATUS = {
     "PASSED": TestStatus.PASSED,
     "FAILED": TestStatus.FAILED,

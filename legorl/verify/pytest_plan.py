@@ -13,7 +13,7 @@ What the repository under test could otherwise do to the runner, and what stops 
 - stale or planted byte code: `-B` and the grader deletes `__pycache__` before the run;
 - a cache that survives between runs: `-p no:cacheprovider`;
 - rewritten reports, from conftest-free package code in the same interpreter: the run is
-  supervised (`_supervisor.py`): a grader plugin registered before any repository import
+  supervised (`in_sandbox/supervisor.py`): a grader plugin registered before any repository import
   records what each test raised and whether pytest's reporting machinery was changed, and
   streams that over a pipe the package cannot forge records into; the report itself goes
   to a pipe, so nothing written after pytest (`atexit`, `os._exit` wrappers, daemons) can
@@ -33,7 +33,7 @@ from pathlib import Path
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-SUPERVISOR = Path(__file__).with_name("_supervisor.py")
+SUPERVISOR = Path(__file__).parent / "in_sandbox" / "supervisor.py"  # runs in the grading sandbox: read by path
 SETUP_FAILED = 86  # the supervisor's exit status when it could not prepare the run (keep in sync with it)
 _CANARY_FILE = """\
 def test_{nonce}_pass():

@@ -1,7 +1,7 @@
 """A grading run of a repository's own test runner (Django's `tests/runtests.py`, SymPy's
 `bin/test`) as it executes inside the sandbox (the image's Python; never imports legorl).
 
-The same design as the pytest supervisor (`_supervisor.py`, whose helpers this loads from
+The same design as the pytest supervisor (`in_sandbox/supervisor.py`, whose helpers this loads from
 the file next to it): the supervisor reads and deletes its configuration, plants the
 canaries among the task's own tests, hashes the task's test files, then forks. The child
 installs a *recorder* at the innermost call of each test before the repository is
