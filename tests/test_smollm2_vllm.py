@@ -81,11 +81,17 @@ async def test_smollm2_trains_through_the_real_vllm_server(server: VLLMServer, t
             "options": {"route": "generate"},
         },
     )
+    # The untrained model resolves nothing in two steps, so every advantage is 0 and GSPO's
+    # gradient with it; AdamW's decoupled weight decay still moves every weight through the real
+    # optimizer step, so a served tensor that moved proves each step's weights were written and
+    # reloaded, not just that a version label changed.
+    cfg.trainer.weight_decay = 10.0
     summary = await train(cfg, console=Console(quiet=True))
     assert [s["rollout/count"] for s in summary["steps"]] == [4.0, 4.0]
 
     after = served_tensor(server.model_dir)
     assert not torch.equal(before, after), "the served weights did not change after two GSPO steps"
+    assert float((after - before).abs().max()) < 1e-2  # moved by the steps, not replaced by something else
     assert not is_tied(server.model_dir)
 
     with RunStore(tmp_path / "run", readonly=True) as store:
