@@ -3,9 +3,9 @@
 Serves the UI over `--run DIR` (a `legorl train` run directory, read only) on 127.0.0.1,
 opens it in headless Chromium (Debian `chromium`, driven by Playwright; `bash
 scripts/setup_ui.sh` installs both) and saves `ui-overview.png` and `ui-trajectory.png`
-into `--out`. The trajectory shown is the GSPO-step rollout with the most turns among those
-that resolved (or, if none did, among all graded ones), so the page has tokens, segments,
-a diff and test results to show.
+into `--out`. The trajectory shown is a GSPO-step rollout that was trained on (it has an advantage), the
+one with the most turns among those that resolved, so the page has tokens coloured by both
+log-probs, segments, a diff and test results to show.
 
     .venv/bin/python scripts/ui_screenshots.py --run examples/runs/quickstart [--out docs/img]
 """
@@ -31,11 +31,11 @@ def chromium() -> str:
 
 
 def showcase(run_dir: Path) -> str:
-    """The session to show: a GSPO rollout, resolved if any was, with the most turns."""
+    """The session to show: a trained GSPO rollout, resolved if any was, with the most turns."""
     db = sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True)
     row = db.execute(
         "SELECT session_id FROM trajectories WHERE step >= 0 AND masked = 0 "
-        "ORDER BY status = 'resolved' DESC, n_turns DESC, step DESC LIMIT 1"
+        "ORDER BY advantage IS NOT NULL DESC, status = 'resolved' DESC, n_turns DESC, step DESC LIMIT 1"
     ).fetchone()
     db.close()
     if row is None:
