@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,21 @@ def config(harness: str, run_dir: Path, args: argparse.Namespace) -> dict[str, d
     }
 
 
+def run_eval(cmd: list[str], timeout_s: float | None) -> tuple[int, str]:
+    """Run one `legorl eval` in its own process group; past `timeout_s` the whole group (the
+    eval, its harness processes and sandboxes) is killed, and the row says so."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return -1, f"not finished within --harness-timeout-s {timeout_s:g}; {out[-1500:]}"
+
+
 def row(harness: str, summary: dict[str, Any] | None, wall_s: float, rc: int, tail: str) -> dict[str, Any]:
     if summary is None:
         return {"harness": harness, "ok": False, "exit_code": rc, "wall_s": round(wall_s, 1), "error": tail[-1500:]}
@@ -128,6 +144,7 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=256, help="the proxy's cap on a turn's completion")
     ap.add_argument("--timeout-s", type=float, default=1500.0, help="a rollout's agent timeout")
+    ap.add_argument("--harness-timeout-s", type=float, default=None, help="give up on one harness after this")
     ap.add_argument("--out", type=Path, default=None, help="keep the configs, stores and eval JSONs here")
     args = ap.parse_args()
     unknown = [h for h in args.harness if h not in HARNESSES]
@@ -141,25 +158,21 @@ def main() -> None:
         cfg_path, result = out / f"{h}.toml", out / f"{h}.json"
         cfg_path.write_text(toml(config(h, out / f"run-{h}", args)))
         t0 = time.perf_counter()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "legorl.cli",
-                "eval",
-                str(cfg_path),
-                "--limit",
-                str(args.tasks),
-                "--out",
-                str(result),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "legorl.cli",
+            "eval",
+            str(cfg_path),
+            "--limit",
+            str(args.tasks),
+            "--out",
+            str(result),
+        ]
+        rc, said = run_eval(cmd, args.harness_timeout_s)
         wall = time.perf_counter() - t0
-        summary = json.loads(result.read_text()) if proc.returncode == 0 and result.exists() else None
-        rows.append(row(h, summary, wall, proc.returncode, proc.stderr + proc.stdout))
+        summary = json.loads(result.read_text()) if rc == 0 and result.exists() else None
+        rows.append(row(h, summary, wall, rc, said))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(
