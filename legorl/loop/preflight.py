@@ -137,7 +137,7 @@ def template_check(cfg: RunConfig) -> Check:
         from legorl.engine.registry import make_engine
         from legorl.models import load_tokenizer
         from legorl.proxy.renderer import ChatRequest, RenderState
-        from legorl.proxy.renderer_choice import make_renderer, round_trip
+        from legorl.proxy.renderer_choice import PROBE_TOOLS, make_renderer, round_trip
         from legorl.proxy.template import TemplateError
         from legorl.proxy.toolcalls import parse_completion
 
@@ -151,16 +151,7 @@ def template_check(cfg: RunConfig) -> Check:
                 fix="serve a model whose chat template is one of the supported families "
                 "(Qwen2.5/Qwen3/Qwen3.5/Qwen3-Coder, gpt-oss, GLM-4.5, ChatML without tools)",
             ) from None
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": "bash",
-                    "description": "Run a shell command.",
-                    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-                },
-            }
-        ]
+        tools = PROBE_TOOLS
         msgs = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "List the files."}]
         state = RenderState()
         prompt = r.render(ChatRequest(msgs, tools), state)

@@ -18,6 +18,18 @@ from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.renderer import ChatRequest, Renderer
 from legorl.proxy.template import TemplateError, TemplateRenderer
 
+# the one tool of the template probes (here and in `legorl doctor`'s incremental-render check)
+PROBE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
+
 
 def make_renderer(tokenizer: Any) -> Renderer:
     """The renderer for a tokenizer: the ChatML one for the bundled template (same ids,
@@ -55,16 +67,7 @@ def round_trip(tokenizer: Any) -> str:
         },
         {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
     ]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "bash",
-                "description": "Run a shell command.",
-                "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
-            },
-        }
-    ]
+    tools = PROBE_TOOLS
     shape = getattr(r, "shape", None)
     ours = r.render(ChatRequest(msgs, tools))
     if shape is not None and not (shape.renders_tools and shape.renders_tool_calls):
