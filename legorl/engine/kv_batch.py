@@ -7,6 +7,11 @@ batch is regrouped: the surviving rows are cut to the longest row and re-padded 
 left. Regrouping costs one copy of the cache; decode steps between regroupings cost
 nothing extra, which is why requests that finish or arrive do not slow the others.
 
+Full-attention layers are `GrowingLayer`s: their keys and values live in a buffer with spare
+columns, and a decode step writes its column in place. transformers' `DynamicLayer` concatenates
+instead, copying the whole cache on every token: with SmolLM2-135M at 32 rows x 600 columns on
+2 CPU cores that copy was 64% of a decode step (0.52 s), more than all the matmuls together.
+
 Attention uses our own 4-D additive mask (0 = attend, dtype-min = masked), so padding is
 handled identically by the eager and SDPA kernels, and a padded query row (which sees no
 valid key) stays finite instead of producing NaNs.
@@ -31,6 +36,69 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
+
+
+class GrowingLayer(DynamicLayer):
+    """A full-attention cache layer that appends in place into a buffer with spare columns.
+
+    `keys` / `values` are views of the first `length` columns of the buffer, so everything that
+    reads a `DynamicLayer` (masks, regrouping, `get_seq_length`) reads this one unchanged. The
+    buffer grows by at least `HEADROOM` columns (or a quarter) when full: one copy per that many
+    decode steps instead of one per step."""
+
+    HEADROOM = 128
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._keys_buf: torch.Tensor | None = None
+        self._values_buf: torch.Tensor | None = None
+        self._length = 0
+
+    def _grow(self, need: int) -> None:
+        cap = need + max(self.HEADROOM, need // 4)
+        for name in ("_keys_buf", "_values_buf"):
+            old = getattr(self, name)
+            assert old is not None
+            shape = list(old.shape)
+            shape[-2] = cap
+            buf = old.new_empty(shape)
+            buf[..., : self._length, :] = old[..., : self._length, :]
+            setattr(self, name, buf)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if self._keys_buf is None:
+            shape = list(key_states.shape)
+            shape[-2] = 0
+            self._keys_buf = key_states.new_empty(shape)
+            self._values_buf = value_states.new_empty(list(value_states.shape[:-2]) + [0, value_states.shape[-1]])
+        assert self._values_buf is not None
+        end = self._length + n
+        if end > self._keys_buf.shape[-2]:
+            self._grow(end)
+        self._keys_buf[..., self._length : end, :] = key_states
+        self._values_buf[..., self._length : end, :] = value_states
+        self._length = end
+        self.keys, self.values = self._keys_buf[..., :end, :], self._values_buf[..., :end, :]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("GrowingLayer: regroup the batch (kv_batch.regroup) instead")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("GrowingLayer: the hf engine never crops its cache")
+
+
+def _growing(cache: DynamicCache) -> DynamicCache:
+    """`cache` with its full-attention layers (plain `DynamicLayer`s) as `GrowingLayer`s."""
+    if cache.layer_class_to_replicate is DynamicLayer:
+        cache.layer_class_to_replicate = GrowingLayer
+    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
 
 
 @dataclass
@@ -82,7 +150,7 @@ class BatchedForward:
 
     def new_cache(self) -> DynamicCache:
         """An empty cache: linear-attention layers need their own (state) layer type."""
-        return DynamicCache(config=self._config) if self._config is not None else DynamicCache()
+        return _growing(DynamicCache(config=self._config) if self._config is not None else DynamicCache())
 
     def masks(self, valid_B_S: torch.Tensor, q_len: int) -> torch.Tensor | dict[str, torch.Tensor | None]:
         """The attention mask of a forward of the last `q_len` columns (one per layer type)."""
@@ -156,7 +224,7 @@ def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
         return t
 
     valid_B_S = torch.cat([cut(b.valid_B_S, rows) for b, rows in parts], dim=0)
-    cache = DynamicCache()
+    cache = _growing(DynamicCache())
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in parts[0][0].cache.layers):
         cache.layers = [
             _regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) for i in range(num_layers)
@@ -173,7 +241,7 @@ def _regroup_layer(parts, cut):  # type: ignore[no-untyped-def]
     """One layer of a hybrid cache: a state layer's rows, or a KV layer's rows cut to S columns."""
     first = parts[0][0]
     if not isinstance(first, LinearAttentionCacheLayerMixin):
-        out = DynamicLayer()
+        out = GrowingLayer()
         keys = torch.cat([cut(la.keys, rows) for la, rows in parts])
         out.update(keys, torch.cat([cut(la.values, rows) for la, rows in parts]))
         return out
