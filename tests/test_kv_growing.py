@@ -28,11 +28,23 @@ def test_growing_layer_holds_what_concatenation_holds_across_growth() -> None:
     assert len(buffers) < len(widths) // 4, "the buffer was reallocated on most updates: not in place"
 
 
-def test_growing_layer_refuses_in_place_batch_edits() -> None:
-    layer = GrowingLayer()
-    layer.update(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
-    with pytest.raises(NotImplementedError, match="regroup"):
-        layer.batch_select_indices(torch.tensor([0]))
+def test_row_selection_and_cropping_act_as_on_a_dynamic_layer() -> None:
+    gen = torch.Generator().manual_seed(1)
+    grown, plain = GrowingLayer(), DynamicLayer()
+    k, v = torch.randn(3, 2, 9, 4, generator=gen), torch.randn(3, 2, 9, 4, generator=gen)
+    grown.update(k, v)
+    plain.update(k, v)
+    for layer in (grown, plain):
+        layer.batch_select_indices(torch.tensor([2, 0]))
+        layer.crop(-3)
+    assert grown.get_seq_length() == plain.get_seq_length() == 6
+    assert torch.equal(grown.keys, plain.keys) and torch.equal(grown.values, plain.values)
+    k2, v2 = torch.randn(2, 2, 1, 4, generator=gen), torch.randn(2, 2, 1, 4, generator=gen)
+    gk, gv = grown.update(k2, v2)
+    pk, pv = plain.update(k2, v2)
+    assert torch.equal(gk, pk) and torch.equal(gv, pv)
+    with pytest.raises(ValueError, match="crop"):
+        grown.crop(2)
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3", "qwen3_5"])

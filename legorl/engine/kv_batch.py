@@ -50,47 +50,46 @@ class GrowingLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
-        self._keys_buf: torch.Tensor | None = None
-        self._values_buf: torch.Tensor | None = None
+        self._keys_buf, self._values_buf = key_states[..., :0, :], value_states[..., :0, :]
         self._length = 0
 
-    def _grow(self, need: int) -> None:
-        cap = need + max(self.HEADROOM, need // 4)
-        for name in ("_keys_buf", "_values_buf"):
-            old = getattr(self, name)
-            assert old is not None
-            shape = list(old.shape)
-            shape[-2] = cap
-            buf = old.new_empty(shape)
-            buf[..., : self._length, :] = old[..., : self._length, :]
-            setattr(self, name, buf)
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys, self.values = self._keys_buf[..., : self._length, :], self._values_buf[..., : self._length, :]
+        return self.keys, self.values
+
+    @staticmethod
+    def _grown(old: torch.Tensor, length: int, cap: int) -> torch.Tensor:
+        buf = old.new_empty((*old.shape[:-2], cap, old.shape[-1]))
+        buf[..., :length, :] = old[..., :length, :]
+        return buf
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        n = key_states.shape[-2]
-        if self._keys_buf is None:
-            shape = list(key_states.shape)
-            shape[-2] = 0
-            self._keys_buf = key_states.new_empty(shape)
-            self._values_buf = value_states.new_empty(list(value_states.shape[:-2]) + [0, value_states.shape[-1]])
-        assert self._values_buf is not None
-        end = self._length + n
+        start, end = self._length, self._length + key_states.shape[-2]
         if end > self._keys_buf.shape[-2]:
-            self._grow(end)
-        self._keys_buf[..., self._length : end, :] = key_states
-        self._values_buf[..., self._length : end, :] = value_states
+            cap = end + max(self.HEADROOM, end // 4)
+            self._keys_buf = self._grown(self._keys_buf, start, cap)
+            self._values_buf = self._grown(self._values_buf, start, cap)
+        self._keys_buf[..., start:end, :] = key_states
+        self._values_buf[..., start:end, :] = value_states
         self._length = end
-        self.keys, self.values = self._keys_buf[..., :end, :], self._values_buf[..., :end, :]
-        return self.keys, self.values
+        return self._views()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("GrowingLayer: regroup the batch (kv_batch.regroup) instead")
+        if self.get_seq_length() > 0:
+            self._keys_buf, self._values_buf = self._keys_buf[indices], self._values_buf[indices]
+            self._views()
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("GrowingLayer: the hf engine never crops its cache")
+        """As `DynamicLayer.crop`: a negative count drops that many of the last columns."""
+        if tokens_to_remove > 0:
+            super().crop(tokens_to_remove)  # refused there, with transformers' own message
+        if tokens_to_remove < 0 and self.is_initialized:
+            self._length = max(0, self._length + tokens_to_remove)
+            self._views()
 
 
 def _growing(cache: DynamicCache) -> DynamicCache:
