@@ -24,31 +24,19 @@ from legorl.engine.hf import load_model
 from legorl.engine.kv_batch import BatchedForward, GrowingLayer, KVBatch
 
 
-def as_concatenating(batch: KVBatch) -> KVBatch:
-    """A copy of `batch` whose full-attention layers are transformers' `DynamicLayer`s."""
-    out = copy.copy(batch.cache)
-    out.layers = []
-    for layer in batch.cache.layers:
-        if isinstance(layer, GrowingLayer):
-            plain = DynamicLayer()
-            plain.update(layer.keys.clone(), layer.values.clone())
-            out.layers.append(plain)
-        else:
-            out.layers.append(copy.deepcopy(layer))
-    out.layer_class_to_replicate = None
-    return KVBatch(out, batch.valid_B_S.clone())
-
-
-def as_growing(batch: KVBatch) -> KVBatch:
+def with_layers(batch: KVBatch, kind: type[DynamicLayer]) -> KVBatch:
+    """A copy of `batch` whose full-attention layers are `kind` (`DynamicLayer`: transformers'
+    concatenating one; `GrowingLayer`: the engine's), holding the same keys and values."""
     out = copy.copy(batch.cache)
     out.layers = []
     for layer in batch.cache.layers:
         if isinstance(layer, DynamicLayer):
-            grown = GrowingLayer()
-            grown.update(layer.keys.clone(), layer.values.clone())
-            out.layers.append(grown)
+            fresh = kind()
+            fresh.update(layer.keys.clone(), layer.values.clone())
+            out.layers.append(fresh)
         else:
             out.layers.append(copy.deepcopy(layer))
+    out.layer_class_to_replicate = None
     return KVBatch(out, batch.valid_B_S.clone())
 
 
@@ -79,8 +67,8 @@ def main() -> None:
     lengths = [len(p) for p in prompts]
     times: dict[str, list[float]] = {"concatenating": [], "growing": []}
     for _ in range(args.repeat):
-        times["concatenating"].append(time_steps(fwd, as_concatenating(base), lengths, args.steps))
-        times["growing"].append(time_steps(fwd, as_growing(base), lengths, args.steps))
+        times["concatenating"].append(time_steps(fwd, with_layers(base, DynamicLayer), lengths, args.steps))
+        times["growing"].append(time_steps(fwd, with_layers(base, GrowingLayer), lengths, args.steps))
     out = {
         "model": args.model,
         "rows": args.rows,
