@@ -41,7 +41,7 @@ def with_layers(batch: KVBatch, kind: type[DynamicLayer]) -> KVBatch:
 
 
 def time_steps(fwd: BatchedForward, batch: KVBatch, lengths: list[int], steps: int) -> float:
-    tokens = [5] * batch.rows
+    tokens = [1] * batch.rows
     t0 = time.perf_counter()
     for k in range(steps):
         fwd.decode(batch, tokens, [n + k for n in lengths])
@@ -59,8 +59,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
-    fwd = BatchedForward(load_model(args.model, "cpu", "float32", "sdpa"))
-    prompts = [[100 + (r * 7 + j) % 4000 for j in range(args.columns - r % 16)] for r in range(args.rows)]
+    model = load_model(args.model, "cpu", "float32", "sdpa")
+    fwd = BatchedForward(model)
+    vocab = int(model.get_input_embeddings().num_embeddings)  # the bundled tiny models have 512 ids
+    prompts = [[(r * 7 + j) % vocab for j in range(args.columns - r % 16)] for r in range(args.rows)]
     t0 = time.perf_counter()
     base, _ = fwd.prefill(prompts)
     prefill_s = time.perf_counter() - t0

@@ -316,3 +316,19 @@ def test_django_ids_of_either_python_read_a_log_of_the_other() -> None:
         ["test_x (m.C)", "test_y (m.C.test_y)", "test_z (m.C)"],
     )
     assert got["test_x (m.C)"] == "PASSED" and got["test_y (m.C.test_y)"] == "FAILED" and "test_z (m.C)" not in got
+
+
+def test_the_two_django_canaries_never_share_a_class_or_take_a_task_class() -> None:
+    """One class and one word leave a single one-word name: the second canary must not rebind
+    the first (the must-pass one would vanish and a gold patch would read as forged)."""
+    from legorl.verify.native import plan_native
+
+    cmd = native_command("./tests/runtests.py --settings=test_sqlite foo_tests.tests")
+    assert cmd is not None
+    for _ in range(50):
+        plan = plan_native(
+            "/repo", cmd, "python", "/tmp", "tests/foo_tests/tests.py", ["test_a"], ["FooTests"], [], [], []
+        )
+        ids = json.loads(next(v for k, v in plan.files.items() if k.endswith(".json")))["plant"]["ids"]
+        pass_cls, fail_cls = (ids[k].split("(", 1)[1].rsplit(".", 2)[-2] for k in ("pass", "fail"))
+        assert pass_cls != fail_cls and {pass_cls, fail_cls}.isdisjoint({"FooTests"}), ids

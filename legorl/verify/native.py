@@ -60,9 +60,11 @@ def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str], like: lis
         {_camel(w) for c in like_classes + like for w in re.findall(r"[A-Za-z][a-z0-9]+", c)} - {"Test", "Tests"}
     )
     words = words or ["Case", "Value"]
+    taken = set(like_classes)
     out = []
     for must_pass in (True, False):
-        cls = f"{rng.choice(bases).removesuffix('Tests').removesuffix('Test')}{rng.choice(words)}Tests"
+        cls = _fresh_class(rng, bases, words, taken)
+        taken.add(cls)
         vals = rng.sample(range(2, 99), 3)
         want = list(vals) if must_pass else [vals[0], vals[1], vals[2] + 1]
         # each value a subTest, as Django's own suites check many inputs: a failure only a
@@ -74,6 +76,23 @@ def _django_blocks(rng: secrets.SystemRandom, like_classes: list[str], like: lis
         )
         out.append((f"class {cls}({{base}}):\n    def {{name}}(self):\n{body}", cls))
     return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def _fresh_class(rng: secrets.SystemRandom, bases: list[str], words: list[str], taken: set[str]) -> str:
+    """A class name like the file's that no task class and no other canary has.
+
+    Two canaries under one name would leave only the second in the module (Python rebinds
+    the name), and a task class's name would hide the task's own tests. A file with one
+    class and one word has a single one-word name, so the name grows a word at a time.
+    """
+    n_words = 1
+    while True:
+        for _ in range(16):
+            stem = rng.choice(bases).removesuffix("Tests").removesuffix("Test")
+            cls = f"{stem}{''.join(rng.choice(words) for _ in range(n_words))}Tests"
+            if cls not in taken:
+                return cls
+        n_words += 1
 
 
 def plan_native(
