@@ -9,4 +9,4 @@ bash scripts/setup.sh
 # two workers, one file at a time each (module fixtures stay whole); tests/conftest.py
 # hands out the longest files first (--no-loadscope-reorder: xdist would otherwise send the files
 # with the most tests first)
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=30 "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=60 "$@"
