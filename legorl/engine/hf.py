@@ -28,6 +28,13 @@ loads with eager attention for its sinks) and hybrid models whose linear-attenti
 (Qwen3.5's Gated-DeltaNet) keep a per-row conv + recurrent state instead of KV columns
 (`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`).
 
+Prefixes: an agent's next turn re-sends its transcript, so the KV columns of a finished
+request are kept (`kv_prefix.py`, at most `prefix_cache_tokens` columns, least recently used
+out first) and a new request that starts with the same tokens copies them in and prefills
+only the rest. Requests that reuse are prefilled apart from those that do not (one forward
+covers every row from the longest remaining suffix on). The store is emptied when the weights
+change; models with linear-attention layers and MoE models recording routing do not reuse.
+
 Seeds: a request with `seed` samples with its own generator, so its completion does not
 depend on the other requests in the batch (up to floating-point effects of batch shape).
 
@@ -58,7 +65,8 @@ import torch
 
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.hf_rows import Outbox, Request, Row, eos_ids
-from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup
+from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup, row_prefix
+from legorl.engine.kv_prefix import Prefix, PrefixStore
 from legorl.engine.routing import RoutingRecorder, moe_gates
 from legorl.engine.sampling import params_tensors, processed_logprobs, sample, validate_params
 from legorl.models import load_tokenizer, resolve_model
@@ -113,6 +121,7 @@ class HFEngine:
         seed: int | None = None,
         record_routing: bool = True,
         attn_implementation: str = "sdpa",
+        prefix_cache_tokens: int = 32768,
     ) -> None:
         if dtype != "auto" and dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of auto, {', '.join(DTYPES)}")
@@ -134,6 +143,8 @@ class HFEngine:
             self.routing = None
         self.is_moe = bool(moe_gates(self.model))
         self._fwd = BatchedForward(self.model)
+        reuse = prefix_cache_tokens > 0 and self._fwd.reusable() and self.routing is None
+        self._prefixes = PrefixStore(prefix_cache_tokens) if reuse else None
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -147,6 +158,7 @@ class HFEngine:
         self._batch: KVBatch | None = None
         self._closing = False
         self.stats = {"forward_calls": 0, "decode_steps": 0, "max_rows": 0, "tokens": 0}
+        self.stats |= {"prompt_tokens": 0, "reused_tokens": 0}  # reused: copied from a finished row, not computed
         self._thread = threading.Thread(target=self._loop, name="legorl-hf-engine", daemon=True)
         self._thread.start()
 
@@ -165,6 +177,7 @@ class HFEngine:
             seed=cfg.seed,
             record_routing=cfg.record_routing,
             attn_implementation=cfg.attn_implementation,
+            prefix_cache_tokens=cfg.prefix_cache_tokens,
         )
 
     # ---- asyncio side -------------------------------------------------------------------
@@ -236,6 +249,8 @@ class HFEngine:
             for k, v in state_dict.items():
                 own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
             self.policy_version = int(version)
+            if self._prefixes is not None:
+                self._prefixes.clear()  # the old weights' columns are not the new policy's
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         await asyncio.to_thread(self.load_state_dict, state_dict, version)
@@ -303,28 +318,49 @@ class HFEngine:
 
     def _drop_cancelled(self) -> None:
         keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
+        if self._prefixes is not None and self._batch is not None:
+            for i, row in enumerate(self._rows):
+                if row.done and not row.req.cancelled:  # its columns: every token but the last sampled
+                    self._prefixes.put(row_prefix(self._batch, i, row.tokens))
         if len(keep) != len(self._rows) and self._batch is not None:
             self._batch = regroup([(self._batch, keep)])
             self._rows = [self._rows[i] for i in keep]
 
     def _prefill(self, admitted: list[Request]) -> None:
-        prompts = [r.prompt_ids for r in admitted]
+        """Prefill the admitted requests, those that reuse a stored prefix apart from the rest
+        (one forward covers every row from the longest remaining suffix on)."""
+        parts = [self._prefill_group(group) for group in self._groups(admitted)]
+        old = [(self._batch, list(range(len(self._rows))))] if self._batch is not None else []
+        self._batch = regroup(
+            old + [(batch, [r for r, row in enumerate(rows) if not row.done]) for batch, rows in parts]
+        )
+        self._rows = self._rows + [row for _, rows in parts for row in rows if not row.done]
+        self.stats["max_rows"] = max(self.stats["max_rows"], len(self._rows))
+
+    def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
+        if self._prefixes is None:
+            return [[(req, None) for req in admitted]]
+        matched = [(req, self._prefixes.match(req.prompt_ids)) for req in admitted]
+        groups = [[(q, m) for q, m in matched if m is not None], [(q, m) for q, m in matched if m is None]]
+        return [g for g in groups if g]
+
+    def _prefill_group(self, group: list[tuple[Request, tuple[Prefix, int] | None]]) -> tuple[KVBatch, list[Row]]:
+        prompts = [req.prompt_ids for req, _ in group]
+        reused = [m for _, m in group]
         if self.routing is not None:
             self.routing.start()
-        batch, logits_B_V = self._fwd.prefill(prompts, self.prefill_chunk)
+        batch, logits_B_V = self._fwd.prefill(prompts, self.prefill_chunk, reused if any(reused) else None)
         self.stats["forward_calls"] = self._fwd.forward_calls
-        rows = [Row(req) for req in admitted]
+        self.stats["prompt_tokens"] += sum(map(len, prompts))
+        self.stats["reused_tokens"] = self._fwd.reused_columns
+        rows = [Row(req) for req, _ in group]
         if self.routing is not None:
             idx_B_T_L_K = self.routing.take(len(prompts))
             for r, row in enumerate(rows):
                 row.routing.append(idx_B_T_L_K[r, idx_B_T_L_K.shape[1] - len(row.req.prompt_ids) :])
         self._sample(rows, logits_B_V)
         self._finish(rows)
-        keep = [r for r, row in enumerate(rows) if not row.done]
-        old = [(self._batch, list(range(len(self._rows))))] if self._batch is not None else []
-        self._batch = regroup(old + [(batch, keep)])
-        self._rows = self._rows + [rows[r] for r in keep]
-        self.stats["max_rows"] = max(self.stats["max_rows"], len(self._rows))
+        return batch, rows
 
     def _decode(self) -> None:
         assert self._batch is not None

@@ -37,6 +37,8 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
+from legorl.engine.kv_prefix import Prefix
+
 
 class GrowingLayer(DynamicLayer):
     """A full-attention cache layer that appends in place into a buffer with spare columns.
@@ -138,6 +140,7 @@ class BatchedForward:
         self.dtype = next(model.parameters()).dtype
         self._cache_kw = cache_kwarg(model)
         self.forward_calls = 0
+        self.reused_columns = 0  # prompt columns copied from stored prefixes instead of computed
         text_config = model.config.get_text_config(decoder=True)
         types = set(getattr(text_config, "layer_types", None) or ["full_attention"])
         unknown = types - {"full_attention", "sliding_attention", "linear_attention"}
@@ -178,9 +181,17 @@ class BatchedForward:
         )
         return out.logits[:, -1, :]
 
-    def prefill(self, prompts: list[list[int]], chunk: int = 1024) -> tuple[KVBatch, torch.Tensor]:
+    def prefill(
+        self, prompts: list[list[int]], chunk: int = 1024, reused: list[tuple[Prefix, int] | None] | None = None
+    ) -> tuple[KVBatch, torch.Tensor]:
         """Forward the prompts as one left-padded batch, `chunk` columns per forward (so a
-        long prompt never materialises a P x P mask); the new batch and next-token logits."""
+        long prompt never materialises a P x P mask); the new batch and next-token logits.
+
+        `reused[r]` = (a stored prefix, m): row r's first m tokens are that prefix's, and
+        their columns are copied in instead of computed. One forward covers every row's
+        columns from the longest remaining suffix on, so a row whose suffix is shorter
+        computes a few of its prefix's columns again (the engine groups rows that reuse
+        apart from rows that do not)."""
         P = max(len(p) for p in prompts)
         ids_B_T = torch.zeros(len(prompts), P, dtype=torch.long)
         valid_B_S = torch.zeros(len(prompts), P, dtype=torch.bool)
@@ -190,10 +201,41 @@ class BatchedForward:
         ids_B_T, valid_B_S = ids_B_T.to(self.device), valid_B_S.to(self.device)
         pos_B_T = (valid_B_S.long().cumsum(1) - 1).clamp(min=0)
         cache = self.new_cache()
-        for start in range(0, P, chunk):
+        C = self._fill_reused(cache, prompts, reused, P) if reused else 0
+        for start in range(C, P, chunk):
             end = min(P, start + chunk)
             logits_B_V = self._run(ids_B_T[:, start:end], valid_B_S[:, :end], pos_B_T[:, start:end], cache)
         return KVBatch(cache, valid_B_S), logits_B_V
+
+    def _fill_reused(
+        self, cache: DynamicCache, prompts: list[list[int]], reused: list[tuple[Prefix, int] | None], P: int
+    ) -> int:
+        """Write the reused columns into `cache`; how many columns (C) it then holds.
+
+        Each row's tokens are its last len(p) of the P columns; the forward starts at column
+        C = P - (longest suffix), so row r contributes its first len(p) - (P - C) tokens,
+        right-aligned in the first C columns (never more than it reuses: its own suffix is no
+        longer than the longest)."""
+        Q = max(len(p) - (ru[1] if ru else 0) for p, ru in zip(prompts, reused, strict=True))
+        C = P - Q
+        if C <= 0:
+            return 0
+        first = next(ru[0] for ru in reused if ru)
+        for layer, (k_H_L_D, v_H_L_D) in enumerate(zip(first.keys_H_L_D, first.values_H_L_D, strict=True)):
+            keys_B_H_C_D = k_H_L_D.new_zeros((len(prompts), k_H_L_D.shape[0], C, k_H_L_D.shape[2]))
+            values_B_H_C_D = v_H_L_D.new_zeros((len(prompts), v_H_L_D.shape[0], C, v_H_L_D.shape[2]))
+            for r, (p, ru) in enumerate(zip(prompts, reused, strict=True)):
+                use = len(p) - Q
+                if ru and use > 0:
+                    keys_B_H_C_D[r, :, C - use :] = ru[0].keys_H_L_D[layer][:, :use]
+                    values_B_H_C_D[r, :, C - use :] = ru[0].values_H_L_D[layer][:, :use]
+            cache.update(keys_B_H_C_D, values_B_H_C_D, layer)
+        self.reused_columns += sum(len(p) - Q for p, ru in zip(prompts, reused, strict=True) if ru and len(p) > Q)
+        return C
+
+    def reusable(self) -> bool:
+        """Whether a row's columns can be cut back and reused (not with linear-attention state)."""
+        return "linear_attention" not in self.layer_types
 
     def decode(self, batch: KVBatch, tokens_B: list[int], positions_B: list[int]) -> torch.Tensor:
         """Append one token per row; next-token logits (B, V). `batch` is updated in place."""
@@ -202,6 +244,16 @@ class BatchedForward:
         ones_B_1 = torch.ones(batch.rows, 1, dtype=torch.bool, device=self.device)
         batch.valid_B_S = torch.cat([batch.valid_B_S, ones_B_1], dim=1)
         return self._run(ids_B_T, batch.valid_B_S, pos_B_T, batch.cache)
+
+
+def row_prefix(batch: KVBatch, r: int, tokens: list[int]) -> Prefix:
+    """Row r's cached columns as a stored prefix of its `tokens` (the cache holds all but the
+    last sampled one), copied out so the batch's buffers are not kept alive by it."""
+    n = min(int(batch.valid_B_S[r].sum()), len(tokens))
+    ids = tokens[:n]
+    keys = [layer.keys[r, :, layer.keys.shape[-2] - n :].clone() for layer in batch.cache.layers]
+    values = [layer.values[r, :, layer.values.shape[-2] - n :].clone() for layer in batch.cache.layers]
+    return Prefix(tuple(ids), keys, values)
 
 
 def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:

@@ -59,6 +59,9 @@ class EngineConfig(Section):
     """`hf` on CPU: intra-op threads of the generation thread only (default min(4, cores // 2))."""
     seed: int | None = None
     """`hf`: seed of the generator used by requests without their own seed."""
+    prefix_cache_tokens: int = Field(32768, ge=0)
+    """`hf`: KV columns of finished requests kept for the next request that starts with the same tokens (an agent's
+    next turn re-sends its transcript); cleared when the weights change; 0 turns reuse off."""
     record_routing: bool = True
     """`hf`: record routed experts of MoE models (costs one extra forward of each request's last token)."""
     url: str | None = None

@@ -1,0 +1,92 @@
+"""Finished requests' KV columns, kept for the next request that starts with the same tokens.
+
+An agent's next turn is its last prompt, its completion and the tool's output: without
+reuse the `hf` engine prefills the whole transcript again on every turn, and on a CPU
+that prefill is most of an evaluation's time (SmolLM2-135M prefills ~200-400 tokens/s on
+2 cores). A token's key and value depend only on the tokens before it and the weights, so
+the first `m` columns of a finished row are exactly what a prefill of any prompt that
+shares those `m` tokens would compute (up to float rounding of a different batch shape).
+
+The store is cleared whenever the weights change (`HFEngine.load_state_dict`): a column
+computed by the previous policy is not the new policy's, and a trajectory whose prefix
+came from older weights would be recorded under a version that did not produce it.
+Models with linear-attention layers (Qwen3.5's Gated-DeltaNet) keep a recurrent state per
+row, not columns, and a state cannot be cut back to `m` tokens: the engine does not reuse
+for them, nor while it records MoE routing (a reused prefix would have no routed experts).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A finished row's cached tokens and, per layer, their keys and values (H, L, D)."""
+
+    ids: tuple[int, ...]
+    keys_H_L_D: list[torch.Tensor]
+    values_H_L_D: list[torch.Tensor]
+
+
+def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    """How many leading ids `a` and `b` share (compared a block at a time, not an id at a time)."""
+    n, i, block = min(len(a), len(b)), 0, 64
+    while i + block <= n and list(a[i : i + block]) == b[i : i + block]:
+        i += block
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class PrefixStore:
+    """At most `max_tokens` cached columns, least recently used evicted first.
+
+    A match is only worth its copy from `min_reuse` tokens on, and it never covers a whole
+    prompt: the prompt's last token must still be forwarded to give the next token's logits."""
+
+    def __init__(self, max_tokens: int, min_reuse: int = 16) -> None:
+        self.max_tokens = max_tokens
+        self.min_reuse = min_reuse
+        self._entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = 0
+
+    def put(self, prefix: Prefix) -> None:
+        """Keep `prefix`; drop entries it extends (they hold nothing it does not)."""
+        n = len(prefix.ids)
+        if n < self.min_reuse or n > self.max_tokens:
+            return
+        for ids in [k for k in self._entries if len(k) <= n and prefix.ids[: len(k)] == k]:
+            self._drop(ids)
+        self._entries[prefix.ids] = prefix
+        self._tokens += n
+        while self._tokens > self.max_tokens:
+            self._drop(next(iter(self._entries)))
+
+    def match(self, prompt: list[int]) -> tuple[Prefix, int] | None:
+        """The entry sharing the longest prefix with `prompt`, and how many of its columns to reuse."""
+        best: tuple[Prefix, int] | None = None
+        for entry in self._entries.values():
+            m = min(common_prefix(entry.ids, prompt), len(prompt) - 1)
+            if m >= self.min_reuse and (best is None or m > best[1]):
+                best = (entry, m)
+        if best is not None:
+            self._entries.move_to_end(best[0].ids)
+        return best
+
+    def _drop(self, ids: tuple[int, ...]) -> None:
+        self._tokens -= len(self._entries.pop(ids).ids)
