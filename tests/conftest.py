@@ -14,11 +14,10 @@ from legorl.sandbox.testing import DemoRepo, demo_repo
 
 # `scripts/test.sh` runs the suite on two workers, a file at a time each (`-n 2 --dist
 # loadfile`), handing files out in collection order; the longest files (measured with
-# `--durations`) are collected first, so the two learning runs start together at the
-# beginning instead of running one after the other at the end.
+# `--durations`) are collected first, so the learning runs (one file: one after the other,
+# tests/learn_util.py says why) start at the beginning while the other worker takes the rest.
 LONGEST_FIRST = [
     "test_loop_learns.py",
-    "test_loop_learns_async.py",
     "test_harness_e2e.py",
     "test_loop_ray.py",
     "test_loop_bad_input.py",

@@ -1,6 +1,9 @@
-"""The learning check shared by tests/test_loop_learns.py (synchronous) and
-tests/test_loop_learns_async.py (`max_staleness = 1`): two files, so a parallel test run
-(`pytest -n 2`, scripts/test.sh) can run the two long learning runs side by side."""
+"""The learning check of tests/test_loop_learns.py, synchronous and asynchronous
+(`max_staleness = 1`). The two runs are in one file, so the suite's two workers
+(`pytest -n 2 --dist loadfile`, scripts/test.sh) run them one after the other while the
+other worker runs the rest. Side by side (each with 64 concurrent rollouts on 2 cores) they
+took 25.4 and 24.7 minutes in CI, while the whole quickstart, about twice a slice's work,
+takes ~9 minutes alone."""
 
 from __future__ import annotations
 

@@ -36,6 +36,12 @@ def test_legorl_train_learns_on_held_out_tasks(tmp_path: Path) -> None:
     assert_learns(tmp_path, max_staleness=0, steps=12)
 
 
+@pytest.mark.timeout(1800)
+def test_legorl_train_learns_on_held_out_tasks_asynchronously(tmp_path: Path) -> None:
+    """16 steps with the next step's rollouts running while the trainer trains."""
+    assert_learns(tmp_path, max_staleness=1, steps=16)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
