@@ -82,9 +82,28 @@ async def test_new_weights_empty_the_store() -> None:
         g = await engine.generate(prompt, GREEDY)
         assert engine._prefixes is not None and len(engine._prefixes) == 1
         engine.load_state_dict({}, version=1)
-        assert len(engine._prefixes) == 0
-        await engine.generate(prompt + g.completion_ids + [5, 6], GREEDY)
+        g2 = await engine.generate(prompt + g.completion_ids + [5, 6], GREEDY)
         assert engine.stats["reused_tokens"] == 0  # nothing the old weights computed is reused
+        assert len(engine._prefixes) == 1  # only what the new weights computed: the last request
+        await engine.generate(prompt + g.completion_ids + [5, 6] + g2.completion_ids + [7], GREEDY)
+        assert engine.stats["reused_tokens"] > 0
+    finally:
+        await engine.close()
+
+
+async def test_a_row_the_weights_changed_under_is_not_stored() -> None:
+    """A request in flight across an update holds columns of both weights: not reusable."""
+    engine = HFEngine("tiny-qwen3", seed=0)
+    try:
+        prompt = chat(["fix the failing test in utils.py; the parser drops the last field of every row"])
+        long = SamplingParams(temperature=0.0, max_tokens=200, stop=[])
+        stream = engine.stream(prompt, long)
+        await anext(stream)
+        engine.load_state_dict({}, version=1)
+        async for _ in stream:
+            pass
+        await engine.generate(chat(["ok"]), GREEDY)  # the thread has dropped the finished row by now
+        assert engine._prefixes is not None and all(len(e) < len(prompt) for e in engine._prefixes._entries)
     finally:
         await engine.close()
 

@@ -145,6 +145,7 @@ class HFEngine:
         self._fwd = BatchedForward(self.model)
         reuse = prefix_cache_tokens > 0 and self._fwd.reusable() and self.routing is None
         self._prefixes = PrefixStore(prefix_cache_tokens) if reuse else None
+        self._prefixes_version = 0  # the weights the stored columns were computed by
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
             self._generator.manual_seed(seed)
@@ -248,9 +249,7 @@ class HFEngine:
         with self._model_lock, torch.no_grad():
             for k, v in state_dict.items():
                 own[k].copy_(v.detach().to(device=own[k].device, dtype=own[k].dtype))
-            self.policy_version = int(version)
-            if self._prefixes is not None:
-                self._prefixes.clear()  # the old weights' columns are not the new policy's
+            self.policy_version = int(version)  # the generation thread empties the prefix store on seeing it
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         await asyncio.to_thread(self.load_state_dict, state_dict, version)
@@ -318,10 +317,12 @@ class HFEngine:
 
     def _drop_cancelled(self) -> None:
         keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
-        if self._prefixes is not None and self._batch is not None:
+        store = self._store()
+        if store is not None and self._batch is not None:
             for i, row in enumerate(self._rows):
-                if row.done and not row.req.cancelled:  # its columns: every token but the last sampled
-                    self._prefixes.put(row_prefix(self._batch, i, row.tokens))
+                # its columns (every token but the last sampled), if today's weights computed all of them
+                if row.done and not row.req.cancelled and row.version == self._prefixes_version:
+                    store.put(row_prefix(self._batch, i, row.tokens))
         if len(keep) != len(self._rows) and self._batch is not None:
             self._batch = regroup([(self._batch, keep)])
             self._rows = [self._rows[i] for i in keep]
@@ -337,10 +338,19 @@ class HFEngine:
         self._rows = self._rows + [row for _, rows in parts for row in rows if not row.done]
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self._rows))
 
+    def _store(self) -> PrefixStore | None:
+        """The prefix store, emptied first if the weights changed since its columns were
+        computed (only this thread touches it; `load_state_dict` only bumps the version)."""
+        if self._prefixes is not None and self._prefixes_version != self.policy_version:
+            self._prefixes.clear()
+            self._prefixes_version = self.policy_version
+        return self._prefixes
+
     def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
-        if self._prefixes is None:
+        store = self._store()
+        if store is None:
             return [[(req, None) for req in admitted]]
-        matched = [(req, self._prefixes.match(req.prompt_ids)) for req in admitted]
+        matched = [(req, store.match(req.prompt_ids)) for req in admitted]
         groups = [[(q, m) for q, m in matched if m is not None], [(q, m) for q, m in matched if m is None]]
         return [g for g in groups if g]
 
@@ -353,7 +363,7 @@ class HFEngine:
         self.stats["forward_calls"] = self._fwd.forward_calls
         self.stats["prompt_tokens"] += sum(map(len, prompts))
         self.stats["reused_tokens"] = self._fwd.reused_columns
-        rows = [Row(req) for req, _ in group]
+        rows = [Row(req, self.policy_version) for req, _ in group]
         if self.routing is not None:
             idx_B_T_L_K = self.routing.take(len(prompts))
             for r, row in enumerate(rows):

@@ -99,8 +99,9 @@ class Request:
 class Row:
     """A running request: its tokens so far, stop bookkeeping, and recorded routing."""
 
-    def __init__(self, req: Request) -> None:
+    def __init__(self, req: Request, version: int = 0) -> None:
         self.req = req
+        self.version = version  # the weights that prefilled it (a later update leaves its columns mixed)
         self.tokens = list(req.prompt_ids)
         self.completion: list[int] = []
         self.finish: FinishReason | None = None
