@@ -359,7 +359,7 @@ class HFEngine:
         reused = [m for _, m in group]
         if self.routing is not None:
             self.routing.start()
-        batch, logits_B_V = self._fwd.prefill(prompts, self.prefill_chunk, reused if any(reused) else None)
+        batch, logits_B_V = self._fwd.prefill(prompts, self.prefill_chunk, reused)  # all None: nothing copied
         self.stats["forward_calls"] = self._fwd.forward_calls
         self.stats["prompt_tokens"] += sum(map(len, prompts))
         self.stats["reused_tokens"] = self._fwd.reused_columns
