@@ -75,6 +75,39 @@ async def test_a_next_turn_reuses_the_last_turns_columns_and_samples_what_a_full
         await asyncio.gather(reusing.close(), fresh.close())
 
 
+SYSTEM = "You are a coding agent. Tools: bash(command) runs a command; edit(path, old, new) edits a file. " * 4
+
+
+def session(task: str) -> list[int]:
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+    return TOK.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"]
+
+
+async def first_turns(engine: HFEngine) -> list[tuple[list[int], list[float]]]:
+    """Sessions of one harness starting at once (one system prompt, different tasks), and a
+    group's two rollouts of one task (the same whole prompt)."""
+    prompts = [session(t) for t in ("fix the parser", "fix the csv writer", "make the tests pass", "fix the parser")]
+    gens = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    return [(g.completion_ids, g.logprobs) for g in gens]
+
+
+async def test_sessions_starting_at_once_copy_one_prefill_of_their_shared_prompt() -> None:
+    torch.manual_seed(0)
+    reusing, fresh = HFEngine("tiny-qwen3", TOK, seed=0), HFEngine("tiny-qwen3", TOK, seed=0, prefix_cache_tokens=0)
+    try:
+        got, want = await first_turns(reusing), await first_turns(fresh)
+        shared = common_prefix(tuple(session("fix the parser")), session("fix the csv writer"))
+        assert shared > 100
+        # the three that follow the first copy at least the shared system prompt (3 x shared - suffix slack)
+        assert reusing.stats["reused_tokens"] >= 3 * (shared - 16) and fresh.stats["reused_tokens"] == 0
+        assert reusing.stats["prompt_tokens"] == fresh.stats["prompt_tokens"]
+        for (ids, lps), (want_ids, want_lps) in zip(got, want, strict=True):
+            assert ids == want_ids
+            assert lps == pytest.approx(want_lps, abs=1e-4)
+    finally:
+        await asyncio.gather(reusing.close(), fresh.close())
+
+
 async def test_new_weights_empty_the_store() -> None:
     engine = HFEngine("tiny-qwen3", seed=0)
     try:

@@ -32,8 +32,13 @@ Prefixes: an agent's next turn re-sends its transcript, so the KV columns of a f
 request are kept (`kv_prefix.py`, at most `prefix_cache_tokens` columns, least recently used
 out first) and a new request that starts with the same tokens copies them in and prefills
 only the rest. Requests that reuse are prefilled apart from those that do not (one forward
-covers every row from the longest remaining suffix on). The store is emptied when the weights
-change; models with linear-attention layers and MoE models recording routing do not reuse.
+covers every row from the longest remaining suffix on). A prompt is kept as soon as it is
+prefilled, not only when its request finishes: the sessions of one harness start at once and
+share its system prompt and tool list (~7k tokens for Claude Code), and a GSPO group's
+rollouts share their whole first prompt. Within one admitted wave, a request that shares a
+prefix with a later one in the same wave is prefilled first, alone (a lead), and the others
+copy its columns. The store is emptied when the weights change; models with
+linear-attention layers and MoE models recording routing do not reuse.
 
 Seeds: a request with `seed` samples with its own generator, so its completion does not
 depend on the other requests in the batch (up to floating-point effects of batch shape).
@@ -66,7 +71,7 @@ import torch
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.hf_rows import Outbox, Request, Row, eos_ids
 from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup, row_prefix
-from legorl.engine.kv_prefix import Prefix, PrefixStore
+from legorl.engine.kv_prefix import Prefix, PrefixStore, common_prefix
 from legorl.engine.routing import RoutingRecorder, moe_gates
 from legorl.engine.sampling import params_tensors, processed_logprobs, sample, validate_params
 from legorl.models import load_tokenizer, resolve_model
@@ -328,9 +333,19 @@ class HFEngine:
             self._rows = [self._rows[i] for i in keep]
 
     def _prefill(self, admitted: list[Request]) -> None:
-        """Prefill the admitted requests, those that reuse a stored prefix apart from the rest
-        (one forward covers every row from the longest remaining suffix on)."""
-        parts = [self._prefill_group(group) for group in self._groups(admitted)]
+        """Prefill the admitted requests: leads first (their prompts are then in the store),
+        then those that reuse a stored prefix apart from the rest (one forward covers every
+        row from the longest remaining suffix on). Every prompt computed without reuse is kept."""
+        store = self._store()
+        leads = self._leads(store, admitted) if store is not None else []
+        waves = [leads, [req for req in admitted if req not in leads]] if leads else [admitted]
+        parts: list[tuple[KVBatch, list[Row]]] = []
+        for wave in waves:
+            for group in self._groups(wave):
+                batch, rows = self._prefill_group(group)
+                if store is not None:
+                    self._keep_prompts(store, batch, group, rows)
+                parts.append((batch, rows))
         old = [(self._batch, list(range(len(self._rows))))] if self._batch is not None else []
         self._batch = regroup(
             old + [(batch, [r for r, row in enumerate(rows) if not row.done]) for batch, rows in parts]
@@ -345,6 +360,33 @@ class HFEngine:
             self._prefixes.clear()
             self._prefixes_version = self.policy_version
         return self._prefixes
+
+    def _leads(self, store: PrefixStore, admitted: list[Request]) -> list[Request]:
+        """Requests no stored prefix covers that share at least `min_reuse` tokens with a later
+        request of the wave, one per shared prefix: prefilled first so that the others copy
+        their columns instead of computing the same ones side by side."""
+        unmatched = [req for req in admitted if store.match(req.prompt_ids) is None]
+        leads: list[Request] = []
+        for i, req in enumerate(unmatched):
+            ids = tuple(req.prompt_ids)
+            if any(common_prefix(tuple(lead.prompt_ids), req.prompt_ids) >= store.min_reuse for lead in leads):
+                continue  # an earlier lead's prompt will cover it
+            if any(common_prefix(ids, other.prompt_ids) >= store.min_reuse for other in unmatched[i + 1 :]):
+                leads.append(req)
+        return leads
+
+    def _keep_prompts(
+        self,
+        store: PrefixStore,
+        batch: KVBatch,
+        group: list[tuple[Request, tuple[Prefix, int] | None]],
+        rows: list[Row],
+    ) -> None:
+        """Store the prompt columns of the group's rows that reused nothing (a row that reused
+        holds mostly columns the store has already; it is stored whole when it finishes)."""
+        for r, ((req, match), row) in enumerate(zip(group, rows, strict=True)):
+            if match is None and row.version == self._prefixes_version:
+                store.put(row_prefix(batch, r, req.prompt_ids))
 
     def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
         store = self._store()
