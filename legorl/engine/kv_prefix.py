@@ -1,8 +1,9 @@
-"""Finished requests' KV columns, kept for the next request that starts with the same tokens.
+"""Prefilled prompts' and finished requests' KV columns, kept for requests that start with the same tokens.
 
 An agent's next turn is its last prompt, its completion and the tool's output: without
-reuse the `hf` engine prefills the whole transcript again on every turn, and on a CPU
-that prefill is most of an evaluation's time (SmolLM2-135M prefills ~200-400 tokens/s on
+reuse the `hf` engine prefills the whole transcript again on every turn, and the sessions
+of one harness all start with its system prompt and tool list; on a CPU that prefill is
+most of an evaluation's time (SmolLM2-135M prefills ~200-400 tokens/s on
 2 cores). A token's key and value depend only on the tokens before it and the weights, so
 the first `m` columns of a finished row are exactly what a prefill of any prompt that
 shares those `m` tokens would compute (up to float rounding of a different batch shape).
