@@ -14,7 +14,10 @@ From each evaluation's JSON it reports, per harness:
   (`context_exceeded`: the harness's own prompt, or its conversation, does not fit the
   model's 8,192-token window) or whose harness exited before its first model call
   (`exited_before_first_call`, with the harness's last output as the hint);
-- `no_5xx`, `no_infra`: no engine or proxy failure and no infrastructure outcome;
+- `no_5xx`: no request of any rollout was answered with a 5xx (the proxy counts every 5xx
+  it answers on the request's session, and the loop turns such a rollout into an
+  infrastructure outcome, masked: so it is read from the outcomes); `no_infra`: no
+  infrastructure outcome of any cause (a sandbox that would not start, too);
   `delivered_fraction`: the smallest share of a rollout's sampled tokens found at its
   trained positions (must be 1.0).
 A 135M model resolves none of these tasks: the figures are what a real model's output does

@@ -411,6 +411,8 @@ async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(
         assert r.status_code == 200
         last = r.content.rstrip().rsplit(b"\n\n", 1)[-1]
         assert b"error" in last and b"internal error" in last, r.content[-300:]
+        # a 5xx is the infrastructure's fault whatever broke: the rollout will be masked, not graded
+        assert srv.sessions.open_sessions["f"].engine_errors == 1
 
 
 def test_store_dumps_never_raises() -> None:

@@ -426,7 +426,7 @@ class ProxyApp:
 
     async def _fail(self, run: TurnRun, send: Send, dialect: Dialect, err: ProxyError, started: bool) -> None:
         log.warning("session %s: %s", run.session.id, err.message)
-        if err.kind in ("engine", "timeout"):
+        if err.status >= 500:  # the engine failed or timed out, or the proxy broke: never the agent's doing
             run.session.engine_errors += 1
         elif err.code == CONTEXT_EXCEEDED:  # the engine's own window, smaller than the proxy's
             run.session.context_errors += 1

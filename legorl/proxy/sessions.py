@@ -50,7 +50,7 @@ class Session:
         self.state = RenderState()
         self.closed = False
         self.late_turns = 0  # turns that finished after the session was closed
-        self.engine_errors = 0  # calls that failed in the engine (or timed out): infrastructure faults
+        self.engine_errors = 0  # calls answered with a 5xx (engine failure, timeout, proxy bug): infra faults
         # requests refused because the prompt did not fit the window: the agent's doing, graded as
         # it stands, but named on the outcome (`context_exceeded`) so a harness whose prompt alone
         # overflows a small model is not read as a model that chose to stop
