@@ -367,12 +367,14 @@ class HFEngine:
         their columns instead of computing the same ones side by side."""
         unmatched = [req for req in admitted if store.match(req.prompt_ids) is None]
         leads: list[Request] = []
+        lead_ids: list[tuple[int, ...]] = []
         for i, req in enumerate(unmatched):
-            ids = tuple(req.prompt_ids)
-            if any(common_prefix(tuple(lead.prompt_ids), req.prompt_ids) >= store.min_reuse for lead in leads):
+            if any(common_prefix(ids, req.prompt_ids) >= store.min_reuse for ids in lead_ids):
                 continue  # an earlier lead's prompt will cover it
+            ids = tuple(req.prompt_ids)
             if any(common_prefix(ids, other.prompt_ids) >= store.min_reuse for other in unmatched[i + 1 :]):
                 leads.append(req)
+                lead_ids.append(ids)
         return leads
 
     def _keep_prompts(
