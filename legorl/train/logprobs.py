@@ -31,6 +31,7 @@ from legorl.packed_families import own_masks, packing_refusal
 from legorl.train.batch import MicroBatch
 from legorl.train.linear_varlen import segment_aware
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
+from legorl.train.shared_prefix import prefix_groups, shared_hidden, sharing_refusal
 from legorl.train.varlen import packed_masks, varlen_kwargs
 
 
@@ -104,7 +105,7 @@ class LogprobOptions:
     temperature: float = 1.0
     chunk: int = 2048
     lm_head_fp32: bool = True
-    packing: str = "packed"  # or "per_segment"
+    packing: str = "packed"  # or "per_segment", "shared_prefix"
     routing_replay: bool = True
     router_fp32: bool = False
 
@@ -129,6 +130,7 @@ class PolicyModel(nn.Module):
         super().__init__()
         self.lm = lm
         self.is_moe = bool(moe_routers(lm))
+        self.sharing = sharing_refusal(lm, self.is_moe)  # None: shared-prefix packing is exact here
         segment_aware(lm)  # linear-attention layers (Qwen3.5) keep packed segments apart
 
     def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -161,7 +163,13 @@ class PolicyModel(nn.Module):
             return self.hidden(ids, pos, lengths)[0], record
 
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
-        if opts.packing == "packed":
+        groups = prefix_groups(mb.input_ids_N, mb.segment_lengths) if opts.packing == "shared_prefix" else []
+        if groups and self.sharing is None:
+            hidden_N_H = shared_hidden(
+                self.lm.get_decoder(), self.hidden, mb.input_ids_N, mb.position_ids_N, mb.segment_lengths, groups
+            )
+            return self._head(mb, hidden_N_H, opts, None, None)
+        if opts.packing in ("packed", "shared_prefix"):
             if len(mb.segment_lengths) > 1 and (why := packing_refusal(self.lm)):
                 raise ValueError(why)
             spans = [(0, mb.num_tokens, mb.segment_lengths)]
@@ -178,6 +186,16 @@ class PolicyModel(nn.Module):
         if self.is_moe:
             used = torch.cat([r.first_call("used") for _, r in parts])  # type: ignore[union-attr]
             natural = torch.cat([r.first_call("natural") for _, r in parts])  # type: ignore[union-attr]
+        return self._head(mb, hidden_N_H, opts, used, natural)
+
+    def _head(
+        self,
+        mb: MicroBatch,
+        hidden_N_H: torch.Tensor,
+        opts: LogprobOptions,
+        used: torch.Tensor | None,
+        natural: torch.Tensor | None,
+    ) -> LogprobOutput:
         # Only positions whose target the policy sampled need the vocabulary projection:
         # prompt and tool-output tokens (most of an agent trajectory) skip the LM head.
         idx_M = (mb.mask_N > 0).nonzero().squeeze(1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -41,6 +42,8 @@ from legorl.train.routing import moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -105,10 +108,12 @@ class Trainer:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
                 self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if c.packing == "packed" and (why := packing_refusal(self.lm)):
+        if c.packing in ("packed", "shared_prefix") and (why := packing_refusal(self.lm)):
             raise ConfigError(f"[trainer] {why}")
         self.policy = PolicyModel(self.lm).to(self.device)
-        if self.policy.is_moe and c.gradient_checkpointing and c.packing != "packed":
+        if c.packing == "shared_prefix" and self.policy.sharing is not None:
+            log.warning("[trainer] %s", self.policy.sharing)
+        if self.policy.is_moe and c.gradient_checkpointing and c.packing == "per_segment":
             raise ValueError(
                 "gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)"
             )

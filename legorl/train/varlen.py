@@ -49,6 +49,14 @@ def varlen_attention(
         kwargs.pop(k, None)
     if kwargs.get("s_aux") is not None or kwargs.get("sliding_window") is not None:
         return _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs)
+    if cu is None and attention_mask is None and 1 < query.shape[2] < key.shape[2]:
+        # queries after a cached prefix (a shared-prefix branch): SDPA's `is_causal` aligns its
+        # triangle top-left, so the bottom-right causal mask is given explicitly
+        mask = causal_mask(query.shape[2], key.shape[2], None, query.dtype, query.device)
+        kwargs.pop("is_causal", None)
+        return sdpa_attention_forward(
+            module, query, key, value, mask, dropout=dropout, scaling=scaling, is_causal=False, **kwargs
+        )
     if cu is None or query.shape[2] != key.shape[2]:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
