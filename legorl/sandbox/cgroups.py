@@ -37,26 +37,31 @@ class Counters:
 
     `oom_kills` counts its processes killed by any OOM killer, the host's included;
     `memory_max_hits` how often it reached its own memory limit (v2 `memory.events` max,
-    v1 `memory.failcnt`, or its usage watermark at the limit). A kill with no hit of its
-    own limit came from outside: the host ran out of memory (or an enclosing cgroup did),
-    not the sandbox."""
+    v1 `memory.failcnt`, or its usage watermark at the limit on either). A kill in a sandbox
+    that never reached its own limit came from outside: the host ran out of memory (or an
+    enclosing cgroup did), not the sandbox."""
 
     oom_kills: int = 0
     pids_max_hits: int = 0
     memory_max_hits: int = 0
     near_limit: bool = False  # its memory use is at its own limit right now (e.g. a full tmpfs disk)
 
+    @property
+    def reached_limit(self) -> bool:
+        """Has the sandbox ever reached its own memory limit (or sits at it now)?"""
+        return self.memory_max_hits > 0 or self.near_limit
+
     def host_oom_since(self, before: Counters) -> bool:
         """Was a process killed by an OOM outside this sandbox's own limit since `before`?
 
-        Not when the sandbox is at its own limit now: its disk is a tmpfs charged to its memory,
-        so an agent that fills the disk leaves every later process of the sandbox to be killed
-        at the sandbox's limit, which a watermark already at the limit no longer counts anew."""
-        return (
-            self.oom_kills > before.oom_kills
-            and self.memory_max_hits == before.memory_max_hits
-            and not (self.near_limit or before.near_limit)
-        )
+        Never in a sandbox that has ever reached its own limit: what it did there is its own.
+        The counts cannot tell a second kill at its own limit from the host's: v1's watermark
+        reaches the limit once and stays there (some kernels keep `memory.failcnt` at 0), so a
+        later kill adds no hit (the agent's git filter, a daemon, a refilled tmpfs disk: all
+        its own doing); and its disk is a tmpfs charged to its memory, so an agent that fills
+        it leaves every later process to be killed at its limit. Only a kill in a sandbox that
+        never came near its own limit is the host's (or an enclosing cgroup's)."""
+        return self.oom_kills > before.oom_kills and not (self.reached_limit or before.reached_limit)
 
 
 def _read_int(path: Path) -> int:
@@ -141,11 +146,12 @@ class CgroupSet:
 
 def _counters(version: int, dirs: list[Path]) -> Counters:
     if version == 2 and dirs:
-        events = dirs[0] / "memory.events"
-        near = _near(_read_int(dirs[0] / "memory.current"), _read_int(dirs[0] / "memory.max"))
-        return Counters(
-            _read_kv(events, "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"), _read_kv(events, "max"), near
-        )
+        events, limit = dirs[0] / "memory.events", _read_int(dirs[0] / "memory.max")
+        near = _near(_read_int(dirs[0] / "memory.current"), limit)
+        # The watermark (memory.peak, Linux 5.19+) as on v1: within the slack of the limit is
+        # reaching it, even when the kernel charged the last batch without a `max` event.
+        hits = _read_kv(events, "max") + int(_near(_read_int(dirs[0] / "memory.peak"), limit))
+        return Counters(_read_kv(events, "oom_kill"), _read_kv(dirs[0] / "pids.events", "max"), hits, near)
     oom = pids = hits = 0
     near = False
     for d in dirs:
@@ -163,7 +169,8 @@ def _near(usage: int, limit: int) -> bool:
 
 def _own_limit_hits_v1(d: Path) -> int:
     """v1: the limit's fail counts, plus 1 once the usage watermark reached the limit (some
-    kernels, e.g. 6.18, leave `memory.failcnt` at 0 even across an OOM of the cgroup)."""
+    kernels, e.g. 6.18, leave `memory.failcnt` at 0 even across an OOM of the cgroup). The
+    watermark adds 1 once and never again: a count for "ever reached", not how often."""
     hits = 0
     for kind in ("memory", "memory.memsw"):
         limit = _read_int(d / f"{kind}.limit_in_bytes")

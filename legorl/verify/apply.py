@@ -10,7 +10,11 @@ Steps, in the fresh sandbox (nothing of the agent's sandbox survives):
 
 Each agent-caused failure (the diff does not apply, a path game makes the restore fail or
 leaves a protected change, the test patch conflicts) raises `Decided`; a git step that fails
-otherwise is a `GraderFault`.
+otherwise is a `GraderFault` which, the diff being in the tree, `grade()` confirms with an
+empty-diff control before masking it: the agent writes the diff, and a diff whose hunks make
+`git apply` search for minutes times out an honest step (`apply_timeout`, the agent's 0 when
+the control is clean). Only a test patch that does not apply to the untouched tree either
+is the task's fault outright.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ async def apply(sb: Sandbox, a: Attempt, ws: Workspace) -> Applied:
 
 async def _apply_diff(sb: Sandbox, a: Attempt, ws: Workspace) -> tuple[str, list[tuple[str, str]]]:
     """Step 1: (pre tree, what the diff changed by the tree); `Decided` when it does not apply."""
-    out = await exec_step(sb, "apply", APPLY.format(w=shlex.quote(ws.dir), git=GIT), a.cfg)
+    out = await exec_step(sb, "apply", APPLY.format(w=shlex.quote(ws.dir), git=GIT), a.cfg, a.cfg.apply_s)
     result = marker(out, "APPLY") or "unknown"
     a.ev["apply"] = result
     pre = marker(out, "PRE")
@@ -149,7 +153,8 @@ async def _restore_protected(
         a.ev["restore_error"] = res.stderr.strip()[-800:]
         raise a.stop(a.tamper_status(), TAMPER, "restore_failed")
     if res.exit_code != 0 or not marker(res.stdout, "FINAL"):
-        raise GraderFault("restore", f"exit {res.exit_code}: {res.stderr.strip()[-800:]}")
+        flag = "restore_timeout" if res.timed_out else None
+        raise GraderFault("restore", f"exit {res.exit_code}: {res.stderr.strip()[-800:]}", flag)
     left = [p for _, p in name_status(await sb.read_file(f"{ws.dir}/changed2")) if classify(p, extra) is not None]
     if left:
         a.ev["unrestored"] = left
@@ -166,4 +171,6 @@ async def _apply_test_patch(sb: Sandbox, a: Attempt, ws: Workspace, pre: str) ->
         a.ev["test_patch_error"] = (tp.stderr or tp.stdout).strip()[-800:]
         raise a.stop(Status.FAILED, "test_patch_conflict")
     if tp.exit_code != 0 or tp.timed_out:
-        raise GraderFault("test_patch", f"exit {tp.exit_code}: {(tp.stderr or tp.stdout).strip()[-800:]}")
+        # 99: it does not apply to the untouched tree either, the task's own fault (no control needed)
+        flag = "test_patch_timeout" if tp.timed_out else ("" if tp.exit_code == 99 else None)
+        raise GraderFault("test_patch", f"exit {tp.exit_code}: {(tp.stderr or tp.stdout).strip()[-800:]}", flag)

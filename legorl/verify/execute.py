@@ -5,14 +5,19 @@ the supervised runner: `pytest_plan.py` + `in_sandbox/supervisor.py` for pytest,
 `in_sandbox/native_supervisor.py` for Django's and SymPy's own runners. What comes back is read, not
 judged: the supervisor's nonce-tagged summary line, and the JUnit report (pytest) or the
 runner's log as the official SWE-bench parser reads it (native). Stage 5 (`judge.py`)
-decides from them. A supervisor that could not even prepare the run (before any
-repository code ran) is a `GraderFault`; everything after that is evidence.
+decides from them. A supervisor that says it could not even prepare the run is a
+`GraderFault`, but only claimed: the signs it is read from (no summary, an exit status, a
+marker in stderr) are the code under test's to forge, so `grade()` confirms it with an
+empty-diff control (`runner_fault`). The official log parser is fed defensively: a line it
+crashes on (one bare `FAIL:` printed by package code) is skipped and kept as evidence, and
+a crash that remains is a claimed fault like the runner's (`parser_fault`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +107,7 @@ async def _execute_native(
     task = a.task
     parser = official.parser_name(task.repo, task.log_parser)
     if parser is None:
-        raise GraderFault("parser", f"no official log parser for repository {task.repo!r}")
+        raise GraderFault("parser", f"no official log parser for repository {task.repo!r}", flag="")
     if sel.host is None:
         raise GraderFault("select", f"no task test file among the runner's labels {cmd.labels} to plant canaries in")
     tests_py = [p for p in sel.protected if p.endswith(".py")]
@@ -131,18 +136,46 @@ async def _execute_native(
         a.ev["report"] = "ok"
     except OSError:
         a.ev["report"] = "missing"
-    try:
-        parsed = (
-            official.parse_log(parser, log, task.instance_id, task.repo, task.FAIL_TO_PASS, task.PASS_TO_PASS)
-            if log
-            else None
-        )
-    except Exception as exc:  # the official parser choked on a log: ours to look at, never the agent's reward
-        raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
+    parsed = _parse_log(a, parser, log) if log else None
     a.ev["log_parser"] = parser
     if parsed is not None and cmd.runner == "django":
         parsed = django_aliases(parsed, a.wanted)
     return NativeRun(run, cmd, summary, tags, sha, parsed, applied.agent_files)
+
+
+def _parse_log(a: Attempt, parser: str, log: str) -> dict[str, str]:
+    """The official parse of `log`. The log holds whatever the code under test printed, and
+    the official parsers index into lines they matched by prefix (`FAIL:` alone raises), so
+    when the whole log does not parse, each line is tried alone: those the parser raises on
+    are dropped (evidence `log_lines_skipped`) and the rest parsed. A parser that still
+    raises is a claimed fault, confirmed by the control (`grade()`)."""
+    from legorl.tasks import official
+
+    t = a.task
+
+    def parse(text: str) -> dict[str, str]:
+        return official.parse_log(parser, text, t.instance_id, t.repo, t.FAIL_TO_PASS, t.PASS_TO_PASS)
+
+    try:
+        return parse(log)
+    except Exception:  # noqa: BLE001 - any crash of a third-party parser on a line is the line's
+        pass
+    lines = log.split("\n")
+    bad = {i for i, line in enumerate(lines) if _raises(parse, line)}
+    a.ev["log_lines_skipped"] = [lines[i][:200] for i in sorted(bad)[:20]]
+    a.flags.append("log_lines_skipped")
+    try:
+        return parse("\n".join(line for i, line in enumerate(lines) if i not in bad))
+    except Exception as exc:  # noqa: BLE001 - ours to look at, never the agent's reward
+        raise GraderFault("parser", f"{parser} failed on the log: {type(exc).__name__}: {exc}") from None
+
+
+def _raises(parse: Callable[[str], dict[str, str]], line: str) -> bool:
+    try:
+        parse(line)
+    except Exception:  # noqa: BLE001
+        return True
+    return False
 
 
 async def _run(sb: Sandbox, a: Attempt, command: str, files: dict[str, str], dirs: set[str]) -> ExecResult:
@@ -168,7 +201,8 @@ def _record(a: Attempt, run: ExecResult, output: str) -> None:
 
 
 def _summary(run: ExecResult, nonce: str) -> tuple[dict[str, Any] | None, int]:
-    """The supervisor's summary; a GraderFault when it said it could not prepare the run."""
+    """The supervisor's summary; a claimed GraderFault (`runner_fault`, confirmed by the
+    control) when the run looks like the supervisor could not prepare it."""
     summary, tags = parse_summary(run.stdout, nonce)
     if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
         raise GraderFault("runner", run.stderr.strip()[-800:])

@@ -19,12 +19,22 @@ Failure classes: anything the agent's diff causes (does not apply, makes the tas
 test_patch conflict, hangs or crashes the tests, fills the disk) is agent-caused and graded
 0. A fault of the machinery (sandbox start, lost sandbox, a task whose test_patch does not
 apply even to the untouched tree) raises `GraderFault`/`SandboxError`; `grade()` returns
-them as a masked `infra_error` (the rollout worker retries the whole rollout). If the
-sandbox dies *while the agent's code runs*, a control run with the empty diff decides:
-when it completes, the agent's code killed the sandbox.
+them as a masked `infra_error` (the rollout worker retries the whole rollout).
+
+One rule decides whose a claimed fault is: a fault that may follow from the agent's diff or
+code is confirmed before it masks. Once the diff reaches the tree (the apply stage on), every
+would-be grader fault (a lost sandbox, a timed-out apply or restore, a runner that says it
+could not prepare, canaries that cannot vouch, a log the official parser chokes on) can be
+the diff's or its code's doing, so a control attempt with the empty diff decides: when it
+completes, the machinery works and the outcome is the agent's, reward 0 with the fault's
+class as flag (`GraderFault.flag`; `grader_sandbox_killed` for a lost sandbox). Only when
+the control fails too is the fault masked. The control costs one more grading attempt, and
+only when a fault is claimed (docs/architecture.md, "Grading").
 """
 
 from __future__ import annotations
+
+import time
 
 from legorl.sandbox.base import Backend, Sandbox, SandboxError, SandboxSpec
 from legorl.types import Outcome, Status, Task
@@ -44,7 +54,8 @@ async def grade_in(
     """One grading attempt in a fresh sandbox `sb`: the five stages, in order. Raises
     GraderFault/SandboxError on infra faults.
 
-    `state["step"]` tells the caller how far it got (`"tests"` while the agent's code runs).
+    `state["step"]` tells the caller how far it got (`"apply"` once the agent's diff goes
+    into the tree, `"tests"` while the agent's code runs).
     """
     a = Attempt(task, cfg, state if state is not None else {})
     a.state["step"] = "prepare"
@@ -52,6 +63,7 @@ async def grade_in(
     try:
         sel = select(task)
         ws = await prepare(sb, a, sel, diff)
+        a.state["step"] = "apply"  # from here on a fault may be the diff's or its code's doing
         applied = await apply(sb, a, ws)
         run = await execute(sb, a, sel, ws, applied)
         return judge_run(a, run)
@@ -69,14 +81,16 @@ async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeC
 
         return await grade_state(task, diff, backend, image)
     cfg = cfg or GradeConfig()
-    outcome, err, step = await _attempt(task, diff, backend, image, cfg)
+    outcome, err, flag = await _attempt(task, diff, backend, image, cfg)
     if outcome is not None:
         return outcome
     errors = [err]
-    if diff.strip() and step == "tests":
+    if diff.strip() and flag:
+        t0 = time.monotonic()
         control, cerr, _ = await _attempt(task, "", backend, image, cfg)
-        if control is not None:  # the machinery works: the agent's code took the sandbox down
-            return Outcome(0.0, Status.FAILED, flags=["grader_sandbox_killed"], evidence={"errors": errors})
+        if control is not None:  # the machinery works on the untouched tree: the diff or its code did it
+            evidence = {"errors": errors, "control": control.status.value, "control_s": round(time.monotonic() - t0, 3)}
+            return Outcome(0.0, Status.FAILED, flags=[flag], evidence=evidence)
         errors.append(f"control: {cerr}")
     return Outcome(
         0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": Status.GRADER_ERROR.value, "errors": errors}
@@ -86,20 +100,29 @@ async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeC
 async def _attempt(
     task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig
 ) -> tuple[Outcome | None, str, str]:
-    """(outcome, "", "") or (None, error text, step that failed)."""
+    """(outcome, "", "") or (None, error text, flag): the flag the fault is graded as should
+    the control run clean; "" when it cannot follow from the diff or its code (it came before
+    the diff reached the tree, or from the task alone)."""
     try:
         sb = await backend.start(SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir))
     except SandboxError as exc:
-        return None, f"{Status.SANDBOX_START_FAILED.value}: {exc}", "start"
+        return None, f"{Status.SANDBOX_START_FAILED.value}: {exc}", ""
     state: dict[str, str] = {}
     try:
         async with sb:
             try:
                 return await grade_in(sb, task, diff, cfg, state), "", ""
             except GraderFault as exc:
-                return None, f"{Status.GRADER_ERROR.value}: {exc}", exc.step
+                return None, f"{Status.GRADER_ERROR.value}: {exc}", exc.flag if _diff_in(state) else ""
             except SandboxError as exc:
                 step = state.get("step", "prepare")
-                return None, f"{Status.GRADER_ERROR.value}: sandbox lost during {step}: {exc}", step
+                killed = "grader_sandbox_killed" if _diff_in(state) else ""
+                return None, f"{Status.GRADER_ERROR.value}: sandbox lost during {step}: {exc}", killed
     except SandboxError as exc:  # closing failed
-        return None, f"{Status.GRADER_ERROR.value}: close failed: {exc}", state.get("step", "close")
+        killed = "grader_sandbox_killed" if _diff_in(state) else ""
+        return None, f"{Status.GRADER_ERROR.value}: close failed: {exc}", killed
+
+
+def _diff_in(state: dict[str, str]) -> bool:
+    """Had the attempt begun to put the agent's diff into the tree (stage 3 on)?"""
+    return state.get("step", "prepare") not in ("prepare", "start")

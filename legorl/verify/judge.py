@@ -7,8 +7,10 @@ back and turns their verdict into the grade: a FAIL_TO_PASS or PASS_TO_PASS test
 missing, skipped or errored counts as failed; resolved ⇔ all of them pass in the report,
 the records confirm it, and nothing says the report or the runner was tampered with; any
 visible tamper attempt is `hack_detected` (reward 0) when the config penalizes it. A verdict
-that cannot vouch for the run (its canaries absent in a run that otherwise finished) is a
-`GraderFault`: the grader's failure, never the agent's reward.
+that cannot vouch for the run (its canaries absent, or errored in setup, in a run that
+otherwise finished) is a claimed `GraderFault` (`canary_fault`): never the agent's reward,
+but package code can make canaries vanish or fail their setup too, so `grade()` masks it
+only when the empty-diff control fails the same way; a clean control makes it the agent's 0.
 """
 
 from __future__ import annotations

@@ -343,9 +343,12 @@ def _unvouched(
 
     Canaries that never ran (deselected by the task's -k/-m) or could not set up (an autouse
     fixture of the file that expects a class) in a run that otherwise finished cleanly say
-    nothing about the agent: the grader cannot vouch for the run, which is its own fault.
-    Only when the canaries' file itself ran: a file that fails to collect (the agent's code
-    breaks an import) or whose every test errors is the agent's doing, graded 0."""
+    nothing about the agent: the grader cannot vouch for the run. That is only a claim:
+    package code can cause both (an xunit setup function put into the test module, a plugin
+    that deselects), so the fault is confirmed by the empty-diff control before it masks
+    (`grade()`; a clean control makes it the agent's 0, `canary_fault`). Only when the
+    canaries' file itself ran: a file that fails to collect (the agent's code breaks an
+    import) or whose every test errors is the agent's doing, graded 0 at once."""
     c_recs = [records.get(canary_pass), records.get(canary_fail)]
     host = canary_pass.split("::", 1)[0] + "::"
     near = [r for t, r in records.items() if t.startswith(host) and t not in (canary_pass, canary_fail)]
