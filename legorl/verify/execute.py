@@ -1,8 +1,8 @@
 """Stage 4 of grading: run the task's tests under the supervisor and read back what it produced.
 
 The tests run as stage 1 selected them, canaries planted among the task's own tests, under
-the supervised runner: `pytest_plan.py` + `in_sandbox/supervisor.py` for pytest, `native.py` +
-`in_sandbox/native_supervisor.py` for Django's and SymPy's own runners. What comes back is read, not
+the supervised runner: `pytest_plan.py` + `in_sandbox/pytest_main.py` for pytest, `native.py` +
+`in_sandbox/native_main.py` for Django's and SymPy's own runners. What comes back is read, not
 judged: the supervisor's nonce-tagged summary line, and the JUnit report (pytest) or the
 runner's log as the official SWE-bench parser reads it (native). Stage 5 (`judge.py`)
 decides from them. A supervisor that says it could not even prepare the run is a

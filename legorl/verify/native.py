@@ -5,7 +5,7 @@ A native runner has no report we can trust more than its log, so here the channe
 1. the runner's log, read by the *official* SWE-bench parser for the repository (what the
    published numbers are computed from); written by the process the code under test shares;
 2. the recorder's HMAC-tagged records of what each test function really raised
-   (`in_sandbox/native_supervisor.py`): our own per-test verdict, which printing `test_x ... ok`
+   (`in_sandbox/native_main.py`): our own per-test verdict, which printing `test_x ... ok`
    cannot forge;
 3. canaries planted among the task's tests in the runner's own shape (a TestCase class for
    Django, a `test_` function for SymPy): one must pass, one must fail.
@@ -21,15 +21,14 @@ import re
 import secrets
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from legorl.verify.junit import TestStatus
-from legorl.verify.pytest_plan import SAFE_PATH, SUPERVISOR, canary_candidates, canary_source
+from legorl.verify.pytest_plan import IN_SANDBOX, SAFE_PATH, canary_candidates, canary_source, supervisor_files
 from legorl.verify.test_cmd import NativeCommand
 from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
-NATIVE_SUPERVISOR = Path(__file__).parent / "in_sandbox" / "native_supervisor.py"  # runs in the grading sandbox
+NATIVE_SUPERVISOR = IN_SANDBOX / "native_main.py"  # the grading supervisor's native main, in the grading sandbox
 OFFICIAL_STATUS = {
     "PASSED": TestStatus.PASSED,
     "FAILED": TestStatus.FAILED,
@@ -150,13 +149,10 @@ def plan_native(
     env = ["env", "-i", f"PATH={SAFE_PATH}", f"HOME={work}/home", f"TMPDIR={work}/tmp", "LANG=C.UTF-8"]
     command = (
         f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && cd {shlex.quote(repo)} && "
-        f"exec {shlex.join(env)} {shlex.quote(python)} -I -B {shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
+        f"exec {shlex.join(env)} {shlex.quote(python)} -I -B "
+        f"{shlex.quote(work)}/{NATIVE_SUPERVISOR.name} {shlex.quote(cfg_path)}"
     )
-    files = {
-        f"{work}/run.py": NATIVE_SUPERVISOR.read_text(encoding="utf-8"),
-        f"{work}/base.py": SUPERVISOR.read_text(encoding="utf-8"),
-        cfg_path: config,
-    }
+    files = {**supervisor_files(work), cfg_path: config}
     return NativePlan(work, f"{work}/test.log", files, nonce, command)
 
 

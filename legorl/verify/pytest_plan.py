@@ -13,7 +13,7 @@ What the repository under test could otherwise do to the runner, and what stops 
 - stale or planted byte code: `-B` and the grader deletes `__pycache__` before the run;
 - a cache that survives between runs: `-p no:cacheprovider`;
 - rewritten reports, from conftest-free package code in the same interpreter: the run is
-  supervised (`in_sandbox/supervisor.py`): a grader plugin registered before any repository import
+  supervised (`in_sandbox/pytest_main.py`): a grader plugin registered before any repository import
   records what each test raised and whether pytest's reporting machinery was changed, and
   streams that over a pipe the package cannot forge records into; the report itself goes
   to a pipe, so nothing written after pytest (`atexit`, `os._exit` wrappers, daemons) can
@@ -33,7 +33,8 @@ from pathlib import Path
 
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-SUPERVISOR = Path(__file__).parent / "in_sandbox" / "supervisor.py"  # runs in the grading sandbox: read by path
+IN_SANDBOX = Path(__file__).parent / "in_sandbox"  # the grading supervisor: copied into the sandbox, never imported
+SUPERVISOR = IN_SANDBOX / "pytest_main.py"  # its pytest main (`native.py` runs its native main)
 SETUP_FAILED = 86  # the supervisor's exit status when it could not prepare the run (keep in sync with it)
 _CANARY_FILE = """\
 def test_{nonce}_pass():
@@ -77,8 +78,8 @@ class RunnerPlan:
 
     work_dir: str  # outside the repository, random name
     junit_path: str  # written by the supervisor from what pytest sent down the report pipe
-    script_path: str
-    script: str
+    script_path: str  # the supervisor's main, beside the modules it imports
+    supervisor: dict[str, str]  # the supervisor's files at their paths in the sandbox
     config_path: str  # read and deleted by the supervisor before the code under test runs
     config: str
     nonce: str  # tags the supervisor's one summary line on stdout
@@ -98,7 +99,7 @@ class RunnerPlan:
 
     @property
     def files(self) -> dict[str, str]:
-        out = {self.script_path: self.script, self.config_path: self.config}
+        out = {**self.supervisor, self.config_path: self.config}
         if self.canary_source:
             out[self.canary_path] = self.canary_source
         return out
@@ -165,8 +166,8 @@ def plan_run(
     return RunnerPlan(
         work_dir=work,
         junit_path=junit,
-        script_path=f"{work}/run.py",
-        script=SUPERVISOR.read_text(encoding="utf-8"),
+        script_path=f"{work}/{SUPERVISOR.name}",
+        supervisor=supervisor_files(work),
         config_path=cfg_path,
         config=config,
         nonce=nonce,
@@ -193,8 +194,14 @@ def _command(repo: str, python: str, work: str, cfg_path: str) -> str:
     return (
         f"mkdir -p {shlex.quote(work)}/home {shlex.quote(work)}/tmp && "
         f"cd {shlex.quote(repo)} && exec {shlex.join(env)} {shlex.quote(python)} -I -B "
-        f"{shlex.quote(work)}/run.py {shlex.quote(cfg_path)}"
+        f"{shlex.quote(work)}/{SUPERVISOR.name} {shlex.quote(cfg_path)}"
     )
+
+
+def supervisor_files(work: str) -> dict[str, str]:
+    """The grading supervisor's files as they go into the work directory: both mains and the
+    `lg_*` modules they import by name, side by side (a main puts its own folder on the path)."""
+    return {f"{work}/{p.name}": p.read_text(encoding="utf-8") for p in sorted(IN_SANDBOX.glob("*.py"))}
 
 
 @dataclass(frozen=True)

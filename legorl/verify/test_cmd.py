@@ -7,7 +7,7 @@ SWE-bench specs run them:
 - Django: `./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 LABELS`
   (unittest underneath);
 - SymPy: `bin/test -C --verbose FILES` (`sympy.testing.runtests`).
-Each is run under `in_sandbox/native_supervisor.py` with a recorder at the innermost call of every
+Each is run under `in_sandbox/native_main.py` with a recorder at the innermost call of every
 test. Options that would escape the recorder or end the run early are refused or forced:
 Django always runs `--parallel 1` (worker processes would run tests out of the
 recorder's sight), SymPy always `--no-subprocess` (same reason; the hash seed is random

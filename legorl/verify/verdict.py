@@ -2,7 +2,7 @@
 
 1. The JUnit report: pytest's own judgement of each test (skip/xfail semantics included),
    written in the process the code under test shares, so rewritable by it.
-2. The recorder's records (`in_sandbox/supervisor.py`): what each test *raised*, seen from the
+2. The recorder's records (`in_sandbox/lg_recorder.py`): what each test *raised*, seen from the
    innermost call of the test function and from each phase's hook wrapper, HMAC-tagged
    and streamed out in batches; plus the end-of-session check of pytest's, pluggy's
    and unittest's functions and classes against a snapshot taken before the repository
