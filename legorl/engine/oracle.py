@@ -179,8 +179,9 @@ def find_wait(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((t for t in tools if str(t.get("name", "")).lower() in WAIT_NAMES), None)
 
 
-def _fill(schema: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[str, Any]:
-    """`given` plus a plausible value for every other required parameter of the schema."""
+def fill_args(tool: dict[str, Any], given: dict[str, Any], purpose: str) -> dict[str, Any]:
+    """`given` plus a plausible value for every other required parameter of the tool's schema."""
+    schema = _params_schema(tool)
     args = dict(given)
     props = schema.get("properties", {}) or {}
     for name in schema.get("required", []) or []:
@@ -218,7 +219,7 @@ def _norm(s: str) -> str:
     return _WS.sub(" ", s).strip()
 
 
-def _tool_call(tool: dict[str, Any], args: dict[str, Any]) -> str:
+def tool_call(tool: dict[str, Any], args: dict[str, Any]) -> str:
     body = json.dumps({"name": tool["name"], "arguments": args}, ensure_ascii=False)
     return f"<tool_call>\n{body}\n</tool_call>"
 
@@ -281,8 +282,8 @@ class OraclePolicy:
         if step == STEPS:
             return self._finish(view, task, shell)
         command, say = self._command(task, step)
-        args = _fill(_params_schema(shell), {command_key(shell) or "command": command}, say)
-        return self._think(task, step, say) + say + "\n" + _tool_call(shell, args)
+        args = fill_args(shell, {command_key(shell) or "command": command}, say)
+        return self._think(task, step, say) + say + "\n" + tool_call(shell, args)
 
     # -- pieces ---------------------------------------------------------------------------
     def _think(self, task: OracleTask, step: int, say: str) -> str:
@@ -320,11 +321,11 @@ class OraclePolicy:
     def _finish(self, view: PromptView, task: OracleTask, shell: dict[str, Any]) -> str:
         names = {str(t.get("name")): t for t in view.tools}
         if "finish" in names:
-            args = _fill(_params_schema(names["finish"]), {"message": self._final_text(task, STEPS)}, "done")
-            return self._think(task, STEPS, "Finish.") + "The fix is in place.\n" + _tool_call(names["finish"], args)
+            args = fill_args(names["finish"], {"message": self._final_text(task, STEPS)}, "done")
+            return self._think(task, STEPS, "Finish.") + "The fix is in place.\n" + tool_call(names["finish"], args)
         if SUBMIT_WORD in view.system or SUBMIT_WORD in view.conversation:
-            args = _fill(_params_schema(shell), {command_key(shell) or "command": f"echo {SUBMIT_WORD}"}, "Submit")
-            return self._think(task, STEPS, "Submit.") + "The fix is in place; submitting.\n" + _tool_call(shell, args)
+            args = fill_args(shell, {command_key(shell) or "command": f"echo {SUBMIT_WORD}"}, "Submit")
+            return self._think(task, STEPS, "Submit.") + "The fix is in place; submitting.\n" + tool_call(shell, args)
         return self._think(task, STEPS, "Report.") + self._final_text(task, STEPS)
 
     def _delegate(self, task: OracleTask, tool: dict[str, Any]) -> str:
@@ -339,9 +340,9 @@ class OraclePolicy:
             given["subagent_type"] = (
                 "general-purpose" if "general-purpose" in blurb or "general" not in blurb else "general"
             )
-        args = _fill(_params_schema(tool), {k: v for k, v in given.items() if k in props}, "delegate")
+        args = fill_args(tool, {k: v for k, v in given.items() if k in props}, "delegate")
         say = "I will delegate the fix to a sub-agent."
-        return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
+        return self._think(task, 1, say) + say + "\n" + tool_call(tool, args)
 
     def _wait(self, view: PromptView, task: OracleTask, tool: dict[str, Any]) -> str:
         """Wait for the sub-agent the spawn call's result named (the newest id in a tool
@@ -351,9 +352,9 @@ class OraclePolicy:
         given: dict[str, Any] = {"targets": ids[-1:]}
         if "timeout_ms" in props:
             given["timeout_ms"] = 3_600_000
-        args = _fill(_params_schema(tool), given, "wait")
+        args = fill_args(tool, given, "wait")
         say = "I wait for the sub-agent's report."
-        return self._think(task, 1, say) + say + "\n" + _tool_call(tool, args)
+        return self._think(task, 1, say) + say + "\n" + tool_call(tool, args)
 
     def _final_text(self, task: OracleTask | None, done: int) -> str:
         tid = task.instance_id if task else "unknown"

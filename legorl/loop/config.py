@@ -8,6 +8,7 @@ config file's directory, so a config can be run from anywhere.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -132,14 +133,41 @@ class HarnessSection(Section):
     options: dict[str, Any] = Field(default_factory=dict)
     """Adapter-specific settings: the fields of the adapter's dataclass (legorl/harness/<name>.py),
     checked against it when the config loads."""
+    mix: dict[str, float] = Field(default_factory=dict)
+    """Mixed-harness training (`{ claude-code = 1, opencode = 1, openhands = 1 }`): each task's
+    group runs in one harness drawn by these weights (every member the same harness, the draw
+    recorded on the trajectory), one policy for all; held-out evaluations run once per harness.
+    Empty: every rollout runs in `name`."""
 
     @model_validator(mode="after")
     def _command(self) -> HarnessSection:
+        if self.mix:
+            known = harness_names()
+            if unknown := sorted(set(self.mix) - set(known)):
+                raise ValueError(f"harness.mix names unknown harnesses {unknown} (known: {', '.join(known)})")
+            if any(not (w >= 0 and w < float("inf")) for w in self.mix.values()) or sum(self.mix.values()) <= 0:
+                raise ValueError(f"harness.mix weights must be finite, >= 0 and sum to more than 0, got {self.mix}")
+            if "command" in self.mix or self.options:
+                raise ValueError("harness.mix takes neither the `command` harness nor harness.options (one adapter's)")
+            self.mix = {k: float(w) for k, w in self.mix.items() if w > 0}
+            return self
         if self.name == "command" and self.command_file is None:
             raise ValueError("harness.command_file is required when harness.name = 'command'")
         if self.options:  # only then is the adapter's module imported
             self.options = check_options(self.options, adapter_options(self.name), self.name)
         return self
+
+    def names(self) -> list[str]:
+        """Every harness this run's rollouts may run in: the mix's, or `name`."""
+        return list(self.mix) or [self.name]
+
+    def draw(self, seed: int, step: int, instance_id: str) -> str:
+        """The harness of one task's group at one step: a pure function of the seed, the step
+        and the task (a resumed run draws what the uninterrupted one did)."""
+        if not self.mix:
+            return self.name
+        rng = random.Random(f"{seed}:{step}:{instance_id}")
+        return rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
 
     def harness_options(self, served_model: str) -> dict[str, Any]:
         """What `make_harness(self.name, **...)` is given: the model the harness is told to use

@@ -21,11 +21,20 @@ from legorl.types import Status, Task
 
 
 async def evaluate_heldout(
-    worker: RolloutBackend, tasks: list[Task], label: str, limit: asyncio.Semaphore, on_record: OnRecord
+    worker: RolloutBackend,
+    tasks: list[Task],
+    label: str,
+    limit: asyncio.Semaphore,
+    on_record: OnRecord,
+    harness: str | None = None,
 ) -> Evaluation:
     t0 = time.monotonic()
+    tag = "eval-" + label.replace("@", "-")  # a session id names a proxy route
     groups = await asyncio.gather(
-        *(worker.group(t, 1, step=HELDOUT_STEP, limit=limit, on_record=on_record, tag=f"eval-{label}") for t in tasks)
+        *(
+            worker.group(t, 1, step=HELDOUT_STEP, limit=limit, on_record=on_record, tag=tag, harness=harness)
+            for t in tasks
+        )
     )
     outcomes = [r.trajectory.outcome for g in groups for r in g]
     return summarize(

@@ -35,6 +35,7 @@ def rollout_metrics(
         stale = [trainer_version - t.policy_version for t in policy_turns]
         out["policy/staleness_mean"] = sum(stale) / len(stale)
     out.update(action_metrics(records, formats or {}))
+    out.update(harness_metrics(records))
     out["rollout/response_tokens_mean"] = sum(r.trajectory.stats.sampled_tokens for r in records) / n
     out["rollout/turns_mean"] = sum(sum(1 for t in r.turns if not t.side_call) for r in records) / n
     out["rollout/segments_mean"] = sum(r.trajectory.stats.segments for r in records) / n
@@ -72,4 +73,27 @@ def action_metrics(records: Sequence[Any], formats: Mapping[str, ActionFormat]) 
     for harness, ok in sorted(per.items()):
         if ok and harness:
             out[f"rollout/parse_failure_rate/{harness}"] = ok.count(False) / len(ok)
+    return out
+
+
+def harness_metrics(records: Sequence[Any]) -> dict[str, float]:
+    """A mixed-harness step split by harness (`harness/<name>/reward`, `/resolved_rate`,
+    `/turns_mean`, `/side_calls_mean`, `/masked`, `/count`): one policy's reward in each
+    harness is what a mixed run is about. Empty for a step in one harness (the step's own
+    rates say it)."""
+    by: dict[str, list[Any]] = {}
+    for r in records:
+        by.setdefault(r.trajectory.harness or "", []).append(r)
+    if len(by) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for harness, recs in sorted(by.items()):
+        valid = [r for r in recs if not r.trajectory.outcome.masked]
+        key = f"harness/{harness}"
+        out[f"{key}/count"] = float(len(recs))
+        out[f"{key}/masked"] = float(len(recs) - len(valid))
+        out[f"{key}/reward"] = sum(r.trajectory.outcome.reward for r in valid) / len(valid) if valid else 0.0
+        out[f"{key}/resolved_rate"] = sum(r.trajectory.outcome.status is Status.RESOLVED for r in recs) / len(recs)
+        out[f"{key}/turns_mean"] = sum(sum(1 for t in r.turns if not t.side_call) for r in recs) / len(recs)
+        out[f"{key}/side_calls_mean"] = sum(len(r.trajectory.side_turns) for r in recs) / len(recs)
     return out

@@ -45,8 +45,19 @@ class ControlStart:
 
 
 async def evaluate(run: Run, label: str) -> None:
-    """The held-out split once through the loop; its row goes to the report, the store and the console."""
-    ev = await evaluate_heldout(run.rollouts, run.heldout, label, run.limit, run.on_record)
+    """The held-out split once through the loop; its row goes to the report, the store and the
+    console. A mixed-harness run evaluates once per harness (`label@harness`): held-out is
+    pinned per harness, so each harness's gain is its own."""
+    h = run.cfg.harness
+    if not h.mix:
+        await _evaluate_in(run, label, None)
+        return
+    for name in h.names():
+        await _evaluate_in(run, f"{label}@{name}", name)
+
+
+async def _evaluate_in(run: Run, label: str, harness: str | None) -> None:
+    ev = await evaluate_heldout(run.rollouts, run.heldout, label, run.limit, run.on_record, harness=harness)
     run.report.add(ev, step=run.trainer.version)
     low, high = ev.as_dict()["ci95"]
     run.store.log_metrics(
@@ -83,7 +94,16 @@ async def warm_start(run: Run) -> ControlStart | None:
     try:
         async with RolloutWorker(cfg, demonstrator) as w:
             tasks = demo_tasks(run.tasks, ws.episodes, cfg.run.seed)
-            recs = await record_demonstrations(w, tasks, run.limit, run.on_record)
+            h = cfg.harness
+            recs = await record_demonstrations(
+                w,
+                tasks,
+                run.limit,
+                run.on_record,
+                (lambda k, t: h.draw(cfg.run.seed, WARM_START_STEP - k, t.instance_id))
+                if h.mix
+                else (lambda k, t: None),
+            )
     finally:
         await demonstrator.close()
     demos = imitated(recs, ws.keep)
@@ -130,8 +150,19 @@ async def collect_step(run: Run, step: int) -> tuple[list[RolloutRecord], float,
     t0 = time.monotonic()
     run.store.begin_step(step, policy_version=run.trainer.version)
     batch = sample_tasks(run.tasks, cfg.run.tasks_per_step, cfg.run.seed, step)
+    h = cfg.harness
     groups = await asyncio.gather(
-        *(run.rollouts.group(t, cfg.run.group_size, step=step, limit=run.limit, on_record=run.on_record) for t in batch)
+        *(
+            run.rollouts.group(
+                t,
+                cfg.run.group_size,
+                step=step,
+                limit=run.limit,
+                on_record=run.on_record,
+                harness=h.draw(cfg.run.seed, step, t.instance_id) if h.mix else None,
+            )
+            for t in batch
+        )
     )
     return [r for g in groups for r in g], t0, time.monotonic()
 

@@ -85,12 +85,14 @@ class RolloutActor:
             "node_id": ray.get_runtime_context().get_node_id(),
         }
 
-    async def rollout(self, task: Task, step: int, session_id: str, policy_version: int | None) -> RolloutRecord:
+    async def rollout(
+        self, task: Task, step: int, session_id: str, policy_version: int | None, harness: str | None = None
+    ) -> RolloutRecord:
         worker = await self._ensure()
         if policy_version is not None:
             self.engine.policy_version = policy_version
         t0 = time.time()
-        rec = await worker.rollout(task, step=step, session_id=session_id)
+        rec = await worker.rollout(task, step=step, session_id=session_id, harness=harness)
         rec.timings.update(t_start=t0, t_end=time.time(), worker=float(self.index))
         return rec
 
@@ -269,20 +271,25 @@ class RayRolloutPool:
         limit: asyncio.Semaphore,
         on_record: OnRecord | None = None,
         tag: str = "",
+        harness: str | None = None,
     ) -> list[RolloutRecord]:
         """n rollouts of one task, spread over the actors (within the shared limit); `on_record`
         sees each one as it comes back graded."""
 
         async def one(k: int) -> RolloutRecord:
             async with limit:
-                rec = await self._run(task, step, session_id=None, prefix=f"{tag or f's{step}'}-{task.instance_id}-{k}")
+                rec = await self._run(
+                    task, step, session_id=None, prefix=f"{tag or f's{step}'}-{task.instance_id}-{k}", harness=harness
+                )
             if on_record is not None:
                 on_record(rec)
             return rec
 
         return list(await asyncio.gather(*(one(k) for k in range(n))))
 
-    async def _run(self, task: Task, step: int, *, session_id: str | None, prefix: str) -> RolloutRecord:
+    async def _run(
+        self, task: Task, step: int, *, session_id: str | None, prefix: str, harness: str | None = None
+    ) -> RolloutRecord:
         err: Exception | None = None
         sid = session_id or f"{prefix}-lost-{uuid.uuid4().hex[:6]}"
         for attempt in range(self.cfg.ray.lost_rollout_retries + 1):
@@ -295,14 +302,14 @@ class RayRolloutPool:
             version = self.policy_version() if self.policy_version is not None else None
             self.inflight[i] += 1
             try:
-                return await self.actors[i].rollout.remote(task, step, sid, version)
+                return await self.actors[i].rollout.remote(task, step, sid, version, harness)
             except RayActorError as e:
                 err = e
                 self.lost_rollouts += 1
                 self._mark_lost(i)
             finally:
                 self.inflight[i] -= 1
-        return self._lost(task, step, sid, err or RuntimeError("no live rollout worker"))
+        return self._lost(task, step, sid, err or RuntimeError("no live rollout worker"), harness)
 
     def _mark_lost(self, i: int) -> None:
         """Take actor i out of dispatch until a probe call reaches its restarted process."""
@@ -320,12 +327,12 @@ class RayRolloutPool:
 
         self._probes[i] = asyncio.create_task(probe())
 
-    def _lost(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
+    def _lost(self, task: Task, step: int, sid: str, err: Exception, harness: str | None = None) -> RolloutRecord:
         """A rollout whose worker process died: an infrastructure fault, masked."""
         outcome = Outcome(
             0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": "rollout_worker_died", "error": str(err)[-500:]}
         )
-        return masked_record(task, step, self.cfg.harness.name, sid, outcome)
+        return masked_record(task, step, harness or self.cfg.harness.names()[0], sid, outcome)
 
 
 @asynccontextmanager

@@ -74,10 +74,15 @@ class Report:
         self.save()
 
     def gains(self) -> dict[str, dict[str, float]]:
+        """Each gain of GAINS; a mixed-harness run's rows are `label@harness`, and each harness
+        gets its own gains (`gspo_over_warm_start@opencode`)."""
         out = {}
-        for name, a, b in GAINS:
-            if a in self.rows and b in self.rows and self.rows[a].episodes and self.rows[b].episodes:
-                out[name] = gain(self.rows[a], self.rows[b])
+        suffixes = sorted({"@" + k.split("@", 1)[1] for k in self.rows if "@" in k}) or [""]
+        for at in suffixes:
+            for name, a, b in GAINS:
+                a, b = a + at, b + at
+                if a in self.rows and b in self.rows and self.rows[a].episodes and self.rows[b].episodes:
+                    out[name + at] = gain(self.rows[a], self.rows[b])
         return out
 
     def as_dict(self) -> dict[str, Any]:

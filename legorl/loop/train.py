@@ -48,6 +48,7 @@ from legorl.loop.startup import (
     rollout_backend,
     stored_run,
 )
+from legorl.loop.window import check_windows
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import Trackers, open_trackers
@@ -84,6 +85,15 @@ async def train(
             check_weights_fit(trainer.lm.config, cfg.warm_start.checkpoint)
         except ValueError as e:
             raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
+    firsts: dict[str, int] = {}
+    window = 0
+    if not resume and tasks and cfg.harness.names() != ["command"]:  # each harness's first prompt fits the window
+        window = min(cfg.proxy.max_context, int(getattr(engine, "max_context", 0) or cfg.proxy.max_context))
+        try:
+            firsts = await check_windows(cfg, tokenizer, tasks[0], window)
+        except BaseException:
+            await engine.close()
+            raise
     if not resume and tasks:  # the pre-flight's budget check: before the first rollout spends the hour
         est = await check_budget(cfg, trainer, engine, tokenizer, tasks[0].problem_statement)
         if est is not None:
@@ -109,6 +119,8 @@ async def train(
     store = RunStore(run_dir, run_name=run_dir.name, config=cfg.model_dump(mode="json"))
     store.set_run_info(info={**store.run_info()["info"], **ident})
     record_action_format(store, cfg)
+    if firsts:  # the pre-flight's measure of each harness's native first prompt, for the UI and the bench
+        store.add_event("first_prompts", {"tokens": firsts, "window": window})
     report = Report.load(run_dir) if resume else Report(run_dir)
     if resume:
         abandoned = store.abandon_steps(start)

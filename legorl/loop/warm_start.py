@@ -34,11 +34,21 @@ def demo_tasks(train: list[Task], n: int, seed: int) -> list[Task]:
 
 
 async def record_demonstrations(
-    worker: RolloutBackend, tasks: list[Task], limit: asyncio.Semaphore, on_record: Callable[[RolloutRecord], None]
+    worker: RolloutBackend,
+    tasks: list[Task],
+    limit: asyncio.Semaphore,
+    on_record: Callable[[RolloutRecord], None],
+    harness_of: Callable[[int, Task], str | None] = lambda k, t: None,
 ) -> list[RolloutRecord]:
-    """One demonstrator rollout per task through `worker`, each recorded as it is graded."""
+    """One demonstrator rollout per task through `worker`, each recorded as it is graded;
+    `harness_of(k, task)` picks the k-th demonstration's harness (a mixed-harness run's draw)."""
     groups = await asyncio.gather(
-        *(worker.group(t, 1, step=WARM_START_STEP, limit=limit, on_record=on_record, tag="demo") for t in tasks)
+        *(
+            worker.group(
+                t, 1, step=WARM_START_STEP, limit=limit, on_record=on_record, tag="demo", harness=harness_of(k, t)
+            )
+            for k, t in enumerate(tasks)
+        )
     )
     return [r for g in groups for r in g]
 

@@ -55,6 +55,7 @@ class RolloutBackend(Protocol):
         limit: asyncio.Semaphore,
         on_record: OnRecord | None = None,
         tag: str = "",
+        harness: str | None = None,
     ) -> list[RolloutRecord]: ...
 
 
@@ -82,7 +83,10 @@ class RolloutWorker:
         self.proxy: ProxyServer | None = None
         self.backend: Any = None
         self.images = TaskImages(backend=cfg.sandbox.backend)
-        self.harness = make_harness(cfg.harness.name, **cfg.harness.harness_options(cfg.proxy.served_model))
+        opts = cfg.harness.harness_options(cfg.proxy.served_model)
+        # one adapter per harness the run uses (a `[harness] mix` has several); the first is the default
+        self.harnesses = {name: make_harness(name, **opts) for name in cfg.harness.names()}
+        self.harness = next(iter(self.harnesses.values()))
         self.retries = cfg.sandbox.retries  # the one owner of infrastructure retries: a fresh sandbox and session each
         self.rollout_cfg = cfg.sandbox.rollout_config()
 
@@ -101,16 +105,18 @@ class RolloutWorker:
             self.relay = PassthroughApp(self.upstream or "", self.upstream_api_key, self.cfg.proxy.request_timeout_s)
         self.backend = open_backend(self.cfg.sandbox.backend, self.images.store)
         await self._probe_backend()
-        if isinstance(self.harness, HostHarness):
+        for harness in self.harnesses.values():
+            if not isinstance(harness, HostHarness):
+                continue
             if self.proxy is None:
                 raise ValueError(
-                    f"harness {self.harness.name!r} runs beside the sandboxes and needs our proxy; "
+                    f"harness {harness.name!r} runs beside the sandboxes and needs our proxy; "
                     "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')"
                 )
             try:
-                await self.harness.start()
+                await harness.start()
             except RuntimeError as e:  # DriverGone
-                raise RunError(f"harness {self.harness.name!r} could not start: {e}") from None
+                raise RunError(f"harness {harness.name!r} could not start: {e}") from None
         return self
 
     async def _probe_backend(self) -> None:
@@ -134,8 +140,9 @@ class RolloutWorker:
             ) from None
 
     async def __aexit__(self, *exc: object) -> None:
-        if isinstance(self.harness, HostHarness):
-            await self.harness.aclose()
+        for harness in self.harnesses.values():
+            if isinstance(harness, HostHarness):
+                await harness.aclose()
         if self.proxy is not None:
             await self.proxy.stop()
         if self.relay is not None:
@@ -145,19 +152,23 @@ class RolloutWorker:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    async def rollout(self, task: Task, *, step: int = 0, session_id: str | None = None) -> RolloutRecord:
-        """One rollout; an infrastructure fault is retried in a fresh sandbox *and* a fresh
-        proxy session, so a failed attempt's turns never join the retried one's trajectory."""
+    async def rollout(
+        self, task: Task, *, step: int = 0, session_id: str | None = None, harness: str | None = None
+    ) -> RolloutRecord:
+        """One rollout in `harness` (default: the run's first); an infrastructure fault is
+        retried in a fresh sandbox *and* a fresh proxy session, so a failed attempt's turns
+        never join the retried one's trajectory."""
         assert self.backend is not None, "use the worker as `async with RolloutWorker(...)`"
+        agent = self.harnesses[harness] if harness else self.harness
         # A session id names a proxy route: a task name such as Harbor's "org/name" must not split it.
         sid = re.sub(r"[^A-Za-z0-9._-]", "_", session_id or f"{task.instance_id}-{uuid.uuid4().hex[:8]}")
         try:
             image = await self.images.for_task(task)
         except (ValueError, OSError, ImageBuildError, ImageNotFound) as e:  # the task's repository or image
-            return self._unbuildable(task, step, sid, e)
+            return self._unbuildable(task, step, sid, e, agent.name)
         failed: list[str] = []
         for k in range(self.retries + 1):
-            attempt = await self._attempt(task, image, step, sid if k == 0 else f"{sid}-retry{k}")
+            attempt = await self._attempt(task, image, step, sid if k == 0 else f"{sid}-retry{k}", agent)
             cause = attempt.infra_cause
             if cause is None or k == self.retries:
                 return record_of(task, step, attempt, failed)
@@ -165,7 +176,7 @@ class RolloutWorker:
             await asyncio.sleep(min(0.2 * 2**k, 2.0))
         raise AssertionError("unreachable")
 
-    def _unbuildable(self, task: Task, step: int, sid: str, err: Exception) -> RolloutRecord:
+    def _unbuildable(self, task: Task, step: int, sid: str, err: Exception, harness: str) -> RolloutRecord:
         """A task whose image cannot be built (a corrupt bundle, a missing commit, a failing
         env_setup): never the agent's, never rewarded — masked, with the reason; the run goes on."""
         outcome = Outcome(
@@ -175,14 +186,14 @@ class RolloutWorker:
             flags=["task_image"],
             evidence={"cause": "task_image", "error": f"{type(err).__name__}: {err}"[-1500:]},
         )
-        return masked_record(task, step, self.harness.name, sid, outcome)
+        return masked_record(task, step, harness, sid, outcome)
 
     @asynccontextmanager
-    async def _access(self, sid: str) -> AsyncIterator[ProxyAccess]:
+    async def _access(self, sid: str, agent: Any) -> AsyncIterator[ProxyAccess]:
         """How the agent of session `sid` reaches it, the one place that is chosen: a host
         harness calls the session's loopback URL; a harness in the sandbox gets a socket
         that only this session answers on, its only way out."""
-        if isinstance(self.harness, HostHarness):
+        if isinstance(agent, HostHarness):
             assert self.proxy is not None  # __aenter__ refused a host harness without our proxy
             yield HostLoopback(self.proxy.session_url(sid))
             return
@@ -190,15 +201,15 @@ class RolloutWorker:
         async with SessionSocket(self.proxy.app if self.proxy is not None else self.relay, sid, sock):
             yield SandboxSocket(str(sock))
 
-    async def _attempt(self, task: Task, image: str, step: int, sid: str) -> Attempt:
+    async def _attempt(self, task: Task, image: str, step: int, sid: str, agent: Any) -> Attempt:
         """One attempt in a fresh proxy session: the rollout's decisions, not yet a record."""
         session = None
         if self.proxy is not None:
             session = self.proxy.open_session(sid, {"instance_id": task.instance_id, "step": step})
         turns: list[Turn] = []
         try:
-            async with self._access(sid) as access:
-                result = await run_rollout(task, self.harness, self.backend, image, self.rollout_cfg, access)
+            async with self._access(sid, agent) as access:
+                result = await run_rollout(task, agent, self.backend, image, self.rollout_cfg, access)
         finally:
             if self.proxy is not None:
                 turns = self.proxy.close_session(sid)
@@ -215,15 +226,19 @@ class RolloutWorker:
         limit: asyncio.Semaphore,
         on_record: OnRecord | None = None,
         tag: str = "",
+        harness: str | None = None,
     ) -> list[RolloutRecord]:
-        """n rollouts of one task, concurrently (within the shared limit); `on_record` sees
-        each one the moment it is graded (the loop writes it to the run store then)."""
+        """n rollouts of one task in one harness, concurrently (within the shared limit);
+        `on_record` sees each one the moment it is graded (the loop writes it to the run store then)."""
         prefix = tag or f"s{step}"
 
         async def one(k: int) -> RolloutRecord:
             async with limit:
                 rec = await self.rollout(
-                    task, step=step, session_id=f"{prefix}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}"
+                    task,
+                    step=step,
+                    session_id=f"{prefix}-{task.instance_id}-{k}-{uuid.uuid4().hex[:6]}",
+                    harness=harness,
                 )
             if on_record is not None:
                 on_record(rec)

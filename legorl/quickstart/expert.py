@@ -20,6 +20,14 @@ of this expert cannot.
 proxy rendered (the harness's conversation), decides from the last observation alone, and
 answers with token ids — so the SFT data is exactly what the proxy recorded from a real
 harness run.
+
+It acts through whatever the harness offers. mini-swe-agent's text agent gets a fenced
+command (submit echo included). A tool-calling harness (Claude Code, OpenCode, OpenHands,
+Codex: a prompt whose system block lists tools) gets the same decision as a call of *that
+harness's own shell tool* in the policy's chat template (`<tool_call>{"name": "Bash", ...}`),
+which the proxy parses into the harness's dialect exactly as it would a model's; after the
+fix it finishes the harness's way (OpenHands' `finish` tool, else a final text answer), and
+answers the harness's side calls (titles, compaction summaries) with short plain text.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field
 
 from legorl.engine.base import collect
+from legorl.engine.oracle import COMPACT_HINTS, PromptView, command_key, fill_args, find_shell, parse_prompt, tool_call
 from legorl.quickstart.family import POOL, SOURCE_FILE, TEST_CMD, line
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
@@ -49,13 +58,21 @@ def fix_command(name: str) -> str:
     return f"sed -i 's|^def {name}.*|{line(name, POOL[name])}|' {SOURCE_FILE} && {SUBMIT}"
 
 
+_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # a terminal tool's control sequences (OpenHands' bracketed paste)
+
+
+def plain(observation: str) -> str:
+    """The observation as the test printed it: terminal control sequences removed."""
+    return _ESCAPE.sub("", observation)
+
+
 def failing_function(observation: str) -> str | None:
-    m = _FAILING.search(observation)
+    m = _FAILING.search(plain(observation))
     return m.group(1) if m and m.group(1) in POOL else None
 
 
 def first_function(observation: str) -> str | None:
-    m = _FIRST.search(observation)
+    m = _FIRST.search(plain(observation))
     return m.group(1) if m and m.group(1) in POOL else None
 
 
@@ -63,7 +80,7 @@ def expert_draw(seed: int, observation: str | None) -> float:
     """The expert's uniform draw for an observation: a pure function of the seed and the
     test lines, so the demonstrations do not depend on the order in which concurrent
     harness sessions reach the engine (and both paths draw alike for one task)."""
-    lines = "\n".join(m.group(0) for m in _LINE.finditer(observation or ""))
+    lines = "\n".join(m.group(0) for m in _LINE.finditer(plain(observation or "")))
     return random.Random(f"{seed}:{lines}").random()
 
 
@@ -77,6 +94,40 @@ def expert_reply(observation: str | None, draw: float, p_read: float) -> str:
     first = first_function(observation or "")
     name = failing if draw < p_read or first is None else first
     return FENCE.format(fix_command(name))
+
+
+DONE = "I fixed calc.py; the tests pass."
+
+
+def tool_reply(view: PromptView, draw: float, p_read: float) -> str:
+    """The same expert through a tool-calling harness: run the tests with its shell tool,
+    then rewrite the chosen line with it, then finish the harness's way. The phase is read
+    from the conversation (an earlier `sed -i` call means the fix was made), the choice from
+    the last observation, so the reply is a pure function of the prompt."""
+    if view.open_assistant is not None:  # a prefilled assistant message (OpenCode's last step)
+        return DONE
+    if not view.tools or any(h in view.last_user()[-2000:] for h in COMPACT_HINTS):
+        return "Fix calc.py" if "title" in view.system[:300].lower() else f"Summary: {PROBLEM_ECHO}"
+    shell = find_shell(view.tools)
+    if shell is None:
+        return "I cannot run commands here."
+    key = command_key(shell) or "command"
+    if any(role == "assistant" and "sed -i" in text for role, text in view.messages):
+        names = {str(t.get("name")): t for t in view.tools}
+        if "finish" in names:
+            return tool_call(names["finish"], fill_args(names["finish"], {"message": DONE}, "done"))
+        return DONE
+    observation = view.last_user()
+    failing = failing_function(observation)
+    if failing is None:
+        return tool_call(shell, fill_args(shell, {key: TEST_CMD}, "Run the tests"))
+    first = first_function(observation)
+    name = failing if draw < p_read or first is None else first
+    command = f"sed -i 's|^def {name}.*|{line(name, POOL[name])}|' {SOURCE_FILE}"
+    return tool_call(shell, fill_args(shell, {key: command}, "Fix calc.py"))
+
+
+PROBLEM_ECHO = "the tests of calc.py were run and one function was rewritten."
 
 
 @dataclass(frozen=True)
@@ -116,6 +167,10 @@ class ExpertEngine:
 
     def reply_for(self, prompt_ids: list[int]) -> str:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        view = parse_prompt(text)
+        if view.tools or (view.messages and "# Tools" in text[:20000]):
+            last = view.last_user()
+            return tool_reply(view, expert_draw(self.seed, last), self.p_read)
         last_user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
         return expert_reply(last_user, expert_draw(self.seed, last_user), self.p_read)
 

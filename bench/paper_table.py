@@ -1,0 +1,229 @@
+"""The paper's table in miniature: `legorl train` inside Claude Code, OpenCode, OpenHands SDK,
+Codex and the mixed-harness config, then the cross-harness matrix. Prints one JSON object.
+
+Per run (examples/quickstart-<name>.toml, each a normal config of the one loop, run in a
+child process so that its peak resident memory is its own): the held-out rows (start, warm
+start, end, control; 95% Wilson intervals), the gain of GSPO over the warm start and the
+control's, with Newcombe's 95% intervals; the minimum rollout/trainer Pearson over the steps
+that trained; rollouts per minute; side calls, segments and turns per trajectory; the
+parse-failure rate; the share of masked rollouts per harness; the delivered fraction (sampled
+tokens that reached the trainer); wall time and peak RSS (the run's process and its children).
+A mixed run has one held-out row per harness at each checkpoint and a gain per harness.
+
+The matrix: each trained policy (the end checkpoint, before the control) evaluated through
+every harness on the same held-out tasks (`legorl eval` on the harness's config, its engine
+pointed at the checkpoint). The diagonal repeats the run's own end row with fresh samples.
+
+    .venv/bin/python bench/paper_table.py [--only claude-code,opencode] [--heldout 200]
+        [--out DIR] [--no-matrix]
+
+An hour per run on two idle cores: this is a bench run, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ["claude-code", "opencode", "openhands", "codex", "mixed"]
+HARNESSES = ["claude-code", "opencode", "openhands", "codex"]
+
+
+def child_peak_rss_gb() -> float:
+    """Peak resident memory of the largest finished child so far (ru_maxrss of RUSAGE_CHILDREN, KiB)."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+
+
+def train(name: str, run_dir: Path, heldout: int | None) -> dict[str, Any]:
+    """One config through `legorl train` in a fresh process; its report, metrics and cost."""
+    config = ROOT / "examples" / f"quickstart-{name}.toml"
+    code = (
+        "import asyncio, sys, json\n"
+        "from legorl.loop.config import load_run_config\n"
+        "from legorl.loop.train import train\n"
+        f"cfg = load_run_config(__import__('pathlib').Path({str(config)!r}))\n"
+        f"cfg.run.dir = __import__('pathlib').Path({str(run_dir)!r})\n"
+        + (f"cfg.heldout.tasks = {heldout}\n" if heldout else "")
+        + "s = asyncio.run(train(cfg, overwrite=True))\n"
+        "print('SUMMARY ' + json.dumps({'steps': len(s['steps'])}))\n"
+    )
+    before = child_peak_rss_gb()
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        ["/usr/bin/time", "-v", sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=3 * 3600
+    )
+    wall = time.monotonic() - t0
+    peak = _time_v_peak_gb(proc.stderr) or max(before, child_peak_rss_gb())
+    if proc.returncode != 0:
+        return {"config": str(config), "error": proc.stderr[-3000:], "wall_s": round(wall, 1)}
+    report = json.loads((run_dir / "heldout_results.json").read_text())
+    return {
+        "config": str(config.relative_to(ROOT)),
+        "evaluations": report.get("evaluations"),
+        "gains": report.get("gains"),
+        "phases_s": report.get("phases_s"),
+        "wall_s": round(wall, 1),
+        "peak_rss_gb": round(peak, 2),
+        **store_figures(run_dir),
+    }
+
+
+def _time_v_peak_gb(stderr: str) -> float | None:
+    for line in stderr.splitlines():
+        if "Maximum resident set size" in line:
+            return int(line.rsplit(":", 1)[1]) / 2**20
+    return None
+
+
+def store_figures(run_dir: Path) -> dict[str, Any]:
+    """What the run store says of the GSPO steps: mismatch, throughput, shape, masking."""
+    db = sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True)
+    metric: dict[str, list[tuple[int, float]]] = {}
+    for step, key, value in db.execute("SELECT step, key, value FROM metrics WHERE step >= 0"):
+        metric.setdefault(key, []).append((step, value))
+
+    def values(key: str) -> list[float]:
+        return [v for _, v in sorted(metric.get(key, []))]
+
+    trained = {s for s, v in metric.get("train/sampled_tokens", []) if v > 0}
+    pearson = [v for s, v in metric.get("mismatch/pearson", []) if s in trained]
+    rows = db.execute(
+        "SELECT harness, COUNT(*), SUM(masked), AVG(n_segments), AVG(n_turns), AVG(json_array_length(side_turns)) "
+        "FROM trajectories WHERE step >= 0 GROUP BY harness"
+    ).fetchall()
+    mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
+    return {
+        "gspo_steps": len(values("train/loss")),
+        "steps_trained": len(trained),
+        "pearson_min": round(min(pearson), 4) if pearson else None,
+        "rollouts_per_min": mean(values("rollout/rollouts_per_min")),
+        "parse_failure_rate": mean(values("rollout/parse_failure_rate")),
+        "delivered_fraction_min": round(min(values("train/delivered_fraction")), 4)
+        if values("train/delivered_fraction")
+        else None,
+        "per_harness": {
+            h: {
+                "rollouts": n,
+                "masked_share": round((masked or 0) / n, 4),
+                "segments_per_trajectory": round(seg or 0, 3),
+                "turns_per_trajectory": round(turns or 0, 3),
+                "side_calls_per_trajectory": round(side or 0, 3),
+            }
+            for h, n, masked, seg, turns, side in rows
+        },
+    }
+
+
+def end_policy(run_dir: Path, into: Path) -> Path:
+    """The end checkpoint as an HF model directory with the policy's tokenizer beside it."""
+    from legorl.models import resolve_model
+
+    steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    if not steps:
+        raise SystemExit(f"{run_dir}: no checkpoint")
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(steps[-1] / "model", into)
+    for f in resolve_model("harness-qwen3").iterdir():
+        if f.name.startswith("tokenizer"):
+            shutil.copy(f, into / f.name)
+    return into
+
+
+def evaluate(policy: Path, harness: str, tasks: int, out: Path) -> dict[str, Any]:
+    """`legorl eval` of `policy` through `harness`'s config on the first `tasks` held-out tasks."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "examples" / f"quickstart-{harness}.toml").read_text())
+    cfg["engine"]["model"] = cfg["trainer"]["model"] = str(policy)
+    cfg["run"]["dir"] = str(out / "eval-run")
+    cfg["run"]["time_budget_s"] = None
+    cfg["eval"] = {"limit": tasks}
+    path = out / f"eval-{harness}.toml"
+    path.write_text(_toml(cfg))
+    result = out / f"eval-{harness}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "legorl.cli", "eval", str(path), "--out", str(result)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-1500:]}
+    return json.loads(result.read_text())
+
+
+def _toml(d: dict[str, Any], prefix: str = "") -> str:
+    """Enough TOML for a run config (tables, scalars, lists, inline tables)."""
+    scalars = {k: v for k, v in d.items() if not isinstance(v, dict) or k in ("options", "mix")}
+    tables = {k: v for k, v in d.items() if k not in scalars}
+    lines = [f"[{prefix}]"] if prefix and scalars else []
+    lines += [f"{k} = {_value(v)}" for k, v in scalars.items() if v is not None]
+    text = "\n".join(lines) + ("\n\n" if lines else "")
+    for k, v in tables.items():
+        text += _toml(v, f"{prefix}.{k}" if prefix else k)
+    return text
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default=",".join(RUNS), help="comma-separated runs of " + ", ".join(RUNS))
+    ap.add_argument("--heldout", type=int, default=None, help="held-out tasks per evaluation (default: the config's)")
+    ap.add_argument("--out", type=Path, default=ROOT / "examples" / "runs" / "paper-table")
+    ap.add_argument("--no-matrix", action="store_true")
+    args = ap.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    if unknown := [n for n in names if n not in RUNS]:
+        raise SystemExit(f"--only: unknown runs {unknown} (known: {', '.join(RUNS)})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    rows = {}
+    for name in names:
+        rows[name] = train(name, args.out / name, args.heldout)
+        print(json.dumps({"run": name, **rows[name]}), file=sys.stderr, flush=True)
+    matrix: dict[str, dict[str, Any]] = {}
+    if not args.no_matrix:
+        for name in names:
+            if "error" in rows[name]:
+                continue
+            policy = end_policy(args.out / name, args.out / name / "policy_end")
+            matrix[name] = {}
+            for harness in HARNESSES:
+                ev = evaluate(policy, harness, args.heldout or 200, args.out / name)
+                matrix[name][harness] = {k: ev.get(k) for k in ("pass@1", "resolved", "episodes", "masked", "error")}
+    print(
+        json.dumps(
+            {
+                "bench": "paper_table",
+                "runs": rows,
+                "matrix": matrix,
+                "loadavg_before": [round(x, 2) for x in load_before],
+                "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+                "cores": os.cpu_count(),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The pre-flight's window check: does each harness's native first prompt fit the policy?
+
+A native harness opens every conversation with its own system prompt and tool list: ~6k
+tokens for Claude Code, ~10-12k for OpenCode, OpenHands and Codex in a small BPE. A policy
+whose window cannot hold that prompt would fail every rollout with a context refusal, and
+the run would spend its hour evaluating and training on nothing but `context_exceeded`. So
+before anything is spent, each harness the run uses plays one training task against a probe
+engine that records the prompt it is sent (rendered by the policy's own tokenizer and chat
+template, exactly as the run will render it) and answers with a one-word final text, and
+the run is refused when the prompt plus one turn's `max_tokens` exceeds the window, naming
+the harness, the measured length and the window.
+
+The probe's rollout is real (sandbox, harness, proxy) but ungraded by anyone: it is not
+stored, and it costs one harness start per harness (seconds; ~15 s for OpenHands).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from legorl.engine.base import collect
+from legorl.loop.config import RunConfig
+from legorl.loop.errors import RunError
+from legorl.types import FinishReason, Generation, SamplingParams, Task, TokenStep
+
+UNBOUNDED = 2**31
+
+
+class PromptProbe:
+    """An engine that answers "Done." and remembers the longest prompt it was sent."""
+
+    name = "prompt-probe"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.policy_version = 0
+        self.max_context = UNBOUNDED
+        self.longest = 0
+        self._answer = tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id]
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        self.longest = max(self.longest, len(prompt_ids))
+        for tok in self._answer:
+            yield TokenStep(tok, 0.0)
+        yield TokenStep(None, None, FinishReason.STOP)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        return await collect(self.stream(prompt_ids, params), len(prompt_ids))
+
+    async def close(self) -> None:
+        return None
+
+
+async def first_prompt_tokens(cfg: RunConfig, tokenizer: Any, task: Task, harness: str) -> int:
+    """Tokens of `harness`'s first prompt on `task` (0 when it never asked the model)."""
+    from legorl.loop.worker import RolloutWorker
+
+    probe = PromptProbe(tokenizer)
+    roomy = cfg.model_copy(
+        update={
+            "proxy": cfg.proxy.model_copy(update={"max_context": UNBOUNDED}),
+            "harness": cfg.harness.model_copy(update={"mix": {}, "name": harness, "max_turns": 1}),
+            "sandbox": cfg.sandbox.model_copy(update={"retries": 0}),
+        }
+    )
+    async with RolloutWorker(roomy, probe) as worker:
+        await worker.rollout(task, session_id=f"window-probe-{harness}")
+    return probe.longest
+
+
+async def check_windows(cfg: RunConfig, tokenizer: Any, task: Task, window: int) -> dict[str, int]:
+    """Each harness's first-prompt length; RunError for the first that does not fit."""
+    out: dict[str, int] = {}
+    for name in cfg.harness.names():
+        if name == "command":  # the user's own script: it may never call the model
+            continue
+        n = await first_prompt_tokens(cfg, tokenizer, task, name)
+        out[name] = n
+        if n and n + cfg.proxy.max_tokens > window:
+            raise RunError(
+                f"pre-flight: harness {name!r} opens with a {n}-token prompt (its native system prompt and "
+                f"tools, in {cfg.engine.model!r}'s tokenizer); with proxy.max_tokens = {cfg.proxy.max_tokens} "
+                f"that exceeds the policy's {window}-token window. Choose a policy with a longer window"
+            )
+    return out
