@@ -175,13 +175,17 @@ def eval_(
 def rollout(
     tasks: Path = typer.Option(..., help="Task JSONL (SWE-bench format + repo_path)."),
     instance: str = typer.Option(..., help="instance_id of the task to run."),
-    harness: str = typer.Option("command", help=names_help()),
+    harness: str | None = typer.Option(None, help=names_help()),
     command_file: Path | None = typer.Option(None, help="command harness: the agent's shell script."),
-    engine: str = typer.Option("hf", help="Engine kind: hf, oracle, scripted, vllm, sglang."),
-    model: str = typer.Option("tiny-qwen3", help="Bundled model name or local HF model directory."),
-    sandbox: str = typer.Option("local", help="Sandbox backend: local or docker."),
-    max_turns: int = typer.Option(8, help="Harness turn/step limit."),
-    config: Path | None = typer.Option(None, help="Run config whose sections fill in the rest."),
+    engine: str | None = typer.Option(
+        None, help="Engine kind: hf, oracle, scripted, vllm, sglang (default: the config's)."
+    ),
+    model: str | None = typer.Option(
+        None, help="Bundled model name or local HF model directory (default: the config's)."
+    ),
+    sandbox: str | None = typer.Option(None, help="Sandbox backend: local or docker (default: the config's)."),
+    max_turns: int | None = typer.Option(None, help="Harness turn/step limit (default: the config's)."),
+    config: Path | None = typer.Option(None, help="Run config: every option not given comes from it."),
     out: Path | None = typer.Option(None, help="Directory: also write turns.jsonl and trajectories.jsonl."),
 ) -> None:
     """Run one rollout and print its outcome as one JSON line."""

@@ -19,27 +19,34 @@ async def run_one(
     tasks: Path,
     instance: str,
     *,
-    harness: str,
-    command_file: Path | None,
-    engine: str,
-    model: str,
-    sandbox: str,
-    max_turns: int,
+    harness: str | None = None,
+    command_file: Path | None = None,
+    engine: str | None = None,
+    model: str | None = None,
+    sandbox: str | None = None,
+    max_turns: int | None = None,
     out: Path | None = None,
 ) -> str:
+    """One rollout; every option left None comes from `cfg` (a run config, or the defaults),
+    so `--config examples/swebench-claude-code.toml` runs Claude Code as that config says."""
     try:
         task = get_task(load_tasks(tasks, None), instance)
     except KeyError as e:
         raise RunError(f"--instance: {e.args[0]}") from None
     cfg = cfg.model_copy(deep=True)
-    engine_cfg = cfg.engine.model_dump()
-    engine_cfg.update(kind=engine, model=model)
-    if engine == "oracle":
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
+    engine_cfg = {**cfg.engine.model_dump(), **given(kind=engine, model=model)}
+    if engine_cfg["kind"] == "oracle":
         engine_cfg["options"] = {**engine_cfg.get("options", {}), "tasks": str(tasks)}
-    harness_cfg = cfg.harness.model_dump()
-    harness_cfg.update(name=harness, max_turns=max_turns, command_file=command_file)
-    sandbox_cfg = cfg.sandbox.model_dump()
-    sandbox_cfg["backend"] = sandbox
+    if harness is None and command_file is not None:
+        harness = "command"
+    harness_cfg = {
+        **cfg.harness.model_dump(),
+        **given(name=harness, max_turns=max_turns, command_file=command_file),
+    }
+    if harness is not None and harness != cfg.harness.name:  # another harness: the config's options were its
+        harness_cfg.update(options={}, mix={})
+    sandbox_cfg = {**cfg.sandbox.model_dump(), **given(backend=sandbox)}
     cfg = RunConfig.model_validate(
         {**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg, "sandbox": sandbox_cfg}
     )
