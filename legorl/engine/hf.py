@@ -284,7 +284,7 @@ class HFEngine:
                     break
                 admitted = self._admit()
             try:
-                self._drop_cancelled()
+                self._drop_cancelled(force=bool(admitted))
                 with self._model_lock:
                     if admitted:
                         self._prefill(admitted)
@@ -320,15 +320,22 @@ class HFEngine:
             admitted.append(self._pending.popleft())
         return admitted
 
-    def _drop_cancelled(self) -> None:
-        keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
+    def _drop_cancelled(self, force: bool = False) -> None:
+        """Store finished rows' columns at once; drop finished and cancelled rows from the batch
+        only when a quarter of it is dead (or `force`, before an admission). Dropping copies every
+        live row's KV cache (`regroup`): with harness-length contexts (6-12k columns a row) a copy
+        per finished row cost more than the decode steps themselves, while a dead row left in the
+        batch costs one more row of a small decode step, its output unused."""
         store = self._store()
         if store is not None and self._batch is not None:
             for i, row in enumerate(self._rows):
                 # its columns (every token but the last sampled), if today's weights computed all of them
-                if row.done and not row.req.cancelled and row.version == self._prefixes_version:
+                if row.done and not row.stored and not row.req.cancelled and row.version == self._prefixes_version:
                     store.put(row_prefix(self._batch, i, row.tokens))
-        if len(keep) != len(self._rows) and self._batch is not None:
+                row.stored = row.stored or row.done
+        keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
+        dead = len(self._rows) - len(keep)
+        if dead and self._batch is not None and (force or not keep or 4 * dead >= len(self._rows)):
             self._batch = regroup([(self._batch, keep)])
             self._rows = [self._rows[i] for i in keep]
 
@@ -428,8 +435,9 @@ class HFEngine:
         if self.routing is not None:
             idx_B_T_L_K = self.routing.take(len(self._rows))
             for r, row in enumerate(self._rows):
-                row.routing.append(idx_B_T_L_K[r])
-        live = [r for r, row in enumerate(self._rows) if row.finish is None]
+                if not row.done:  # a finished row still in the batch (see _drop_cancelled) routes nothing
+                    row.routing.append(idx_B_T_L_K[r])
+        live = [r for r, row in enumerate(self._rows) if row.finish is None and not row.req.cancelled]
         if live:
             self._sample([self._rows[r] for r in live], logits_B_V[live])
         self._finish(self._rows)

@@ -106,6 +106,7 @@ class Row:
         self.completion: list[int] = []
         self.finish: FinishReason | None = None
         self.done = False
+        self.stored = False  # its columns went to the prefix store (once, the step it finished)
         self.routing: list[torch.Tensor] = []  # chunks of (T, L, K)
         longest = max((len(s) for s in req.params.stop), default=0)
         self._stop_window = 4 * longest + 8  # tokens; a token is >= 1/4 character
