@@ -123,6 +123,9 @@ def run_wrapper(orig_run, watch, phases, extras, send):
             x["machinery"] = bad
         if not watch.resolves(cls):
             x["own"] = "class_not_in_module"
+        mod = sys.modules.get(cls.__module__)
+        if getattr(mod, "__file__", None) in watch.tests:
+            watch.test_globals(mod, mod.__file__)
         try:
             return orig_run(self, result)
         finally:

@@ -9,15 +9,17 @@ imports legorl.
 
 
 def probe_comparisons(tree):
-    """Wrap each operand of `==`/`!=` in a test module's code in `__lg_probe__(...)` (a builtin the
-    recorder adds), so every value a test compares is checked by `Watch.probe`; the
+    """Wrap each operand of `==`/`!=` (and of `<`, `<=`, `>`, `>=`) in a test module's code in
+    `__lg_probe__(...)` (a builtin the recorder adds), so every value a test compares is checked by `Watch.probe`; the
     comparison's result and pytest's explanations of a failing assert are unchanged."""
     import ast
+
+    COMPARED = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
     class _T(ast.NodeTransformer):
         def visit_Compare(self, node):
             self.generic_visit(node)
-            if any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+            if any(isinstance(op, COMPARED) for op in node.ops):
                 wrap = lambda e: ast.copy_location(  # noqa: E731
                     ast.Call(func=ast.Name(id="__lg_probe__", ctx=ast.Load()), args=[e], keywords=[]), e
                 )
@@ -30,10 +32,31 @@ def probe_comparisons(tree):
     return tree
 
 
+ASSERTS = (
+    "assertEqual",
+    "assertNotEqual",
+    "assertAlmostEqual",
+    "assertNotAlmostEqual",
+    "assertCountEqual",
+    "assertSequenceEqual",
+    "assertListEqual",
+    "assertTupleEqual",
+    "assertDictEqual",
+    "assertSetEqual",
+    "assertMultiLineEqual",
+    "assertGreater",
+    "assertGreaterEqual",
+    "assertLess",
+    "assertLessEqual",
+)
+
+
 def probe_assert_equal(case_cls, watch):
-    """unittest's equality assertions check their operands with `watch.probe` first."""
-    for name in ("assertEqual", "assertNotEqual"):
-        real = vars(case_cls)[name]
+    """unittest's comparing assertions check their operands with `watch.probe` first."""
+    for name in ASSERTS:
+        real = vars(case_cls).get(name)
+        if real is None:
+            continue
 
         def checked(self, first, second, *a, _real=real, **kw):
             watch.probe(first)

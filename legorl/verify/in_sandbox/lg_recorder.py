@@ -47,9 +47,9 @@ def test_observers(watch, extras, current, box, kind_of):
         if item is None:
             return tc_call(self, method)
         x = extras.setdefault(item.nodeid, {})
-        x["own"] = watch.provenance(
-            getattr(self, "_testMethodName", ""), method, sys.modules.get(type(self).__module__)
-        )
+        mod = sys.modules.get(type(self).__module__)
+        watch.test_globals(mod, str(item.path))
+        x["own"] = watch.provenance(getattr(self, "_testMethodName", ""), method, mod)
         if x["own"] == "own":
             x["code"] = watch.pending
         box[0].inner.add(item.nodeid)
@@ -195,7 +195,7 @@ def collection_hooks(ctx):
             # or package code, whose frame is then on the stack (generated code included).
             files, f = set(), sys._getframe(1)
             while f is not None:
-                where = place_of(f, repo)
+                where = place_of(f, repo, ctx["watch"].origins)
                 if where:
                     files.add(where)
                 f = f.f_back
@@ -229,6 +229,7 @@ def call_hook(ctx):
             state = self.modules.get(id(mod))
             if state is None:
                 state = self.modules[id(mod)] = watch.module_state(mod, str(pyfuncitem.path))
+            watch.test_globals(mod, str(pyfuncitem.path))
             own = watch.provenance(pyfuncitem.originalname, func, mod)
             x["own"] = own if state == "ok" else state
             if own == "own":
@@ -239,7 +240,7 @@ def call_hook(ctx):
             if tracer is not None and tracer is not self.tracer:
                 self.tracer = tracer
                 target = tracer if hasattr(tracer, "__code__") else getattr(type(tracer), "__call__", None)  # noqa: B004 - the class attribute, as Python calls it
-                where = place_of(func_of(target), repo)
+                where = place_of(func_of(target), repo, watch.origins)
                 self.tracers.add(
                     where or "%s.%s" % (getattr(tracer, "__module__", "?"), getattr(tracer, "__qualname__", "?"))
                 )
@@ -328,8 +329,8 @@ def end_hook(ctx, changed):
             send(
                 "end",
                 changed=changed(),
-                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from),
-                import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo),
+                foreign_hooks=foreign_hooks(session.config.pluginmanager, repo, self.registered_from, watch.origins),
+                import_hooks=import_hooks(sys.meta_path, sys.path_hooks, repo, watch.origins),
                 tracers=sorted(self.tracers),
                 hooks=sorted(self.hooks | set(watch.hooks_now(threading))),
                 events=list(watch.events),

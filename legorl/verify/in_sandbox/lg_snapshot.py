@@ -16,11 +16,14 @@ import os
 SUPERVISOR_MODULES = (
     "lg_canaries",
     "lg_compiles",
+    "lg_names",
     "lg_native_recorder",
+    "lg_origin",
     "lg_probes",
     "lg_recorder",
     "lg_snapshot",
     "lg_supervise",
+    "lg_values",
     "lg_watch",
 )
 WATCH_PREFIXES = ("_pytest.", "pluggy.")
@@ -37,7 +40,8 @@ WATCH_MODULES = (
 WATCH_ATTRS = {
     "os": ("_exit", "write", "open"),
     "sys": ("exit", "settrace", "gettrace", "setprofile", "getprofile", "addaudithook", "_getframe"),
-    "threading": ("settrace", "setprofile"),
+    "threading": ("settrace", "setprofile", "_start_new_thread", "_start_joinable_thread"),
+    "_thread": ("start_new_thread", "start_joinable_thread"),
     "atexit": ("register",),
     "builtins": ("open", "__import__", "__lg_probe__"),
 }
@@ -118,21 +122,30 @@ def func_of(obj):
     return getattr(obj, "__func__", None) or getattr(obj, "fget", None) or obj
 
 
-def changed_since(snap, sys_modules, repo, started_ns):
+def changed_since(snap, sys_modules, repo, started_ns, origins=None):
     """What of the snapshot is no longer what it was (replaced, re-coded, added to a class).
 
     pytest and the task's installed plugins patch some of pytest's classes while they
     configure (`legacypath` adds `fspath` properties, …). A new value is theirs when its
     code lives outside the repository in a file that existed before this run (ctime: a
     file the code under test wrote during the run, to import it from there, is newer, and
-    ctime cannot be set back); plain data added to a class is ignored."""
+    ctime cannot be set back), and, with `origins`, that is code compiled from that file and
+    run in its module (`lg_origin`: not run-time code that claims the file's name), or a class
+    whose own functions all are; plain data added to a class is ignored."""
 
     def theirs(obj):
-        code = getattr(func_of(obj), "__code__", None)
+        func = func_of(obj)
+        code = getattr(func, "__code__", None)
         if code is not None:
             fn = code.co_filename
+            if origins is not None and origins.func_agents(func):
+                return False  # run-time code under that file's name, or run in another namespace
         elif isinstance(obj, type):
             fn = getattr(sys_modules.get(obj.__module__), "__file__", None) or ""
+            if origins is not None:  # a class is its functions': all from that file, and some
+                funcs = [f for f in map(func_of, list(vars(obj).values())) if hasattr(f, "__code__")]
+                if not funcs or any(origins.func_agents(f) for f in funcs):
+                    return False
         else:
             return False
         if not os.path.isabs(fn) or fn.startswith(repo):
@@ -175,11 +188,14 @@ def changed_since(snap, sys_modules, repo, started_ns):
     return changed
 
 
-def place_of(func, repo):
+def place_of(func, repo, origins=None):
     """`hook:relative/file.py` for code in the repository, `hook:<generated>` for code that
-    claims no real file; None for anything else (pytest, installed plugins)."""
+    claims no real file, or (with `origins`) one it was not compiled from; None for anything
+    else (pytest, installed plugins)."""
     code = getattr(func, "__code__", None) or getattr(func, "f_code", None)
     fn = code.co_filename if code else ""
+    if code is not None and origins is not None and not fn.startswith(repo) and origins.agents(code):
+        return "<generated>"
     if fn.startswith(repo):
         return fn[len(repo) :] if not fn.endswith("/conftest.py") else None
     if code is not None and not fn.startswith("<frozen") and (fn.startswith("<") or not os.path.exists(fn)):
@@ -187,7 +203,7 @@ def place_of(func, repo):
     return None
 
 
-def foreign_hooks(pm, repo, registered_from):
+def foreign_hooks(pm, repo, registered_from, origins=None):
     """Every hook implementation that package code (not a conftest) registered:
     {"hook", "file", "object"}; `object` when the plugin is not a module (pytest registers
     the modules a conftest's `pytest_plugins` names; an object is registered by code)."""
@@ -196,7 +212,7 @@ def foreign_hooks(pm, repo, registered_from):
         caller = getattr(pm.hook, name, None)
         if name.startswith("pytest_") and hasattr(caller, "get_hookimpls"):
             for impl in caller.get_hookimpls():
-                where = place_of(impl.function, repo)
+                where = place_of(impl.function, repo, origins)
                 if where:
                     is_obj = type(impl.plugin).__name__ != "module"
                     found[(name, where)] = {
@@ -208,7 +224,7 @@ def foreign_hooks(pm, repo, registered_from):
     return [found[k] for k in sorted(found)]
 
 
-def import_hooks(meta_path, path_hooks, repo):
+def import_hooks(meta_path, path_hooks, repo, origins=None):
     """Import finders/hooks defined in the repository or in generated code (they can rewrite
     test modules as pytest imports them)."""
     found = set()
@@ -217,7 +233,7 @@ def import_hooks(meta_path, path_hooks, repo):
         funcs = [hook] if hasattr(hook, "__code__") else []
         funcs += [getattr(owner, a, None) for a in ("find_spec", "find_module", "exec_module", "__call__", "__init__")]
         for func in funcs:
-            where = place_of(func_of(func), repo) if func is not None else None
+            where = place_of(func_of(func), repo, origins) if func is not None else None
             if where:
                 found.add("%s:%s" % (getattr(owner, "__name__", "?"), where))
     return sorted(found)

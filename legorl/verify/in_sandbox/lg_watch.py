@@ -10,7 +10,10 @@ imports legorl.
 import os
 
 from lg_compiles import code_digest
+from lg_names import Names
+from lg_origin import Origins
 from lg_snapshot import func_of
+from lg_values import Values
 
 # Interpreter events through which code can change how tests run or are judged without
 # replacing anything the snapshot holds: hooks that run on every call, code objects
@@ -46,58 +49,95 @@ class Watch:
     runs can be the test file's own code, and leaves in `pending` the digests of that code
     for the supervisor to find in its fresh compile of the file (`FreshCompiles`)."""
 
-    def __init__(self, repo, agent_files, test_files, started_ns, getframe):
+    def __init__(self, repo, agent_files, test_files, started_ns, getframe, transforms=None):
+        import _thread
+
         self.repo = repo
         self.agent = {repo + p for p in agent_files}
         self.tests = {repo + p for p in test_files}
         self.started_ns = started_ns
         self.getframe = getframe
-        self.known = {}
         self.events = []
         self.busy = False
         self.pending = []  # (file, digest) of the code the last `provenance` vouched for, to be checked
         self.digest = code_digest  # bound before any repository code runs
+        self.origins = Origins(repo, self.agent, self.tests, started_ns, transforms)
+        self.values = Values(self.origins, self.test_words)
+        self.names = Names(repo)
+        self.words = None
+        self.threads = {}  # thread id -> the agent's file that started it (while it runs)
+        self.get_ident = _thread.get_ident
 
     def is_agents(self, fn):
-        """Is code from file `fn` the agent's (changed, added or written during the run, or generated)?"""
-        r = self.known.get(fn)
-        if r is None:
-            if fn.startswith("<"):
-                r = not fn.startswith("<frozen")
-            elif fn in self.agent:
-                r = True
-            elif fn.startswith(self.repo) and fn not in self.tests:
-                try:
-                    r = os.stat(fn).st_ctime_ns >= self.started_ns
-                except OSError:
-                    r = True  # code from a file that is gone
-            else:
-                r = False
-            self.known[fn] = r
-        return r
+        """Is code from file `fn` the agent's, by its name alone (changed, added or written
+        during the run, or made up)? Where there is a code object, `origins.agents` decides."""
+        return self.origins.file_is_agents(fn)
+
+    def rel(self, fn):
+        return fn[len(self.repo) :] if fn.startswith(self.repo) else fn
 
     def who(self, frame):
         """The agent's file responsible for what `frame` is doing, or None: the innermost
-        frame of the repository (or of generated code) decides; the standard library,
-        installed packages and pytest in between are only the means."""
+        frame of the repository, of generated code or of code that claims a file it was not
+        compiled from decides; the standard library, installed packages and pytest in between
+        are only the means. A thread the agent's code started is the agent's throughout."""
         f, depth = frame, 0
         while f is not None and depth < 200:
-            fn = f.f_code.co_filename
+            code = f.f_code
+            fn = code.co_filename
             if fn.startswith("<") and not fn.startswith("<frozen"):
-                origin = f.f_globals.get("__file__") or ""
-                if not origin.startswith(self.repo) and origin:
-                    f, depth = f.f_back, depth + 1
-                    continue
-                return fn if not origin or self.is_agents(origin) else None
-            if fn.startswith(self.repo):
-                return fn[len(self.repo) :] if self.is_agents(fn) else None
+                owner = self.origins.generated_owner(f.f_globals)
+                if owner is None or self.is_agents(owner):
+                    return self.rel(owner) if owner else fn
+                if owner.startswith(self.repo):
+                    return None
+            elif fn.startswith(self.repo) and self.origins.file_kind(fn) == "tests":
+                return None
+            elif self.origins.agents(code):
+                return self.rel(fn)
+            elif fn.startswith(self.repo):
+                return None
             f, depth = f.f_back, depth + 1
-        return None
+        return self.threads.get(self.get_ident())
 
     def install(self):
         import sys as _sys
 
         _sys.addaudithook(self.audit)
+
+    def wrap_threads(self):
+        """Threads started by the agent's code carry that attribution (`who`): the functions
+        that start threads are wrapped, before the snapshot (which then watches them)."""
+        import _thread
+        import threading
+
+        watch, getframe = self, self.getframe
+        starters = (
+            (_thread, ("start_new_thread", "start_joinable_thread")),
+            (threading, ("_start_new_thread", "_start_joinable_thread")),
+        )
+        for mod, names in starters:
+            for name in names:
+                real = vars(mod).get(name)
+                if real is None:
+                    continue
+
+                def start(function, *a, _real=real, **kw):
+                    where = watch.who(getframe(1))
+                    if where:
+                        inner = function
+
+                        def function(*fa, **fkw):
+                            me = watch.get_ident()
+                            watch.threads[me] = where
+                            try:
+                                return inner(*fa, **fkw)
+                            finally:
+                                watch.threads.pop(me, None)
+
+                    return _real(function, *a, **kw)
+
+                setattr(mod, name, start)
 
     def audit(self, event, args):
         if self.busy or event not in AUDITED and not event.startswith("ctypes."):
@@ -125,7 +165,7 @@ class Watch:
             target = args[0]
             code = getattr(target, "__code__", None)
             if code is not None:  # a function: the agent's own are its business
-                return not self.is_agents(code.co_filename)
+                return not self.origins.agents(code)
             mod = getattr(type(target), "__module__", "") or ""
             return (
                 getattr(target, "__file__", None) in self.tests
@@ -166,7 +206,7 @@ class Watch:
         if code is None:
             return "not_a_function"
         fn = code.co_filename
-        if not fn.startswith(self.repo) or self.is_agents(fn):
+        if not fn.startswith(self.repo) or self.origins.agents(code):
             return "foreign_code"
         pending = [(fn[len(self.repo) :], self.digest(code))]  # the supervisor compares with its fresh compile
         if code.co_name != name and "<locals>" not in getattr(code, "co_qualname", ""):
@@ -179,7 +219,7 @@ class Watch:
             return "foreign_globals"
         for w in wrappers:
             wc = getattr(func_of(w), "__code__", None) or getattr(getattr(type(w), "__call__", None), "__code__", None)  # noqa: B004 - the class attribute, as Python calls it
-            if wc is None or self.is_agents(wc.co_filename):
+            if wc is None or self.origins.agents(wc):
                 return "foreign_wrapper"
             # A decorator's wrapper takes whatever the test takes and closes over what it wraps
             # (mock.patch, contextlib, hypothesis, override_settings): a library function given a
@@ -220,7 +260,7 @@ class Watch:
                 while hops < 8 and isinstance(getattr(f, "__dict__", None), dict) and "__wrapped__" in vars(f):
                     f, hops = vars(f)["__wrapped__"], hops + 1  # through decorators (contextmanager, wraps)
                 code = getattr(func_of(f), "__code__", None)
-                if code is None or not self.is_agents(code.co_filename):
+                if code is None or not self.origins.func_agents(func_of(f)):
                     continue
                 body = code.co_filename == own_file and getattr(code, "co_qualname", "").startswith(
                     klass.__qualname__ + "."
@@ -229,7 +269,7 @@ class Watch:
                     bad.append("%s.%s" % (klass.__name__, name))
         for name, val in list(vars(inst).items()) if inst is not None else ():
             code = getattr(func_of(val), "__code__", None)
-            if code is not None and callable(val) and self.is_agents(code.co_filename):
+            if code is not None and callable(val) and self.origins.func_agents(func_of(val)):
                 bad.append("instance.%s" % name)
         return bad[:10]
 
@@ -252,28 +292,50 @@ class Watch:
         return "ok"
 
     def probe(self, value):
-        """`value`, noting an equality forgery: an object whose `__eq__` (or `__ne__`) is the
-        agent's code and which claims to equal a fresh object of a class nobody has seen (an
-        honest `__eq__` never does: "always equal" return values make `assert f(x) == y` pass
-        with the bug still there)."""
-        t = type(value)
-        if t in _PLAIN:
-            return value
+        """`value`, noting an equality forgery: a value whose type lies to comparisons
+        (`lg_values`: judged by its type's origin, then by questions no honest value says
+        yes to). The comparison itself is left to the test."""
+        if type(value) in _PLAIN:
+            if type(value) not in _CONTAINERS:
+                return value
         try:
-            for name, lie in (("__eq__", True), ("__ne__", False)):
-                code = getattr(getattr(t, name, None), "__code__", None)
-                if code is not None and self.is_agents(code.co_filename):
-                    if bool(value == _Nobody()) if lie else not (value != _Nobody()):
-                        where = code.co_filename
-                        note = "equality_forged:%s" % (
-                            where[len(self.repo) :] if where.startswith(self.repo) else where
-                        )
-                        if note not in self.events and len(self.events) < 50:
-                            self.events.append(note)
-                        break
+            where = self.values.liar(value)
+            if where:
+                self.note("equality_forged:%s" % self.rel(where))
         except Exception:
             pass
         return value
+
+    def note(self, event):
+        if event not in self.events and len(self.events) < 50:
+            self.events.append(event)
+
+    def test_globals(self, module, path):
+        """Notes (and returns) the names of a test module that code other than the test's bound (`lg_names`)."""
+        try:
+            bad = self.names.tampered(module, path)
+        except Exception:
+            bad = []
+        for name in bad:
+            self.note("test_globals:%s:%s" % (self.rel(path), name))
+        return bad
+
+    def test_words(self):
+        """The names the task's test files use (an honest wildcard, `mock.ANY`, is one they name)."""
+        if self.words is None:
+            import ast
+
+            words = set()
+            for p in self.tests:
+                try:
+                    with open(p, "rb") as f:
+                        tree = ast.parse(f.read(), p)
+                except Exception:
+                    continue
+                for n in ast.walk(tree):
+                    words.add(getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "name", None))
+            self.words = words
+        return self.words
 
     def hooks_now(self, threading_mod):
         """The interpreter-wide hooks active right now that are the agent's code."""
@@ -291,33 +353,32 @@ class Watch:
             target = hook if hasattr(hook, "__code__") else getattr(type(hook), "__call__", None)  # noqa: B004
             code = getattr(func_of(target), "__code__", None)
             fn = code.co_filename if code is not None else "<unknown>"
-            out.append("%s:%s" % (kind, fn[len(self.repo) :] if fn.startswith(self.repo) else fn))
+            if code is not None and not fn.startswith(("<", self.repo)) and self.origins.agents(code):
+                fn = "<claims %s>" % fn  # run-time code under an installed file's name
+            out.append("%s:%s" % (kind, self.rel(fn)))
         return out
 
 
-class _Nobody:
-    """A fresh object of a class no code under test knows: nothing honest equals it."""
-
-    __slots__ = ()
-
-
 _PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset})
+_CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
 
 
 def origin_of(exc, watch, test_file):
     """Where a skip or xfail was raised: "test" (the test file, a conftest, the task's test
-    files), "agent" (code the agent wrote) or "package" (other repository code, a library)."""
+    files), "agent" (code the agent wrote, or made at run time under any name) or "package"
+    (other repository code, a library)."""
     tb, last = exc.__traceback__, None
     while tb is not None:
-        fn = tb.tb_frame.f_code.co_filename
+        code = tb.tb_frame.f_code
         mod = tb.tb_frame.f_globals.get("__name__", "") or ""
-        if mod.split(".")[0] not in MACHINERY:
-            last = fn
+        if mod.split(".")[0] not in MACHINERY or watch.origins.agents(code):
+            last = code
         tb = tb.tb_next
     if last is None:
         return "package"
-    if last == test_file or last in watch.tests or last.endswith("/conftest.py"):
+    fn = last.co_filename
+    if fn == test_file or fn in watch.tests or (fn.endswith("/conftest.py") and not watch.origins.agents(last)):
         return "test"
-    if last.startswith("<") or watch.is_agents(last):
+    if fn.startswith("<") and not fn.startswith("<frozen") or watch.origins.agents(last):
         return "agent"
     return "package"

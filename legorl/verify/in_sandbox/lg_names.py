@@ -1,0 +1,181 @@
+"""The names a test module's code loads, and who bound them.
+
+A test module imports the package, so package code can write into the module's namespace:
+shadow the equality probe (`__lg_probe__`, looked up in the module's globals before the
+builtins), rebind `pytest` or `approx` to stand-ins, or the imported function under test to a
+correct one. What the module's own code binds is read from its source (`bindings`): names it
+imports, defines and assigns at top level, or declares `global` in a function. At each test,
+`tampered(module, path)` compares the namespace with that:
+- the probe's name, or `__builtins__` that is not the interpreter's, in the module;
+- a name the source never binds (a builtin shadowed, something added);
+- a name bound by `import X` that is not the module `X` now; by `from X import a` that is not
+  `X.a` now, for a callable, class or module (data may be updated by the module itself);
+- a function or class the file defines that is no longer its own;
+- a callable, class or module rebound since the module's first test, where the source does
+  not declare that name `global` anywhere.
+Files that write their own namespace dynamically (`globals()`, `exec`, a star import) are
+checked for the probe's name and their imports only.
+
+Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
+them, copied into the grading sandbox together): stdlib only, run by the image's Python, never
+imports legorl.
+"""
+
+import os
+import sys
+
+DYNAMIC = ("globals()", "vars()", "exec(", "setattr(sys.modules", "import *", "__dict__[")
+MODULE_ATTRS = frozenset(
+    {"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__file__", "__cached__", "__builtins__"}
+)
+MODULE_ATTRS |= {"__annotations__", "__warningregistry__", "__path__", "__all__"}
+
+
+def bindings(src, path):
+    """(binds, dynamic): {name: [(kind, detail)]} of what the module's source binds at top level
+    (kinds "import", "from", "def", "class", "assign", "global"), and whether it writes its
+    namespace in ways the source does not show."""
+    import ast
+
+    tree = ast.parse(src, path)
+    binds = {}
+
+    def add(name, kind, detail=None):
+        binds.setdefault(name, []).append((kind, detail))
+
+    def targets(node):
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                add(n.id, "assign")
+
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(a.asname or a.name.split(".")[0], "import", a.name if a.asname else a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                add(a.asname or a.name, "from", (node.module, a.name, node.level))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            kind = "class" if isinstance(node, ast.ClassDef) else "def"
+            add(node.name, kind if not node.decorator_list else "decorated")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.With)):
+            for t in getattr(node, "targets", None) or [getattr(node, "target", None)]:
+                if t is not None:
+                    targets(t)
+            for item in getattr(node, "items", ()):
+                if item.optional_vars is not None:
+                    targets(item.optional_vars)
+        if isinstance(node, (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(getattr(node, field, None) or [])
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            add(node.name, "assign")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for n in ast.walk(node):
+                if isinstance(n, ast.NamedExpr):
+                    add(n.target.id, "assign")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Global):
+            for name in n.names:
+                add(name, "global")
+    text = src.decode("utf-8", "replace") if isinstance(src, bytes) else src
+    return binds, any(d in text for d in DYNAMIC)
+
+
+class Names:
+    """`tampered(module, path)`: the names of a test module that code other than the test's
+    has bound (see the module's docstring), at most a few."""
+
+    def __init__(self, repo):
+        import builtins
+
+        self.repo, self.builtins = repo, builtins
+        self.sources = {}  # path -> (binds, dynamic) | None
+        self.first = {}  # id(module dict) -> (dict, {name: value} at its first test)
+
+    def tampered(self, module, path):
+        g = getattr(module, "__dict__", None) if module is not None else None
+        if not isinstance(g, dict):
+            return []
+        return self.check(g, path)
+
+    def check(self, g, path):
+        if path not in self.sources:
+            try:
+                with open(path, "rb") as f:
+                    self.sources[path] = bindings(f.read(), path)
+            except Exception:
+                self.sources[path] = None
+        src = self.sources[path]
+        bad = []
+        if "__lg_probe__" in g:
+            bad.append("__lg_probe__")
+        b = g.get("__builtins__")
+        if b is not None and b is not self.builtins and b is not vars(self.builtins):
+            bad.append("__builtins__")
+        if src is None:
+            return bad
+        binds, dynamic = src
+        first = self.first.get(id(g))
+        if first is None or first[0] is not g:
+            first = self.first[id(g)] = (g, dict(g))
+        for name, val in list(g.items()):
+            if name in MODULE_ATTRS or name.startswith("@") or name == "__lg_probe__":
+                continue
+            if getattr(type(val), "__module__", None) == "unittest.mock":
+                continue  # a test's own mock.patch of its names (the probe judges what is compared)
+            kinds = binds.get(name)
+            if kinds is None:
+                if not dynamic:
+                    bad.append(name)
+                continue
+            if len(kinds) == 1 and not self.as_bound(kinds[0], name, val, g, path, dynamic):
+                bad.append(name)
+            elif (
+                not dynamic
+                and ("global", None) not in kinds
+                and val is not first[1].get(name, val)
+                and (callable(val) or isinstance(val, type(sys)))
+                and not self.own(val, g, path)
+            ):
+                bad.append(name)
+        return bad[:5]
+
+    def as_bound(self, kind_detail, name, val, g, path, dynamic):
+        """Is `val` what the source's one binding of `name` makes?"""
+        kind, detail = kind_detail
+        if kind == "import":
+            mod = sys.modules.get(detail)
+            return mod is None or val is mod
+        if kind == "from":
+            module, attr, level = detail
+            if level or not module:
+                return True
+            mod = sys.modules.get(module)
+            if mod is None or not (callable(val) or isinstance(val, type(sys))):
+                return True
+            real = getattr(mod, attr, None)
+            if real is None:
+                real = sys.modules.get(module + "." + attr)
+            return real is None or val is real
+        if dynamic:
+            return True
+        if kind == "def":
+            code = getattr(val, "__code__", None)
+            return code is not None and same_file(code.co_filename, path)  # (or another of its functions)
+        if kind == "class":
+            return isinstance(val, type) and val.__qualname__ == name and val.__module__ == g.get("__name__")
+        return True
+
+    def own(self, val, g, path):
+        """Is `val` the test file's own (a function compiled from it, a class defined in it)?"""
+        code = getattr(val, "__code__", None)
+        if code is not None:
+            return same_file(code.co_filename, path)
+        return isinstance(val, type) and val.__module__ == g.get("__name__")
+
+
+def same_file(a, b):
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
