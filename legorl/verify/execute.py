@@ -5,10 +5,11 @@ the supervised runner: `pytest_plan.py` + `in_sandbox/pytest_main.py` for pytest
 `in_sandbox/native_main.py` for Django's and SymPy's own runners. What comes back is read, not
 judged: the supervisor's nonce-tagged summary line, and the JUnit report (pytest) or the
 runner's log as the official SWE-bench parser reads it (native). Stage 5 (`judge.py`)
-decides from them. A supervisor that says it could not even prepare the run is a
-`GraderFault`, but only claimed: the signs it is read from (no summary, an exit status, a
-marker in stderr) are the code under test's to forge, so `grade()` confirms it with an
-empty-diff control (`runner_fault`). The official log parser is fed defensively: a line it
+decides from them. A supervisor that says, in a line tagged with the nonce before the go,
+that it could not even prepare the run is a `GraderFault`, claimed and confirmed by an
+empty-diff control (`runner_fault`); no summary after the go is the code under test's doing.
+A large summary comes in a file the tagged line names (the output cap is 1 MB). The official
+log parser is fed defensively: a line it
 crashes on (one bare `FAIL:` printed by package code) is skipped and kept as evidence, and
 a crash that remains is a claimed fault like the runner's (`parser_fault`).
 """
@@ -16,6 +17,7 @@ a crash that remains is a claimed fault like the runner's (`parser_fault`).
 from __future__ import annotations
 
 import hashlib
+import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from legorl.verify.attempt import Attempt, GraderFault, exec_step
 from legorl.verify.junit import ReportError, TestStatus, parse_junit
 from legorl.verify.native import plan_native
 from legorl.verify.prepare import Workspace
-from legorl.verify.pytest_plan import SETUP_FAILED, RunnerPlan, parse_summary, plan_run
+from legorl.verify.pytest_plan import RunnerPlan, parse_summary, plan_run, tagged_lines
 from legorl.verify.selection import Selection, guarded_files
 from legorl.verify.test_cmd import NativeCommand
 
@@ -83,7 +85,7 @@ async def _execute_pytest(sb: Sandbox, a: Attempt, sel: Selection, ws: Workspace
     dirs = {plan.work_dir} | ({plan.canary_path.rsplit("/", 1)[0]} if plan.canary_source else set())
     run = await _run(sb, a, plan.command, plan.files, dirs)
     _record(a, run, (run.stderr[-3000:] + ("\n" + _untagged(run.stdout, plan.nonce)[-1500:])).strip())
-    summary, tags = _summary(run, plan.nonce)
+    summary, tags = await _summary(sb, a, run, plan.nonce)
     report: dict[str, TestStatus] | None = None
     sha: str | None = None
     try:
@@ -128,7 +130,7 @@ async def _execute_native(
     a.ev["runner"] = cmd.runner
     run = await _run(sb, a, plan.command, plan.files, {plan.work_dir})
     _record(a, run, run.stderr[-3000:].strip())
-    summary, tags = _summary(run, plan.nonce)
+    summary, tags = await _summary(sb, a, run, plan.nonce)
     log, sha = "", None
     try:
         data = await sb.read_file(plan.log_path)
@@ -200,13 +202,32 @@ def _record(a: Attempt, run: ExecResult, output: str) -> None:
         a.flags.append("resource_exhausted")
 
 
-def _summary(run: ExecResult, nonce: str) -> tuple[dict[str, Any] | None, int]:
-    """The supervisor's summary; a claimed GraderFault (`runner_fault`, confirmed by the
-    control) when the run looks like the supervisor could not prepare it."""
-    summary, tags = parse_summary(run.stdout, nonce)
-    if summary is None and run.exit_code == SETUP_FAILED and "legorl-supervisor:" in run.stderr:
-        raise GraderFault("runner", run.stderr.strip()[-800:])
-    return summary, tags
+async def _summary(sb: Sandbox, a: Attempt, run: ExecResult, nonce: str) -> tuple[dict[str, Any] | None, int]:
+    """The supervisor's summary: its one tagged line, or the file that line names (a large
+    summary, checked against the sha256 the line carries). A claimed GraderFault
+    (`runner_fault`, confirmed by the control) only when the supervisor said, in a line tagged
+    before any code under test ran, that it could not prepare the run: an exit status and a
+    message on stderr are the code under test's to forge, and a summary that does not parse
+    after the go is its doing (a run without a summary scores 0)."""
+    found = tagged_lines(run.stdout, nonce)
+    if len(found) == 1 and found[0].startswith("setup-failed "):
+        raise GraderFault("runner", found[0][len("setup-failed ") :][:800])
+    if len(found) == 1 and found[0].startswith("file "):
+        _, sha, path = (found[0].split(" ", 2) + ["", ""])[:3]
+        try:
+            data = await sb.read_file(path)
+        except OSError as exc:
+            a.ev["summary_file"] = f"unreadable: {exc}"
+            return None, 1
+        if hashlib.sha256(data).hexdigest() != sha:
+            a.ev["summary_file"] = "does not match the tagged line"
+            return None, 1
+        try:
+            got = json.loads(data)
+        except ValueError:
+            return None, 1
+        return (got if isinstance(got, dict) else None), 1
+    return parse_summary(run.stdout, nonce)
 
 
 def django_aliases(parsed: dict[str, str], wanted: list[str]) -> dict[str, str]:

@@ -137,6 +137,7 @@ def plan_native(
             "args": cmd.args,
             "warnings": cmd.warnings,
             "log": f"{work}/test.log",
+            "summary": f"{work}/{secrets.token_hex(8)}.json",  # a large summary goes here (`write_summary`)
             "nonce": nonce,
             "key": key,
             "plant": plant,

@@ -152,6 +152,7 @@ def plan_run(
             "args": full_args,
             "junit": junit,
             "log": f"{work}/out.log",
+            "summary": f"{work}/{secrets.token_hex(8)}.json",  # a large summary goes here (`write_summary`)
             "nonce": nonce,
             "key": key,
             "plant": c.plant,
@@ -235,13 +236,20 @@ def _canaries(repo_root: str, plant_in: str | None, like: list[str]) -> _Canarie
     )
 
 
+def tagged_lines(stdout: str, nonce: str) -> list[str]:
+    """What follows the nonce on each line of the supervisor's stdout that carries it."""
+    return [ln[len(nonce) + 1 :] for ln in stdout.splitlines() if ln.startswith(nonce + " ")]
+
+
 def parse_summary(stdout: str, nonce: str) -> tuple[dict | None, int]:
     """The supervisor's summary from its stdout, and how many lines carried the tag.
 
     Exactly one tagged line is trusted; none (the run died) or several (someone learned the
-    tag) is evidence, not a result.
+    tag) is evidence, not a result. A summary the supervisor wrote to a file (`file SHA PATH`:
+    a large one) or a setup failure (`setup-failed MESSAGE`) is not one here; `execute` reads
+    those.
     """
-    found = [ln[len(nonce) + 1 :] for ln in stdout.splitlines() if ln.startswith(nonce + " ")]
+    found = tagged_lines(stdout, nonce)
     if len(found) != 1:
         return None, len(found)
     try:

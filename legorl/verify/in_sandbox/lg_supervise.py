@@ -18,6 +18,7 @@ from lg_canaries import plant
 
 SETUP_FAILED = 86  # exit status when the supervisor itself could not prepare the run (before any repository code)
 GRACE_S = 0.5  # how long pipes are drained after the child exits and its strays are killed
+INLINE_MAX = 256 << 10  # a larger summary goes to a file (the sandbox cuts a command's output at 1 MB)
 
 
 def child_stdio(log_fd):
@@ -146,12 +147,37 @@ def verified_records(data, key):
     return records, bad
 
 
-def plant_or_stop(pid, spec):
-    """The canaries planted (their ids), or the child killed and the run stopped as not prepared."""
+def plant_or_stop(pid, spec, nonce):
+    """The canaries planted (their ids), or the child killed and the run stopped as not prepared.
+
+    The failure is announced in a line tagged with the nonce, written before the go: the code
+    under test has not run yet, and never learns the nonce, so it cannot claim a failure of
+    ours (an exit status and a message on stderr it can forge)."""
     try:
         return plant(spec) if spec else None
     except (LookupError, OSError, UnicodeDecodeError) as exc:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
         sys.stderr.write("legorl-supervisor: %s\n" % exc)
+        sys.stdout.write("\n%s setup-failed %s\n" % (nonce, json.dumps(str(exc)[:500])))
+        sys.stdout.flush()
         os._exit(SETUP_FAILED)
+
+
+def write_summary(nonce, summary, path):
+    """The one tagged summary line on stdout: the summary itself, or, when it is large (a task
+    with thousands of tests, or strings the code under test inflated), the sha256 of the file
+    `path` it is written to (outside the child's reach: it never learns the path), which the
+    host reads. Either way it survives the sandbox's output cap."""
+    import hashlib
+
+    text = json.dumps(summary, sort_keys=True)
+    if len(text) <= INLINE_MAX or not path:
+        line = text
+    else:
+        data = text.encode()
+        with open(path, "wb") as f:
+            f.write(data)
+        line = "file %s %s" % (hashlib.sha256(data).hexdigest(), path)
+    sys.stdout.write("\n%s %s\n" % (nonce, line))
+    sys.stdout.flush()

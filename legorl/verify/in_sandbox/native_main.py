@@ -35,7 +35,16 @@ from lg_compiles import FreshCompiles
 from lg_native_recorder import record_sympy, record_unittest, sender
 from lg_probes import probe_comparisons
 from lg_snapshot import WATCH_ATTRS, WATCH_MODULES, changed_since, digests, snapshot
-from lg_supervise import SETUP_FAILED, child_stdio, collect, plant_or_stop, subreaper, undumpable, verified_records
+from lg_supervise import (
+    SETUP_FAILED,
+    child_stdio,
+    collect,
+    plant_or_stop,
+    subreaper,
+    undumpable,
+    verified_records,
+    write_summary,
+)
 from lg_watch import Watch
 
 del sys.path[0]  # and off it again: the code under test sees the path `python -I` made
@@ -60,6 +69,7 @@ def child(cfg, key, rec_w, log_w, go_r):
         wrappers, owner = record_unittest(watch, send)
     else:  # sympy
         wrappers, owner = record_sympy(watch, send, repo, {repo + p for p in cfg["test_files"]})
+    watch.wrap_threads()
     snap = snapshot(sys.modules, NATIVE_MODULES, NATIVE_ATTRS)
     watch.install()  # after the snapshot, before any repository code
     set_warnings(cfg.get("warnings", []))
@@ -76,7 +86,7 @@ def child(cfg, key, rec_w, log_w, go_r):
 
         send(
             "end",
-            changed=changed_since(snap, sys.modules, repo, started_ns) + own_changes(),
+            changed=changed_since(snap, sys.modules, repo, started_ns, watch.origins) + own_changes(),
             hooks=watch.hooks_now(threading),
             events=list(watch.events),
             exitstatus=code,
@@ -139,6 +149,7 @@ def main():
         cfg = json.load(f)
     os.unlink(cfg_path)
     nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
+    summary_path = cfg.pop("summary", None)  # like the nonce, never the child's to know
     spec = cfg.pop("plant")
     wanted = set(cfg.pop("wanted", None) or ())
     rec_r, rec_w = os.pipe()
@@ -147,7 +158,7 @@ def main():
     pid = os.fork()
     if pid == 0:
         try:
-            nonce = wanted = None  # noqa: F841
+            nonce = wanted = summary_path = None  # noqa: F841
             for fd in (rec_r, log_r, go_w):
                 os.close(fd)
             child(cfg, key, rec_w, log_w, go_r)
@@ -158,7 +169,7 @@ def main():
     subreaper()
     undumpable()
     guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
-    canaries = plant_or_stop(pid, spec)
+    canaries = plant_or_stop(pid, spec, nonce)
     if canaries and spec.get("ids"):  # the runner's own names for the planted tests
         canaries = {k: spec["ids"][k].replace("{name}", canaries[k].split("::", 1)[1]) for k in ("pass", "fail")}
     guarded = digests(guard)
@@ -190,8 +201,7 @@ def main():
     }
     sys.stderr.write(log[-4000:].decode("utf-8", "replace"))
     sys.stderr.flush()
-    sys.stdout.write("\n%s %s\n" % (nonce, json.dumps(summary, sort_keys=True)))
-    sys.stdout.flush()
+    write_summary(nonce, summary, summary_path)
     code = summary["exit"]
     os._exit(code if 0 <= code < 256 else 128 + (-code % 128))
 

@@ -41,7 +41,16 @@ from lg_compiles import FreshCompiles, pytest_likely, pytest_transforms
 from lg_probes import probe_assert_equal, probe_rewrites
 from lg_recorder import kinds, make_recorder, sender, test_observers
 from lg_snapshot import changed_since, digests, snapshot
-from lg_supervise import SETUP_FAILED, child_stdio, collect, plant_or_stop, subreaper, undumpable, verified_records
+from lg_supervise import (
+    SETUP_FAILED,
+    child_stdio,
+    collect,
+    plant_or_stop,
+    subreaper,
+    undumpable,
+    verified_records,
+    write_summary,
+)
 from lg_watch import Watch
 
 del sys.path[0]  # and off it again: the code under test sees the path `python -I` made
@@ -64,7 +73,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     import pytest
 
     repo = cfg["repo"].rstrip("/") + "/"
-    watch = Watch(repo, cfg.get("agent_files", []), cfg.get("test_files", []), started_ns, sys._getframe)
+    transforms = pytest_transforms()  # how pytest may have compiled a module, before the probe joins its rewrite
+    watch = Watch(repo, cfg.get("agent_files", []), cfg.get("test_files", []), started_ns, sys._getframe, transforms)
     probe_rewrites(watch)
     kind_of = kinds(_pytest.outcomes.Skipped, _pytest.outcomes.XFailed, unittest.case.SkipTest)
     extras = {}  # nodeid -> what the recorder saw besides outcomes (provenance, skip origin, markers)
@@ -73,6 +83,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     innermost, call_test_method = test_observers(watch, extras, current, box, kind_of)
     unittest.case.TestCase._callTestMethod = call_test_method
     probe_assert_equal(unittest.case.TestCase, watch)
+    watch.wrap_threads()
     snap = snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
     send = sender(key, rec_w)
@@ -88,7 +99,8 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
         "gettrace": sys.gettrace,
         "function_cls": _pytest.python.Function,
     }
-    recorder, own_changes = make_recorder(ctx, lambda: changed_since(snap, sys.modules, repo, started_ns))
+    machinery_changed = lambda: changed_since(snap, sys.modules, repo, started_ns, watch.origins)  # noqa: E731
+    recorder, own_changes = make_recorder(ctx, machinery_changed)
     box[0] = recorder
     if os.read(go_r, 1) != b"1":  # the supervisor could not prepare the run
         _exit(SETUP_FAILED)
@@ -137,6 +149,7 @@ def main():
         cfg = json.load(f)
     os.unlink(cfg_path)
     nonce, key = cfg.pop("nonce"), bytes.fromhex(cfg.pop("key"))
+    summary_path = cfg.pop("summary", None)  # like the nonce, never the child's to know
     spec = cfg.pop("plant")
     wanted = set(cfg.pop("wanted", None) or ())  # the task's tests: only theirs go in the summary
     rec_r, rec_w = os.pipe()
@@ -153,7 +166,7 @@ def main():
     pid = os.fork()
     if pid == 0:
         try:
-            nonce = wanted = None  # noqa: F841  (the child must learn neither the tag nor the task's tests)
+            nonce = wanted = summary_path = None  # noqa: F841  (the child must learn neither the tag nor the task's tests)
             for fd in (rec_r, junit_r, go_w):
                 os.close(fd)
             child(cfg, key, rec_w, junit_w, log_fd, go_r)
@@ -167,7 +180,7 @@ def main():
     subreaper()
     undumpable()
     guard = [cfg["repo"].rstrip("/") + "/" + p for p in cfg.get("guard", [])]
-    canaries = plant_or_stop(pid, spec)
+    canaries = plant_or_stop(pid, spec, nonce)
     guarded = digests(guard)
     os.write(go_w, b"1")
     os.close(go_w)
@@ -198,7 +211,7 @@ def main():
         "neighbours": neighbours,
         "tests_changed": tests_changed,
     }
-    report(cfg["log"], nonce, summary)
+    report(cfg["log"], nonce, summary, summary_path)
 
 
 def kept_records(records, wanted, canaries):
@@ -213,9 +226,9 @@ def kept_records(records, wanted, canaries):
     return [r for r in records if r.get("k") != "test" or r["id"] in keep], neighbours
 
 
-def report(log_path, nonce, summary):
+def report(log_path, nonce, summary, summary_path):
     """The tail of the child's output on stderr (evidence only), the one tagged summary line
-    on stdout, and the child's exit status as ours; never returns."""
+    on stdout (`write_summary`), and the child's exit status as ours; never returns."""
     try:
         with open(log_path, "rb") as f:
             f.seek(max(0, os.fstat(f.fileno()).st_size - 4000))
@@ -223,8 +236,7 @@ def report(log_path, nonce, summary):
         sys.stderr.flush()
     except OSError:
         pass
-    sys.stdout.write("\n%s %s\n" % (nonce, json.dumps(summary, sort_keys=True)))
-    sys.stdout.flush()
+    write_summary(nonce, summary, summary_path)
     code = summary["exit"]
     os._exit(code if 0 <= code < 256 else 128 + (-code % 128))
 
