@@ -19,6 +19,7 @@ from legorl.sandbox.testing import DemoRepo, demo_repo
 LONGEST_FIRST = [
     "test_loop_learns.py",
     "test_harness_e2e.py",
+    "test_loop_paper_harnesses.py",
     "test_loop_ray.py",
     "test_loop_bad_input.py",
     "test_tasks_validate.py",
