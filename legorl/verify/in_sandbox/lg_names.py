@@ -43,11 +43,7 @@ def bindings(src, path):
     def add(name, kind, detail=None):
         binds.setdefault(name, []).append((kind, detail))
 
-    def targets(node):
-        for n in ast.walk(node):
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-                add(n.id, "assign")
-
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
     todo = list(tree.body)
     while todo:
         node = todo.pop()
@@ -60,28 +56,33 @@ def bindings(src, path):
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             kind = "class" if isinstance(node, ast.ClassDef) else "def"
             add(node.name, kind if not node.decorator_list else "decorated")
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.With)):
-            for t in getattr(node, "targets", None) or [getattr(node, "target", None)]:
-                if t is not None:
-                    targets(t)
-            for item in getattr(node, "items", ()):
-                if item.optional_vars is not None:
-                    targets(item.optional_vars)
-        if isinstance(node, (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)):
-            for field in ("body", "orelse", "finalbody", "handlers"):
-                todo.extend(getattr(node, field, None) or [])
-        if isinstance(node, ast.ExceptHandler) and node.name:
+            continue
+        elif isinstance(node, ast.ExceptHandler) and node.name:
             add(node.name, "assign")
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            for n in ast.walk(node):
-                if isinstance(n, ast.NamedExpr):
-                    add(n.target.id, "assign")
+        for child in ast.iter_child_nodes(node):  # compound statements, and every name stored at top level
+            if isinstance(child, ast.stmt) or isinstance(child, ast.ExceptHandler):
+                todo.append(child)
+            elif not isinstance(child, scopes):
+                for n in walk_outside(child, scopes):
+                    if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                        add(n.id, "assign")
     for n in ast.walk(tree):
         if isinstance(n, ast.Global):
             for name in n.names:
                 add(name, "global")
     text = src.decode("utf-8", "replace") if isinstance(src, bytes) else src
     return binds, any(d in text for d in DYNAMIC)
+
+
+def walk_outside(node, scopes):
+    """`ast.walk`, not entering nested functions, classes and lambdas."""
+    import ast
+
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        yield n
+        todo.extend(c for c in ast.iter_child_nodes(n) if not isinstance(c, scopes))
 
 
 class Names:
@@ -93,22 +94,39 @@ class Names:
 
         self.repo, self.builtins = repo, builtins
         self.sources = {}  # path -> (binds, dynamic) | None
-        self.first = {}  # id(module dict) -> (dict, {name: value} at its first test)
+        self.first = {}  # id(module dict) -> (dict, {name: value}, {import-bound name: its target}) remembered
 
-    def tampered(self, module, path):
-        g = getattr(module, "__dict__", None) if module is not None else None
-        if not isinstance(g, dict):
-            return []
-        return self.check(g, path)
-
-    def check(self, g, path):
+    def source(self, path):
         if path not in self.sources:
             try:
                 with open(path, "rb") as f:
                     self.sources[path] = bindings(f.read(), path)
             except Exception:
                 self.sources[path] = None
-        src = self.sources[path]
+        return self.sources[path]
+
+    def remember(self, module, path):
+        """The module's names as they are now, and what its imports are bound to (taken when
+        collection ends, before any fixture of a test monkeypatches a module it imports from)."""
+        g = getattr(module, "__dict__", None) if module is not None else None
+        src = self.source(path)
+        if not isinstance(g, dict) or (id(g) in self.first and self.first[id(g)][0] is g):
+            return
+        made = {}
+        for name, kinds in src[0].items() if src else ():
+            if len(kinds) == 1 and kinds[0][0] in ("import", "from"):
+                made[name] = self.made(kinds[0])
+        self.first[id(g)] = (g, dict(g), made)
+
+    def tampered(self, module, path):
+        g = getattr(module, "__dict__", None) if module is not None else None
+        if not isinstance(g, dict):
+            return []
+        self.remember(module, path)
+        return self.check(g, path, self.first[id(g)])
+
+    def check(self, g, path, first):
+        src = self.source(path)
         bad = []
         if "__lg_probe__" in g:
             bad.append("__lg_probe__")
@@ -118,9 +136,7 @@ class Names:
         if src is None:
             return bad
         binds, dynamic = src
-        first = self.first.get(id(g))
-        if first is None or first[0] is not g:
-            first = self.first[id(g)] = (g, dict(g))
+        _, before, made = first
         for name, val in list(g.items()):
             if name in MODULE_ATTRS or name.startswith("@") or name == "__lg_probe__":
                 continue
@@ -131,34 +147,37 @@ class Names:
                 if not dynamic:
                     bad.append(name)
                 continue
-            if len(kinds) == 1 and not self.as_bound(kinds[0], name, val, g, path, dynamic):
+            if len(kinds) == 1 and not self.as_bound(kinds[0], name, val, g, path, dynamic, made):
                 bad.append(name)
             elif (
                 not dynamic
                 and ("global", None) not in kinds
-                and val is not first[1].get(name, val)
+                and val is not before.get(name, val)
                 and (callable(val) or isinstance(val, type(sys)))
                 and not self.own(val, g, path)
             ):
                 bad.append(name)
         return bad[:5]
 
-    def as_bound(self, kind_detail, name, val, g, path, dynamic):
-        """Is `val` what the source's one binding of `name` makes?"""
+    def made(self, kind_detail):
+        """What an import binds its name to, now (None: cannot tell)."""
         kind, detail = kind_detail
         if kind == "import":
-            mod = sys.modules.get(detail)
-            return mod is None or val is mod
-        if kind == "from":
-            module, attr, level = detail
-            if level or not module:
-                return True
-            mod = sys.modules.get(module)
-            if mod is None or not (callable(val) or isinstance(val, type(sys))):
-                return True
-            real = getattr(mod, attr, None)
-            if real is None:
-                real = sys.modules.get(module + "." + attr)
+            return sys.modules.get(detail)
+        module, attr, level = detail
+        mod = sys.modules.get(module) if module and not level else None
+        if mod is None:
+            return None
+        real = getattr(mod, attr, None)
+        return real if real is not None else sys.modules.get(module + "." + attr)
+
+    def as_bound(self, kind_detail, name, val, g, path, dynamic, made):
+        """Is `val` what the source's one binding of `name` makes?"""
+        kind, _ = kind_detail
+        if kind in ("import", "from"):
+            real = made.get(name) if made.get(name) is not None else self.made(kind_detail)
+            if kind == "from" and not (callable(val) or isinstance(val, type(sys))):
+                return True  # data may be updated by the module it came from
             return real is None or val is real
         if dynamic:
             return True

@@ -189,6 +189,13 @@ def collection_hooks(ctx):
                 n = sum(1 for m in item.iter_markers() if m.name in ("skip", "skipif", "xfail"))
                 if n:
                     self.declared[item.nodeid] = n
+                try:
+                    mod = getattr(item, "module", None)
+                    if mod is not None and id(mod) not in self.modules:  # its names before any fixture ran
+                        self.modules[id(mod)] = None
+                        ctx["watch"].names.remember(mod, str(item.path))
+                except Exception:
+                    pass
 
         def pytest_plugin_registered(self, plugin, manager):
             # Who registers a plugin: pytest for the task's conftests and `pytest_plugins`,
