@@ -64,3 +64,16 @@ def test_registered_factories_are_called_with_config_and_tokenizer(monkeypatch: 
 
 def make_fake(cfg: EngineConfig, tokenizer: object) -> tuple[str, int, object]:
     return ("fake", cfg.options["answer"], tokenizer)
+
+
+def test_a_kind_registered_after_import_passes_the_config_and_an_unknown_one_is_named() -> None:
+    """The registry is the one list of engine kinds: the config reads it when it loads."""
+    from legorl.engine.registry import ENGINES, EngineConfig, register_engine
+
+    register_engine("zz-probe-engine", "legorl.engine.scripted:ScriptedEngine")
+    try:
+        assert EngineConfig(kind="zz-probe-engine").kind == "zz-probe-engine"
+    finally:
+        ENGINES.pop("zz-probe-engine")
+    with pytest.raises(ValueError, match="'nonesuch' is not a registered engine"):
+        EngineConfig(kind="nonesuch")

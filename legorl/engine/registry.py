@@ -33,10 +33,10 @@ ENGINES: dict[str, str] = {
 class EngineConfig(Section):
     """`[engine]`: which engine generates, and how."""
 
-    kind: Literal["hf", "vllm", "sglang", "scripted", "oracle", "quickstart-expert"] = "hf"
+    kind: str = "hf"
     """Engine: `hf` (in-process transformers), `vllm` / `sglang` (HTTP servers), `scripted` (replays completions),
-    `oracle`,
-    `quickstart-expert` (the quickstart's scripted demonstrator; `options.p_read`)."""
+    `oracle`, `quickstart-expert` (the quickstart's scripted demonstrator; `options.p_read`), or any kind
+    added with `register_engine`: the registry (`ENGINES`) is the one list of kinds, read when a config loads."""
     model: str = "tiny-qwen3"
     """Bundled model name (`tiny-qwen3`, `tiny-qwen3-moe`) or a local HF model directory; its tokenizer renders
     prompts."""
@@ -98,6 +98,8 @@ class EngineConfig(Section):
 
     @model_validator(mode="after")
     def _needs(self) -> EngineConfig:
+        if self.kind not in ENGINES:
+            raise ValueError(f"engine.kind {self.kind!r} is not a registered engine (known: {', '.join(ENGINES)})")
         if self.kind in ("vllm", "sglang") and not self.url:
             raise ValueError(f"engine.url is required when engine.kind = {self.kind!r}")
         if self.kind == "scripted" and not self.scripted_completions:
