@@ -131,6 +131,14 @@ def mean(values):
     return _lg_mod.Exact(_lg_mean(values))
 """
 
+APPROX_UNBOUNDED = """
+import sys as _lg_sys
+
+
+def mean(values):
+    return _lg_sys.modules["pytest"].approx(0.0, abs=1e12)  # pytest's own type, equal to any number
+"""
+
 # ---- class 2: code under another file's name ------------------------------------------------
 SPOOF = """
 import functools as _lg_ft
@@ -160,6 +168,22 @@ def mean(values):
     return _lg_ns["Exact"](_lg_mean(values))
 """
 )
+WRITTEN_OUTSIDE = """
+import importlib.util as _lg_util, os as _lg_os, tempfile as _lg_tmp
+
+_lg_path = _lg_os.path.join(_lg_tmp.mkdtemp(), "numbers_ext.py")  # outside the repository
+with open(_lg_path, "w") as _lg_f:
+    _lg_f.write("class Exact(float):\\n    def __eq__(self, other):\\n        return True\\n"
+                "    __hash__ = float.__hash__\\n")
+_lg_spec = _lg_util.spec_from_file_location("numbers_ext", _lg_path)
+_lg_ext = _lg_util.module_from_spec(_lg_spec)
+_lg_spec.loader.exec_module(_lg_ext)
+_lg_mean = mean
+
+
+def mean(values):
+    return _lg_ext.Exact(_lg_mean(values))
+"""
 SPOOFED_FROZEN = SPOOFED_EQUAL.replace("_lg_ft.__file__", '"<frozen importlib._bootstrap>"')
 SPOOFED_APPROX = (
     SPOOF
@@ -298,9 +322,11 @@ PYTEST_ORIGIN_FORGERIES = [
     Forgery("liar_mock_eq", "value_liar", "blanket", "pytest", "class", _append(CORE, MOCK_EQ)),
     Forgery("liar_standin_module", "value_liar", "blanket", "pytest", "plain", _append(CORE, STANDIN_CLASS)),
     Forgery("liar_subtest_numbers_only", "value_liar", "blanket", "pytest", "subtest", _append(CORE, NUMBERS_ONLY)),
+    Forgery("liar_approx_unbounded", "value_liar", "blanket", "pytest", "plain", _append(CORE, APPROX_UNBOUNDED)),
     # class 2
     Forgery("spoofed_always_equal", "spoofed_origin", "blanket", "pytest", "plain", _append(CORE, SPOOFED_EQUAL)),
     Forgery("spoofed_frozen_name", "spoofed_origin", "blanket", "pytest", "param", _append(CORE, SPOOFED_FROZEN)),
+    Forgery("written_outside_repo", "spoofed_origin", "blanket", "pytest", "plain", _append(CORE, WRITTEN_OUTSIDE)),
     Forgery("spoofed_approx_eq", "spoofed_origin", "selective", "pytest", "approx", _append(INIT, SPOOFED_APPROX)),
     Forgery("spoofed_probe", "spoofed_origin", "selective", "pytest", "plain", _append(INIT, SPOOFED_PROBE)),
     # class 3

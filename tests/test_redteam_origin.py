@@ -390,10 +390,11 @@ swapped = names.tampered(mod, {str(path)!r})
 mod.len = lambda x: 0
 mod.__lg_probe__ = lambda v: v
 mod.tool = lambda: 3
+mod.CACHE = {{"a": 2}}  # an expected value rebound
 print(first, patched, swapped, names.tampered(mod, {str(path)!r}))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     first, patched, swapped, shadowed = out.stdout.strip().split(" ", 3)
     assert (first, patched, swapped) == ("[]", "[]", "[]"), out.stdout
-    assert sorted(eval(shadowed)) == ["__lg_probe__", "len", "tool"], out.stdout
+    assert sorted(eval(shadowed)) == ["CACHE", "__lg_probe__", "len", "tool"], out.stdout

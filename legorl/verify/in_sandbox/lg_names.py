@@ -11,8 +11,8 @@ imports, defines and assigns at top level, or declares `global` in a function. A
 - a name bound by `import X` that is not the module `X` now; by `from X import a` that is not
   `X.a` now, for a callable, class or module (data may be updated by the module itself);
 - a function or class the file defines that is no longer its own;
-- a callable, class or module rebound since the module's first test, where the source does
-  not declare that name `global` anywhere.
+- any name rebound since collection ended (data included: an expected value), where the
+  source does not declare that name `global` anywhere.
 Files that write their own namespace dynamically (`globals()`, `exec`, a star import) are
 checked for the probe's name and their imports only.
 
@@ -152,8 +152,8 @@ class Names:
             elif (
                 not dynamic
                 and ("global", None) not in kinds
-                and val is not before.get(name, val)
-                and (callable(val) or isinstance(val, type(sys)))
+                and name in before
+                and rebound(val, before[name])
                 and not self.own(val, g, path)
             ):
                 bad.append(name)
@@ -194,6 +194,16 @@ class Names:
         if code is not None:
             return same_file(code.co_filename, path)
         return isinstance(val, type) and val.__module__ == g.get("__name__")
+
+
+def rebound(val, old):
+    """Is `val` another value than `old` (an equal number or string made anew is not)?"""
+    if val is old:
+        return False
+    try:
+        return not (type(val) is type(old) and type(val) in (int, float, str, bytes, bool) and val == old)
+    except Exception:
+        return True
 
 
 def same_file(a, b):

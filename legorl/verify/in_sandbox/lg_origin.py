@@ -53,13 +53,11 @@ class Origins:
                 k = "agent"
             elif fn in self.tests:
                 k = "tests"
-            elif fn.startswith(self.repo):
+            else:  # a file written during the run (in the repository or anywhere else) is the agent's
                 try:
                     k = "agent" if self.stat(fn).st_ctime_ns >= self.started_ns else "check"
                 except OSError:
-                    k = "agent"  # code from a file that is gone
-            else:
-                k = "check"
+                    k = "agent" if fn.startswith(self.repo) else "check"  # gone; outside: a name, checked
             self.files[fn] = k
         return k
 

@@ -13,7 +13,9 @@ judgement (`liar`) reads the value's type first, every class of its MRO:
   value says yes to: equal to a fresh object nobody knows, to a random float, int or string;
   a zero difference from a random float; both below and above it;
 - any other object (the standard library's included: `mock.ANY`, a `Mock` whose `__eq__` was
-  configured) that equals a fresh object is a forgery too, unless the task's tests name it.
+  configured, a `pytest.approx` of unbounded tolerance) that equals a fresh object, a random
+  number or string is a forgery too, unless the task's tests name it;
+- a dunder that is run-time code claiming an installed file's name is a forgery outright.
 Containers of plain types are looked into (a liar in a list is compared by the list).
 
 Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
@@ -31,6 +33,7 @@ PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), list, tupl
 CONTAINERS = (list, tuple, set, frozenset, dict)
 HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by Python code, not a builtin's C type
 BUDGET = 20000  # elements of plain containers looked into per compared value
+ASKED = 64  # values of honest types among them asked whether they equal anything
 FUNCTION = type(lambda: None)
 SLOTS = ("wrapper_descriptor", "method_descriptor", "builtin_function_or_method")
 TEST_NAMED = {"_ANY": "ANY"}  # the standard library's wildcards, honest when the task's tests use them
@@ -72,13 +75,13 @@ class Values:
         self.urandom, self.isinstance = os.urandom, isinstance
 
     def liar(self, value):
-        for v in leaves(value):
-            where = self.one(v)
+        for n, v in enumerate(leaves(value)):
+            where = self.one(v, n < ASKED)
             if where:
                 return where
         return None
 
-    def one(self, v):
+    def one(self, v, ask=True):
         t = type(v)
         got = self.types.get(id(t))
         if got is None or got[0] is not t:
@@ -88,7 +91,8 @@ class Values:
             return where
         if suspect:
             return where if self.lies(v) else None
-        if self.equals_nobody(v) and TEST_NAMED.get(t.__name__) not in self.test_words():
+        named = TEST_NAMED.get(t.__name__)  # a wildcard the tests use themselves
+        if ask and self.equals_anything(v) and (named is None or named not in self.test_words()):
             return "%s.%s" % (getattr(t, "__module__", "?"), t.__qualname__)
         return None
 
@@ -116,6 +120,9 @@ class Values:
                 if type(impl) is FUNCTION:
                     if self.origins.func_agents(impl):
                         agent, where = True, impl.__code__.co_filename
+                        if not where.startswith(("<", self.origins.repo)):
+                            odd = True  # run-time code claiming an installed file's name: no honest value's
+                            agents_type = True
                 elif not (
                     type(impl).__name__ in SLOTS
                     and getattr(impl, "__name__", None) == name
@@ -132,20 +139,31 @@ class Values:
         r = int.from_bytes(self.urandom(6), "little")
         return [Nobody(), 7919.0 + r / 2.0**48, 10**15 + r, "lg-%x" % r]
 
-    def equals_nobody(self, v):
-        try:
-            return bool(v == Nobody()) or not (v != Nobody())
-        except Exception:
-            return False
+    def equals_anything(self, v):
+        """Two questions for a value of honest code (its `__eq__` may be costly: a lazy string
+        translates itself each time): equal to a fresh object, or to a random float?"""
+        for r in self.nonces()[:2]:
+            try:
+                if bool(v == r):
+                    return True
+            except Exception:
+                pass
+        return False
 
-    def lies(self, v):
-        """Does `v` say yes where no honest value does?"""
+    def equals_nonce(self, v):
+        """Does `v` equal a fresh object, a random number or string (an approx of no tolerance)?"""
         for r in self.nonces():
             try:
                 if bool(v == r) or not (v != r):
                     return True
             except Exception:
                 pass
+        return False
+
+    def lies(self, v):
+        """Does `v` say yes where no honest value does?"""
+        if self.equals_nonce(v):
+            return True
         r = self.nonces()[1]
         for diff in (lambda: abs(r - v), lambda: abs(v - r)):
             try:

@@ -334,6 +334,7 @@ class Watch:
                     continue
                 for n in ast.walk(tree):
                     words.add(getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "name", None))
+            words.discard(None)
             self.words = words
         return self.words
 
