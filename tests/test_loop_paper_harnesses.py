@@ -131,3 +131,24 @@ def test_a_window_too_small_for_the_harness_prompt_is_refused_before_anything_ru
     msg = str(e.value)
     assert "'claude-code'" in msg and "4096-token window" in msg and "-token prompt" in msg
     assert not list((tmp_path / "run").glob("step_*"))  # nothing trained, nothing evaluated
+
+
+def test_a_mixed_run_reports_a_gain_per_harness(tmp_path: Path) -> None:
+    """Held-out rows `label@harness` give each harness its own gains; a one-harness run's
+    names are unchanged."""
+    from legorl.loop.report import Report
+    from legorl.loop.stats import Evaluation
+
+    mixed = Report(tmp_path)
+    for h, (w, e) in {"claude-code": (40, 90), "opencode": (50, 55)}.items():
+        mixed.add(Evaluation(f"warm_start@{h}", w, 200), step=1)
+        mixed.add(Evaluation(f"end@{h}", e, 200), step=2)
+    gains = mixed.gains()
+    assert set(gains) == {"gspo_over_warm_start@claude-code", "gspo_over_warm_start@opencode"}
+    assert round(gains["gspo_over_warm_start@claude-code"]["points"], 1) == 25.0
+    assert round(gains["gspo_over_warm_start@opencode"]["points"], 1) == 2.5
+    one = Report(tmp_path / "one")
+    (tmp_path / "one").mkdir()
+    one.add(Evaluation("warm_start", 40, 200), step=1)
+    one.add(Evaluation("end", 90, 200), step=2)
+    assert set(one.gains()) == {"gspo_over_warm_start"}
