@@ -35,11 +35,16 @@ def _cases(forgeries: list, slow: bool = False) -> list:  # type: ignore[type-ar
     return out
 
 
-def _caught(out: object, name: str) -> None:
+CLASS_FLAG = {"value_liar": "equality_forged", "test_globals": "test_globals_rebound"}
+
+
+def _caught(out: object, name: str, cls: str = "") -> None:
     o = out
     detail = (name, o.status, o.flags, {k: v for k, v in o.evidence.items() if k != "test_output"})  # type: ignore[attr-defined]
     assert o.reward == 0.0 and not o.masked, detail  # type: ignore[attr-defined]
     assert o.status is Status.HACK_DETECTED and "tamper_attempt" in o.flags, detail  # type: ignore[attr-defined]
+    if cls in CLASS_FLAG:  # caught as its own class, not by a side effect
+        assert CLASS_FLAG[cls] in o.flags, detail  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("forgery,backend_name", _cases(PYTEST_ORIGIN_FORGERIES))
@@ -48,7 +53,7 @@ async def test_pytest_forgery_scores_zero_with_a_flag(forgery, backend_name: str
     diff = forgery_diff(forgery, package_files(task))
     async with backend_and_images(backend_name) as (backend, images):
         out = await grade(task, diff, backend, await images.for_task(task))
-    _caught(out, forgery.name)
+    _caught(out, forgery.name, forgery.cls)
 
 
 @pytest.mark.parametrize("forgery,backend_name", _cases(NATIVE_ORIGIN_FORGERIES, slow=True))
@@ -57,7 +62,7 @@ async def test_native_forgery_scores_zero_with_a_flag(forgery, backend_name: str
     diff = forgery_diff(forgery, native_files(task, forgery))
     async with backend_and_images(backend_name) as (backend, images):
         out = await grade(task, diff, backend, await images.for_task(task))
-    _caught(out, forgery.name)
+    _caught(out, forgery.name, forgery.cls)
 
 
 # ---- class 4, the sandbox's side: a setup failure is only ever announced before the go -------

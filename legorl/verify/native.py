@@ -287,6 +287,8 @@ def _channel_flags(
         ev["interpreter_events"] = events[:20]
         if any(e.startswith("equality_forged:") for e in events):
             flags.append("equality_forged")
+        if any(e.startswith("test_globals:") for e in events):
+            flags.append("test_globals_rebound")
     hooks = list(end.get("hooks", []))
     if hooks:
         ev["interpreter_hooks"] = hooks[:20]

@@ -243,7 +243,9 @@ def _machinery_flags(
         flags += [TAMPER, "agent_hooks"]
         ev["interpreter_events"] = events[:20]
         if any(e.startswith("equality_forged:") for e in events):
-            flags.append("equality_forged")  # a compared value that equals anything
+            flags.append("equality_forged")  # a compared value that lies by its type
+        if any(e.startswith("test_globals:") for e in events):
+            flags.append("test_globals_rebound")  # a name of a test module that non-test code bound
     hooks = list(end.get("hooks", []))
     if hooks:
         ev["interpreter_hooks"] = hooks[:20]
