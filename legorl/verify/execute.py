@@ -9,9 +9,9 @@ decides from them. A supervisor that says, in a line tagged with the nonce befor
 that it could not even prepare the run is a `GraderFault`, claimed and confirmed by an
 empty-diff control (`runner_fault`); no summary after the go is the code under test's doing.
 A large summary comes in a file the tagged line names (the output cap is 1 MB). The official
-log parser is fed defensively: a line it
-crashes on (one bare `FAIL:` printed by package code) is skipped and kept as evidence, and
-a crash that remains is a claimed fault like the runner's (`parser_fault`).
+log parser is fed defensively: a line it crashes on (one bare `FAIL:` printed by package code)
+is skipped and kept as evidence, and a crash that remains is a claimed fault like the
+runner's (`parser_fault`).
 """
 
 from __future__ import annotations
