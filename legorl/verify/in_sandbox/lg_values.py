@@ -14,7 +14,8 @@ judgement (`liar`) reads the value's type first, every class of its MRO:
   a zero difference from a random float; both below and above it;
 - any other object (the standard library's included: `mock.ANY`, a `Mock` whose `__eq__` was
   configured, a `pytest.approx` of unbounded tolerance) that equals a fresh object, a random
-  number or string is a forgery too, unless the task's tests name it;
+  number or string is a forgery too, unless the task's tests name its type (their own
+  wildcards: toolz's tests define an `AlwaysEquals`);
 - a dunder that is run-time code claiming an installed file's name is a forgery outright.
 Containers of plain types are looked into (a liar in a list is compared by the list).
 
@@ -91,8 +92,8 @@ class Values:
             return where
         if suspect:
             return where if self.lies(v) else None
-        named = TEST_NAMED.get(t.__name__)  # a wildcard the tests use themselves
-        if ask and self.equals_anything(v) and (named is None or named not in self.test_words()):
+        named = TEST_NAMED.get(t.__name__, t.__name__)  # a wildcard the tests use themselves (toolz's AlwaysEquals)
+        if ask and self.equals_anything(v) and named not in self.test_words():
             return "%s.%s" % (getattr(t, "__module__", "?"), t.__qualname__)
         return None
 
