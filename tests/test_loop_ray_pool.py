@@ -51,7 +51,9 @@ class Actor:
         self.dies = False
         return {"index": 0, "node_id": "restarted"}
 
-    async def _rollout(self, task: Any, step: int, sid: str, version: int | None) -> RolloutRecord:
+    async def _rollout(
+        self, task: Any, step: int, sid: str, version: int | None, harness: str | None = None
+    ) -> RolloutRecord:  # RolloutActor.rollout's signature
         self.calls.append((sid, version))
         await asyncio.sleep(0.05)
         if self.dies:
