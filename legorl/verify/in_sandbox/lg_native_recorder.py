@@ -9,12 +9,10 @@ imports legorl.
 
 import builtins
 import functools
-import hmac
-import json
-import os
 import sys
 
 from lg_probes import probe_assert_equal, probe_comparisons
+from lg_supervise import tagged_sender
 from lg_watch import origin_of
 
 
@@ -30,22 +28,8 @@ def kind_of(exc, skip_names=("SkipTest", "Skipped", "Skip")):
 
 
 def sender(key, rec_w):
-    """`send(kind, **fields)`: one HMAC-tagged record down the record pipe, in batches."""
-    write, dumps, mac_of = os.write, json.dumps, hmac.digest
-    seq = [0]
-    pending = []
-
-    def send(kind, **fields):
-        seq[0] += 1
-        body = dumps(dict(fields, k=kind, n=seq[0]))
-        pending.append(mac_of(key, body.encode(), "sha256").hex() + " " + body + "\n")
-        if len(pending) >= 64 or kind == "end":
-            data = "".join(pending).encode()
-            del pending[:]
-            while data:
-                data = data[write(rec_w, data) :]
-
-    return send
+    """`send(kind, **fields)`: the native recorder's records, JSON-encoded (lg_supervise's framing)."""
+    return tagged_sender(key, rec_w)
 
 
 def record_unittest(watch, send):
