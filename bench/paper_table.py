@@ -140,49 +140,20 @@ def end_policy(run_dir: Path, into: Path) -> Path:
 
 
 def evaluate(policy: Path, harness: str, tasks: int, out: Path) -> dict[str, Any]:
-    """`legorl eval` of `policy` through `harness`'s config on the first `tasks` held-out tasks."""
-    import tomllib
+    """`legorl eval` (the loop's own evaluation) of `policy` through `harness`'s config on the
+    first `tasks` held-out tasks."""
+    import asyncio
 
-    cfg = tomllib.loads((ROOT / "examples" / f"quickstart-{harness}.toml").read_text())
-    cfg["engine"]["model"] = cfg["trainer"]["model"] = str(policy)
-    cfg["run"]["dir"] = str(out / "eval-run")
-    cfg["run"]["time_budget_s"] = None
-    cfg["eval"] = {"limit": tasks}
-    path = out / f"eval-{harness}.toml"
-    path.write_text(_toml(cfg))
-    result = out / f"eval-{harness}.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "legorl.cli", "eval", str(path), "--out", str(result)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if proc.returncode != 0:
-        return {"error": proc.stderr[-1500:]}
-    return json.loads(result.read_text())
+    from legorl.loop.config import load_run_config
+    from legorl.loop.evaluate import evaluate as run_eval
 
-
-def _toml(d: dict[str, Any], prefix: str = "") -> str:
-    """Enough TOML for a run config (tables, scalars, lists, inline tables)."""
-    scalars = {k: v for k, v in d.items() if not isinstance(v, dict) or k in ("options", "mix")}
-    tables = {k: v for k, v in d.items() if k not in scalars}
-    lines = [f"[{prefix}]"] if prefix and scalars else []
-    lines += [f"{k} = {_value(v)}" for k, v in scalars.items() if v is not None]
-    text = "\n".join(lines) + ("\n\n" if lines else "")
-    for k, v in tables.items():
-        text += _toml(v, f"{prefix}.{k}" if prefix else k)
-    return text
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    return json.dumps(v)
+    cfg = load_run_config(ROOT / "examples" / f"quickstart-{harness}.toml")
+    cfg.engine.model = cfg.trainer.model = str(policy)
+    cfg.run.dir = out / "eval-run"
+    try:
+        return asyncio.run(run_eval(cfg, limit=tasks, out=out / f"eval-{harness}.json"))
+    except Exception as e:  # one harness failing leaves the rest of the matrix
+        return {"error": f"{type(e).__name__}: {e}"[-1500:]}
 
 
 def main() -> None:
@@ -210,7 +181,9 @@ def main() -> None:
             matrix[name] = {}
             for harness in HARNESSES:
                 ev = evaluate(policy, harness, args.heldout or 200, args.out / name)
-                matrix[name][harness] = {k: ev.get(k) for k in ("pass@1", "resolved", "episodes", "masked", "error")}
+                matrix[name][harness] = {
+                    k: ev.get(k) for k in ("pass@1", "tasks_scored", "samples", "status_counts", "error")
+                }
     print(
         json.dumps(
             {
