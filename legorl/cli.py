@@ -1,4 +1,4 @@
-"""`legorl` command line: proxy, rollout, train, eval, ui, doctor, tasks, images.
+"""`legorl` command line: proxy, rollout, train, eval, ui, doctor, status, tasks, images.
 
 Each command is a thin wrapper over a function of the component that owns it; imports
 are local so `legorl --help` is instant and a missing optional part fails only the
@@ -260,15 +260,50 @@ def export(
 def doctor(
     config: Path | None = typer.Option(None, help="Run config to check (default: the built-in defaults)."),
     skip: list[str] = typer.Option([], help="Check names to leave out (repeatable)."),
+    json_: bool = typer.Option(
+        False, "--json", help="Print one JSON object (each check's status ok/warn/fatal, detail, fix; safe_to_run)."
+    ),
 ) -> None:
-    """Pre-flight: check the whole chain (engine, template, sandboxes, harness, grading, store)."""
-    from legorl.loop.preflight import preflight_checks
-    from legorl.monitor.doctor import run_checks
+    """Pre-flight: check the whole chain (engine, template, tool calls, routing replay, learning rate,
+    sandboxes, harness, window, grading, store)."""
+    import json
 
-    checks = [c for c in preflight_checks(_run_config(config)) if c.name not in skip]
-    for c in checks:
-        c.needs = tuple(n for n in c.needs if n not in skip)
-    raise typer.Exit(run_checks(checks))
+    from legorl.loop.preflight import preflight_checks
+    from legorl.monitor.doctor import checks_json, run_checks, stdout_to_stderr
+
+    def build() -> list[Any]:
+        checks = [c for c in preflight_checks(_run_config(config)) if c.name not in skip]
+        for c in checks:
+            c.needs = tuple(n for n in c.needs if n not in skip)
+        return checks
+
+    if not json_:
+        raise typer.Exit(run_checks(build()))
+    with stdout_to_stderr():  # stdout carries the JSON alone, whatever a check prints
+        report = checks_json(build)
+    typer.echo(json.dumps({"config": str(config) if config else None, **report}, indent=1))
+    raise typer.Exit(0 if report["safe_to_run"] else 1)
+
+
+@app.command()
+def status(
+    run: Path = typer.Argument(Path("run"), metavar="[RUN_DIR]", help="Run directory (holds run.sqlite)."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    stall_minutes: float | None = typer.Option(
+        None, help="No store write for this long while alive is a stall (default: max(10, 3 steps))."
+    ),
+) -> None:
+    """Which run is alive, how far it has got, and which known failure signature it matches (read-only)."""
+    import json
+
+    from legorl.ops.status import StatusError, render
+    from legorl.ops.status import status as run_status
+
+    try:
+        report = run_status(run, stall_after_s=None if stall_minutes is None else stall_minutes * 60)
+    except StatusError as e:
+        fail(str(e))
+    typer.echo(json.dumps(report, indent=1) if json_ else render(report))
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ def test_doctor_cli_exit_codes(tmp_path) -> None:
         timeout=900,
     )
     assert ok.returncode == 0, ok.stdout[-3000:]
-    assert "all 7 checks passed" in ok.stdout
+    assert "all 11 checks passed" in ok.stdout  # 7 + tool calls, routing replay, lr, window
     bad = tmp_path / "bad.toml"
     bad.write_text(
         good.read_text() + f'[engine]\nkind = "vllm"\nurl = "http://127.0.0.1:{_closed_port()}"\n'

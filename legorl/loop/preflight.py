@@ -16,7 +16,11 @@ failed one are skipped (a stopped engine is one red line, not five). The checks:
 - grading self-test on a task: gold patch → resolved, empty patch → not resolved;
 - run store writable (SQLite WAL + FTS5); free disk and memory;
 - time budget (with `[run] time_budget_s`): the least work the config asks for, at the
-  trainer's and engine's measured speed, fits the budget (legorl/loop/budget.py).
+  trainer's and engine's measured speed, fits the budget (legorl/loop/budget.py);
+- the silent failures (legorl/ops/): tool calls round-trip from the model's template through
+  the proxy to each harness's dialect; routing replay wired (MoE: one dry step, Pearson ≥
+  0.99); the learning rate is non-zero on every planned step; each harness's first prompt
+  fits the window.
 """
 
 from __future__ import annotations
@@ -422,12 +426,20 @@ def budget_check(cfg: RunConfig) -> Check:
 
 
 def preflight_checks(cfg: RunConfig) -> list[Check]:
+    from legorl.ops.plan_checks import lr_check, window_check
+    from legorl.ops.replay_check import routing_replay_check
+    from legorl.ops.toolcall_check import toolcall_check
+
     return [
         engine_check(cfg),
         template_check(cfg),
+        toolcall_check(cfg),
         *([logprobs_mode_check(cfg)] if cfg.engine.kind in ("vllm", "sglang") else []),
+        routing_replay_check(cfg),
+        lr_check(cfg),
         *sandbox_checks(cfg),
         harness_check(cfg),
+        window_check(cfg),
         grading_check(cfg),
         store_check(cfg.run.dir),
         resources_check(cfg.run.dir),

@@ -8,7 +8,10 @@ are skipped, so a missing Docker daemon is one red line, not ten.
 
 Checks are pluggable: each component contributes `Check`s (the CLI collects them), or
 registers them with the `@check(...)` decorator into `REGISTRY`. `run_checks` prints a
-rich table and returns the exit code (0 all passed, 1 otherwise).
+rich table and returns the exit code (0 all passed, 1 otherwise); `checks_json` gives the
+same outcomes as one JSON object for a program (a coding agent's `/rl:check`), with each
+check's status (`ok`, `warn`: passed with something a person should read, or skipped
+behind a failed dependency; `fatal`) and the verdict `safe_to_run` (no fatal check).
 
     @check("docker daemon", fix="start it: bash scripts/setup_sandbox.sh", timeout=20)
     def docker_daemon() -> str:
@@ -20,12 +23,15 @@ rich table and returns the exit code (0 all passed, 1 otherwise).
 
 from __future__ import annotations
 
+import os
 import socket
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +55,20 @@ class CheckResult:
     fix: str = ""
     skipped: bool = False
     seconds: float = 0.0
+    warning: bool = False  # passed, but with something to read (the JSON's `warn`)
+
+    @property
+    def status(self) -> str:
+        """`ok`, `warn` or `fatal`: what a program reading `--json` decides on. A check
+        skipped behind a failed one is `warn`: the failed one is the fatal line."""
+        if self.skipped or (self.ok and self.warning):
+            return "warn"
+        return "ok" if self.ok else "fatal"
+
+
+def warn(detail: str, fix: str = "") -> CheckResult:
+    """Return from a check that passed with a caveat a person should read."""
+    return CheckResult(True, detail, fix, warning=True)
 
 
 @dataclass
@@ -145,9 +165,10 @@ def run_checks(checks: Sequence[Check], console: Console | None = None) -> int:
     table.add_column("how to fix", style="yellow")
     for o in outcomes:
         r = o.result
-        mark = "[dim]-[/]" if r.skipped else ("[green]✓[/]" if r.ok else "[red]✗[/]")
+        mark = {"ok": "[green]✓[/]", "warn": "[yellow]![/]", "fatal": "[red]✗[/]"}[r.status]
+        mark = "[dim]-[/]" if r.skipped else mark
         detail = r.detail + (f" [dim]({r.seconds:.1f} s)[/]" if r.seconds >= 1 else "")
-        table.add_row(mark, o.check.name, detail, "" if r.ok else r.fix)
+        table.add_row(mark, o.check.name, detail, r.fix if (not r.ok or r.warning) else "")
     console.print(table)
     failed = [o for o in outcomes if not o.result.ok]
     if failed:
@@ -155,6 +176,46 @@ def run_checks(checks: Sequence[Check], console: Console | None = None) -> int:
         return 1
     console.print(f"[green]all {len(outcomes)} checks passed[/]")
     return 0
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send file descriptor 1 (Python's prints, a library's, a subprocess's) to stderr while
+    checks run, so that stdout carries one JSON object and nothing else."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with redirect_stdout(sys.stderr):  # a replaced sys.stdout need not write to fd 1
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def checks_json(build: Callable[[], Sequence[Check]]) -> dict[str, Any]:
+    """`legorl doctor --json`: the outcomes as one JSON-ready object. Never raises: a
+    `build` that fails (a config that does not load) becomes one fatal check, so a program
+    always reads a verdict."""
+    try:
+        outcomes = evaluate_checks(build())
+        rows = [
+            {
+                "name": o.check.name,
+                "status": o.result.status,
+                "detail": o.result.detail,
+                "fix": o.result.fix if o.result.status != "ok" else "",
+                "seconds": round(o.result.seconds, 3),
+            }
+            for o in outcomes
+        ]
+    except Exception as e:  # noqa: BLE001 - the JSON is the report, whatever broke
+        rows = [{"name": "checks load", "status": "fatal", "detail": f"{type(e).__name__}: {e}",
+                 "fix": "fix the config (see the message)", "seconds": 0.0}]
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "warn", "fatal")}
+    safe = counts["fatal"] == 0 and bool(rows)
+    return {"safe_to_run": safe, "verdict": "YES" if safe else "NO", "counts": counts, "checks": rows}
 
 
 # ---------------------------------------------------------------- checks of this package
