@@ -354,7 +354,7 @@ def start_proxy(tmp: Path, model: str = "tiny-qwen3") -> tuple[subprocess.Popen[
     code = (
         "from pathlib import Path; from legorl.proxy.server import run_standalone; "
         f"run_standalone('scripted', {model!r}, '127.0.0.1', {port}, Path({str(tmp / 'out')!r}), "
-        f"Path({str(cfg)!r}))"
+        f"Path({str(cfg)!r}), insecure=True)"  # a bench on loopback: no token
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],

@@ -134,7 +134,7 @@ max_tokens = 4096
 scripted_completions = ["I will read the file and fix the failing test."]
 EOF
 ( cd "$REPO" && exec "$OURPY" -c "from pathlib import Path; from legorl.proxy.server import run_standalone; \
-run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', $OURS_PORT, Path('$OUT/legorl-records'), Path('$OUT/legorl.toml'))" \
+run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', $OURS_PORT, Path('$OUT/legorl-records'), Path('$OUT/legorl.toml'), insecure=True)" \
     > "$OUT/legorl.log" 2>&1 ) &
 OPID=$!; PIDS+=("$OPID")
 wait_up "http://127.0.0.1:$OURS_PORT/health" 180 "$OUT/legorl.log"

@@ -77,11 +77,13 @@ def proxy(
     port: int = typer.Option(8765),
     out: Path = typer.Option(Path("proxy-out"), help="Directory for turns.jsonl and trajectories.jsonl."),
     config: Path | None = typer.Option(None, help="TOML with \\[engine] and \\[proxy] sections."),
+    token: str | None = typer.Option(None, envvar="LEGORL_TOKEN", help="Require this token (default: a fresh one)."),
+    insecure: bool = typer.Option(False, help="Serve without a token (loopback only)."),
 ) -> None:
     """Serve the proxy standalone (OpenAI chat, Anthropic messages, OpenAI responses, Gemini generateContent)."""
     from legorl.proxy.server import run_standalone
 
-    run_standalone(engine, model, host, port, out, config)
+    run_standalone(engine, model, host, port, out, config, token=token, insecure=insecure)
 
 
 @app.command("engine-serve")
@@ -93,6 +95,7 @@ def engine_serve(
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8000),
     api_key: str | None = typer.Option(None, envvar="LEGORL_ENGINE_API_KEY", help="Require this bearer token."),
+    insecure: bool = typer.Option(False, help="Serve without a token (loopback only)."),
 ) -> None:
     """Serve an engine over vLLM's token-id completions API (for remote rollout workers)."""
     from legorl.engine.serve import serve_engine
@@ -102,7 +105,7 @@ def engine_serve(
         from legorl.engine.registry import EngineConfig
 
         cfg = EngineConfig(kind=engine, model=model)
-    serve_engine(cfg, host, port, api_key=api_key)
+    serve_engine(cfg, host, port, api_key=api_key, insecure=insecure)
 
 
 @app.command()
@@ -111,11 +114,13 @@ def ui(
     run: Path = typer.Option(..., help="Run directory (holds run.sqlite)."),
     host: str = typer.Option("127.0.0.1"),
     port: int = typer.Option(8780),
+    token: str | None = typer.Option(None, envvar="LEGORL_TOKEN", help="Require this token (default: a fresh one)."),
+    insecure: bool = typer.Option(False, help="Serve without a token (loopback only)."),
 ) -> None:
     """Serve the live web UI over a run directory."""
     from legorl.monitor.ui.server import serve_ui
 
-    serve_ui(run, host, port)
+    serve_ui(run, host, port, token=token, insecure=insecure)
 
 
 def _run_config(config: Path | None) -> Any:

@@ -34,7 +34,7 @@ def test_train_two_steps_then_ui(tmp_path: Path) -> None:
 
     port = _free_port()
     ui = subprocess.Popen(
-        [*LEGORL, "ui", "--run", str(run_dir), "--port", str(port)],
+        [*LEGORL, "ui", "--run", str(run_dir), "--port", str(port), "--insecure"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

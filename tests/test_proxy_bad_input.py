@@ -179,7 +179,7 @@ async def _raw(port: int, data: bytes, wait_s: float = 5.0) -> bytes:
     [
         b"GARBAGE\r\n\r\n",
         b"POST /v1/messages HTTP/9.9\r\n\r\n",
-        b"POST /\x00 HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"POST /\x00 HTTP/1.1\r\nhost: localhost\r\n\r\n",
         b"POST / HTTP/1.1\r\nbad header\r\n\r\n",
     ],
 )
@@ -200,7 +200,7 @@ async def test_slowloris_connections_are_closed_within_the_header_timeout(tmp_pa
         for i in range(100):
             reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
             if i % 2:
-                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-slow: ")  # never finished
+                writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nx-slow: ")  # never finished
             conns.append((reader, writer))
         t0 = time.monotonic()
         closed = await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in conns)), 10)
@@ -216,7 +216,7 @@ async def test_slowloris_connections_are_closed_within_the_header_timeout(tmp_pa
 async def test_slow_body_gets_408(tmp_path: Path) -> None:
     async with server(tmp_path) as srv:
         head = (
-            b"POST /s/b/v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: "
+            b"POST /s/b/v1/messages HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: "
             b"500\r\n\r\n"
         )
         t0 = time.monotonic()
@@ -411,8 +411,10 @@ async def test_a_fault_after_the_stream_began_ends_it_with_the_error_event(
         assert r.status_code == 200
         last = r.content.rstrip().rsplit(b"\n\n", 1)[-1]
         assert b"error" in last and b"internal error" in last, r.content[-300:]
-        # a 5xx is the infrastructure's fault whatever broke: the rollout will be masked, not graded
-        assert srv.sessions.open_sessions["f"].engine_errors == 1
+        # a request that broke the proxy is logged as a bug but never masks (issue 39: only a fault
+        # provably ours does; an agent could aim at such a request to escape its zero)
+        s = srv.sessions.open_sessions["f"]
+        assert (s.engine_errors, s.agent_faults) == (0, {"proxy_internal": 1})
 
 
 def test_store_dumps_never_raises() -> None:

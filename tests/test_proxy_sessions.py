@@ -174,7 +174,8 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
     out, port = tmp_path / "out", _free_port()
     code = (
         "import sys; from pathlib import Path; from legorl.proxy.server import run_standalone; "
-        f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(out)!r}), Path({str(cfg)!r}))"
+        f"run_standalone('scripted', 'tiny-qwen3', '127.0.0.1', {port}, Path({str(out)!r}), Path({str(cfg)!r}), "
+        "token='tok')"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code],
@@ -193,7 +194,7 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
             except httpx.TransportError:
                 time.sleep(0.1)
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        o = openai.OpenAI(base_url=base + "/s/alpha/v1", api_key="x", max_retries=0)
+        o = openai.OpenAI(base_url=base + "/s/alpha/v1", api_key="tok", max_retries=0)  # the session in the URL
         msgs = [{"role": "user", "content": "go"}]
         r = o.chat.completions.create(model="p", messages=msgs)
         call = r.choices[0].message.tool_calls[0]
@@ -202,12 +203,14 @@ def test_standalone_process_records_and_shuts_down_cleanly(tmp_path: Path) -> No
             {"role": "tool", "tool_call_id": call.id, "content": "a.txt"},
         ]
         assert o.chat.completions.create(model="p", messages=msgs).choices[0].message.content == "all done"
-        a = anthropic.Anthropic(base_url=base, api_key="beta", max_retries=0)
+        a = anthropic.Anthropic(base_url=base, api_key="tok:beta", max_retries=0)  # the session after the token
         assert (
             a.messages.create(model="p", max_tokens=100, messages=[{"role": "user", "content": "go"}]).content[0].type
             == "tool_use"
         )
-        assert httpx.delete(base + "/legorl/sessions/alpha").json()["turns"] == 2
+        assert httpx.delete(base + "/legorl/sessions/alpha").status_code == 401  # management needs the token
+        closed = httpx.delete(base + "/legorl/sessions/alpha", headers={"authorization": "Bearer tok"})
+        assert closed.json()["turns"] == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:

@@ -25,7 +25,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunStore, st
     write_demo_run(store, steps=3, tasks=3, group_size=4, seed=5)
     other = RunStore(root / "run-b", durable=False)
     write_demo_run(other, steps=2, tasks=2, group_size=4, seed=6)
-    with UIServerThread(root / "run-a", poll_interval=0.1) as srv:
+    with UIServerThread(root / "run-a", poll_interval=0.1, insecure=True) as srv:
         yield store, srv.url
     store.close()
     other.close()
@@ -174,7 +174,7 @@ def phased(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunStore,
     """A finished run with the phases `legorl train` has before GSPO and its held-out report."""
     store = RunStore(tmp_path_factory.mktemp("runs") / "phased", durable=False)
     write_demo_run(store, steps=3, tasks=3, group_size=4, seed=5, phases=True)
-    with UIServerThread(store.path.parent, poll_interval=0.1) as srv:
+    with UIServerThread(store.path.parent, poll_interval=0.1, insecure=True) as srv:
         yield store, srv.url
     store.close()
 

@@ -16,6 +16,12 @@ Routes (formats in `serve_protocol.py`):
   POST /update_weight_version `{"new_version": "N"}` → the engine's `policy_version`
   GET  /get_weight_version    the engine's `policy_version`
 
+Authentication (`legorl/http_auth.py`): with `api_key`, every route but `/health` needs
+`Authorization: Bearer <key>` (compared in constant time); on loopback the `Host` header must
+name the bound address (DNS rebinding). `legorl engine-serve` requires a key unless started
+with `--insecure` on loopback, and refuses a non-loopback bind without `--api-key`. The admin
+routes validate what they are given: a weight version is an integer in [0, 2^31).
+
 The server shares the caller's event loop (an in-process engine must be driven from the
 loop it was created on) and binds its socket before returning, so `port=0` is race-free:
 
@@ -40,6 +46,7 @@ from starlette.routing import Route
 from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import ContextLengthExceeded, Engine, EngineError, WeightsFromDisk
 from legorl.engine.serve_protocol import Completion, Detokenizer, HTTPError, context_message, error_body, parse_request
+from legorl.http_auth import HostCheck, header, is_loopback, policy, same
 from legorl.types import FinishReason, TokenStep
 
 
@@ -66,6 +73,7 @@ class EngineApp:
         self.engine, self.tokenizer, self.served_model = engine, tokenizer, served_model
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.api_key = api_key
+        self.hosts: HostCheck | None = None  # set by EngineServer once bound (None: not checked)
         self.max_context = int(engine.max_context or 2**31)
         self.app = Starlette(
             routes=[
@@ -80,11 +88,24 @@ class EngineApp:
         )
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self.api_key and scope["path"] != "/health":
-            auth = dict(scope["headers"]).get(b"authorization", b"").decode()
-            if auth != f"Bearer {self.api_key}":
-                await _json({"error": "Unauthorized"}, 401)(scope, receive, send)
+        if scope["type"] == "websocket":  # not served: refused at the handshake, quietly
+            if (await receive())["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            if self.hosts is not None and not self.hosts.ok(headers):
+                await _json(error_body(self.hosts.refusal(headers), "PermissionError", 403), 403)(scope, receive, send)
                 return
+            if self.api_key and scope["path"] != "/health":
+                auth = header(headers, b"authorization") or ""
+                given = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+                if not same(given, self.api_key):
+                    body = error_body(
+                        "this engine server requires its key: Authorization: Bearer <key>", "Unauthorized", 401
+                    )
+                    await _json(body, 401)(scope, receive, send)
+                    return
         await self.app(scope, receive, send)
 
     # ---- generation ---------------------------------------------------------------------
@@ -215,12 +236,11 @@ class EngineApp:
 
     async def update_weight_version(self, request: Request) -> Response:
         body = await _body(request)
-        try:
-            version = int(str(body.get("new_version")))
-        except ValueError:
+        version = weight_version(body.get("new_version"))
+        if version is None:
             return _json(
                 error_body(
-                    f"new_version must be an integer, got {body.get('new_version')!r}",
+                    f"new_version must be an integer in [0, {MAX_WEIGHT_VERSION}], got {body.get('new_version')!r:.80}",
                     "BadRequestError",
                     400,
                     "new_version",
@@ -232,6 +252,23 @@ class EngineApp:
 
     async def get_weight_version(self, request: Request) -> Response:
         return _json({"weight_version": str(self.engine.policy_version)})
+
+
+MAX_WEIGHT_VERSION = 2**31 - 1  # a step count: far beyond any run, far below what breaks a store or a UI
+
+
+def weight_version(raw: object) -> int | None:
+    """A weight version as vLLM's route takes it (an int or its decimal string), or None when
+    it is not a sane one: negative, huge, fractional, a bool or anything else."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        v = raw
+    elif isinstance(raw, str) and raw.strip().isdigit() and len(raw.strip()) <= 10:
+        v = int(raw.strip())
+    else:
+        return None
+    return v if 0 <= v <= MAX_WEIGHT_VERSION else None
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -269,6 +306,7 @@ class EngineServer:
     async def start(self) -> None:
         self._server = tcp_server(self.app, self.host, self.port, what="engine server")
         self.port = self._server.sock.getsockname()[1]
+        self.app.hosts = HostCheck(self.host).bound(self.port)
         await self._server.start()
 
     async def stop(self) -> None:
@@ -284,8 +322,12 @@ class EngineServer:
         await self.stop()
 
 
-def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None = None) -> None:
+def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None = None, insecure: bool = False) -> None:
     """`legorl engine-serve`: build the configured engine and serve it until SIGINT/SIGTERM.
+
+    A key is required (`api_key`, else `$LEGORL_TOKEN`, else a fresh one, printed) unless
+    `insecure` on loopback; off loopback the key must be given (`--api-key`): a printed one
+    would reach the remote workers only by hand, and an open engine off loopback is refused.
 
     The served model name is `engine_cfg.served_model_name` or `engine_cfg.model`; clients
     configure `[engine] kind = "vllm"`, `url = <printed URL>`, the same `model` (for its
@@ -293,6 +335,12 @@ def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None =
     from legorl.engine.registry import make_engine
     from legorl.models import load_tokenizer, resolve_model
 
+    if not is_loopback(host) and not api_key:
+        raise SystemExit(
+            f"legorl engine-serve: binding {host!r} (off loopback) needs --api-key (or $LEGORL_ENGINE_API_KEY): "
+            "an engine anyone on the network can drive and reload is refused"
+        )
+    key = policy("engine-serve", host, api_key, insecure)
     tokenizer = load_tokenizer(engine_cfg.model)
     model_dir = resolve_model(engine_cfg.model) if engine_cfg.kind == "hf" else None
     engine = make_engine(engine_cfg, tokenizer)
@@ -305,13 +353,17 @@ def serve_engine(engine_cfg: Any, host: str, port: int, *, api_key: str | None =
             loop.add_signal_handler(sig, stop.set)
         try:
             async with EngineServer(
-                engine, tokenizer, name, host=host, port=port, model_dir=model_dir, api_key=api_key
+                engine, tokenizer, name, host=host, port=port, model_dir=model_dir, api_key=key
             ) as srv:
                 print(
                     f"legorl engine-serve: {engine_cfg.kind}:{engine_cfg.model} as {name!r} at {srv.url} "
                     f"(vLLM-compatible /v1/completions)",
                     flush=True,
                 )
+                if key is None:
+                    print("legorl engine-serve: --insecure: no key is asked (any local process can use it)", flush=True)
+                elif key != api_key:
+                    print(f"legorl engine-serve: key {key} (clients send Authorization: Bearer <key>)", flush=True)
                 await stop.wait()
         finally:
             await engine.close()

@@ -65,6 +65,9 @@ class WarmOpenHands:
     name: str = "openhands-warm"
     action_format: ClassVar[ActionFormat] = TOOL_CALLS
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
+    # its key to the proxy's TCP port: the worker sets the run's secret before `start` (the
+    # default only reaches an open proxy); it stays in the host process, never in a sandbox
+    api_key: str = field(default=API_KEY, repr=False)
     _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
@@ -93,7 +96,7 @@ class WarmOpenHands:
             "--model",
             self.model,
             "--api-key",
-            API_KEY,
+            self.api_key,
             "--workspace",
             "/",  # replaced by the rollout's mirror in the warm driver
             "--prompt-file",

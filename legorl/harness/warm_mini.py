@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat, mini_format
-from legorl.harness.base import AgentRun
+from legorl.harness.base import API_KEY, AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.mini_swe_agent import verdict_of_exit
 from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
@@ -90,6 +90,9 @@ class WarmMiniSweAgent:
     max_output_tokens: int | None = None  # model.model_kwargs.max_tokens (None: the config's)
     name: str = "mini-swe-agent-warm"
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
+    # its key to the proxy's TCP port: the worker sets the run's secret before `start` (the
+    # default only reaches an open proxy); it stays in the host process, never in a sandbox
+    api_key: str = field(default=API_KEY, repr=False)
     _config_path: str = field(default="", init=False, repr=False)  # resolved once, at start
     _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
@@ -139,6 +142,7 @@ class WarmMiniSweAgent:
             "config": self._config_path,
             "model": f"openai/{self.model}",
             "api_base": f"{proxy_url.rstrip('/')}/v1",
+            "api_key": self.api_key,
             "task": task.problem_statement,
             "cwd": repo_dir,
             "overrides": self._overrides(),

@@ -11,6 +11,11 @@ merely reports "API error" and exits: a non-zero engine-error count makes the re
 `infra_error` (cause `engine_error`, retried, then masked), never a reward of 0. A prompt the
 proxy refused as over the model's window is the agent's (its conversation grew, or its own
 system prompt does not fit a small model): graded as it stands, flagged `context_exceeded`.
+The engine-error count holds only faults the proxy could prove are ours (`proxy/blame.py`);
+failures the session brought on itself (its own concurrent load, a stream it did not read, a
+call past its concurrency limit) are the agent's: graded as they stand, flagged
+`agent_faults`, never masked, so no agent can escape its zero by making our side look faulty.
+A session closed from outside its rollout (a management call) is ours: `session_closed`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from legorl.types import Outcome, Status, Task, Trajectory, Turn
 
 CONTEXT_FLAG = "context_exceeded"  # the harness's prompt reached the model's window (the proxy refused it)
 SILENT_EXIT_FLAG = "exited_before_first_call"  # the harness failed before it asked the model anything
+AGENT_FAULTS_FLAG = "agent_faults"  # failed calls the session brought on itself (proxy/blame.py): graded
+SESSION_CLOSED = "session_closed"  # the proxy session was closed from outside while the rollout ran
 HINT_CHARS = 800
 
 
@@ -47,6 +54,8 @@ class Attempt:
     turns: list[Turn]  # what the proxy session recorded
     engine_errors: int  # engine failures the session saw (0 for a relayed external endpoint)
     context_errors: int = 0  # requests refused as over the context window (the agent's; graded)
+    agent_faults: dict[str, int] = field(default_factory=dict)  # failed calls by agent-side cause (graded)
+    closed_externally: bool = False  # its session was closed by someone else mid-rollout (ours)
 
     @property
     def infra_cause(self) -> str | None:
@@ -54,6 +63,8 @@ class Attempt:
         o = self.result.outcome
         if o.status.is_infra:
             return str(o.evidence.get("cause", o.status.value))
+        if self.closed_externally:
+            return SESSION_CLOSED
         return "engine_error" if self.engine_errors else None
 
     @property
@@ -84,12 +95,20 @@ def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
     timings as evidence (unless the verdict has its own), and the attempts retried before."""
     verdict = attempt.result.outcome
     evidence: dict[str, Any] = dict(verdict.evidence)
-    if attempt.engine_errors and not verdict.status.is_infra:
-        evidence.update(cause="engine_error", engine_errors=attempt.engine_errors)
+    ours = attempt.infra_cause if not verdict.status.is_infra else None
+    if ours is not None:
+        evidence.update(cause=ours)
+        if attempt.engine_errors:
+            evidence["engine_errors"] = attempt.engine_errors
         reward, status, masked, tests = 0.0, Status.INFRA_ERROR, True, {}
     else:
         reward, status, masked, tests = verdict.reward, verdict.status, verdict.masked, dict(verdict.tests)
     flags = list(verdict.flags)
+    if ours == SESSION_CLOSED:
+        flags.append(SESSION_CLOSED)
+    if attempt.agent_faults:  # its own load or reading: graded as it stands, but named
+        flags.append(AGENT_FAULTS_FLAG)
+        evidence["agent_faults"] = dict(attempt.agent_faults)
     if attempt.context_errors:  # graded as it stands, but the table and the UI say why it stopped
         flags.append(CONTEXT_FLAG)
         evidence["context_errors"] = attempt.context_errors

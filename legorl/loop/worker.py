@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from legorl.engine.base import Engine, HoldsTokenizer
 from legorl.harness.base import HostHarness
 from legorl.harness.registry import make_harness
+from legorl.http_auth import new_token
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.record import Attempt, RolloutRecord, masked_record, record_of
@@ -97,7 +98,9 @@ class RolloutWorker:
                 if isinstance(self.engine, HoldsTokenizer)
                 else load_tokenizer(self.cfg.engine.model)
             )
-            self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0)
+            # the per-run secret: only this worker and its host harnesses hold it; a sandbox reaches
+            # its session through its own socket (pinned) and never needs it
+            self.proxy = ProxyServer(self.cfg.proxy, self.engine, make_renderer(tok), port=0, secret=new_token())
             await self.proxy.start()
         else:
             from legorl.proxy.passthrough import PassthroughApp
@@ -113,6 +116,8 @@ class RolloutWorker:
                     f"harness {harness.name!r} runs beside the sandboxes and needs our proxy; "
                     "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')"
                 )
+            if hasattr(harness, "api_key"):  # with the session's URL, its key to the proxy
+                harness.api_key = self.proxy.secret
             try:
                 await harness.start()
             except RuntimeError as e:  # DriverGone
@@ -211,11 +216,21 @@ class RolloutWorker:
             async with self._access(sid, agent) as access:
                 result = await run_rollout(task, agent, self.backend, image, self.rollout_cfg, access)
         finally:
-            if self.proxy is not None:
-                turns = self.proxy.close_session(sid)
+            if session is not None:
+                # closed from outside meanwhile (a management call): its turns are kept, the
+                # attempt is ours (retried, then masked), and the run goes on
+                turns = session.sorted_turns() if session.closed else self.proxy.close_session(sid)  # type: ignore[union-attr]
         if session is None:  # an external endpoint, relayed: its errors are its own
             return Attempt(sid, result, turns, 0)
-        return Attempt(sid, result, turns, session.engine_errors, session.context_errors)
+        return Attempt(
+            sid,
+            result,
+            turns,
+            session.engine_errors,
+            session.context_errors,
+            agent_faults=dict(session.agent_faults),
+            closed_externally=session.closed_externally,
+        )
 
     async def group(
         self,

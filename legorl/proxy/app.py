@@ -34,13 +34,15 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from legorl.proxy import anthropic, gemini, openai_chat, responses
+from legorl.http_auth import HostCheck, same
+from legorl.proxy import anthropic, blame, gemini, openai_chat, responses
 from legorl.proxy.context import ProxyContext
 from legorl.proxy.errors import CONTEXT_EXCEEDED, ProxyError, context_too_long, error_body, stream_error_event
 from legorl.proxy.limits import check_body, limit_error
 from legorl.proxy.pipeline import Parsed, TurnRun
 from legorl.proxy.render_cache import Journal, TooLong
 from legorl.proxy.renderer import Renderer
+from legorl.proxy.session_socket import PINNED
 from legorl.proxy.sessions import Session
 from legorl.types import Dialect
 
@@ -59,6 +61,8 @@ DIALECTS: dict[str, ModuleType] = {
     "/responses": responses,
 }
 _JSON = [(b"content-type", b"application/json")]
+_OPEN_PATHS = frozenset({"/health", "/", "/v1/models", "/models"})  # liveness and the model name: no token
+_ERROR_SEND_S = 10.0  # how long a failed call waits for its client to take the error answer
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -95,13 +99,25 @@ class ClientGone(Exception):
 class ProxyApp:
     """ASGI callable; see the module docstring for the routes."""
 
-    def __init__(self, ctx: ProxyContext, on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        ctx: ProxyContext,
+        on_shutdown: Callable[[], None] | None = None,
+        *,
+        secret: str | None = None,
+        hosts: HostCheck | None = None,
+    ) -> None:
         self.ctx = ctx
         self.on_shutdown = on_shutdown
         self.started_at = time.time()
+        self.secret = secret  # every TCP request but liveness must carry it (None: open)
+        self.hosts = hosts  # the Host values a TCP request may name (None: not checked)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        if kind == "websocket":  # not served: refused at the handshake, without a log line
+            await _refuse_websocket(receive, send)
+            return
         if kind == "http":
             try:
                 await self._http(scope, receive, send)
@@ -129,29 +145,52 @@ class ProxyApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
         sid: str | None = None
         from_url = False
         if path.startswith("/s/"):
             sid, _, rest = path[3:].partition("/")
             path, from_url = "/" + rest, True
         mod = DIALECTS.get(path)
+        gemini_route = gemini.match(path) if mod is None else None
+        pinned = bool(scope.get(PINNED))  # a session socket's request: pinned to its session, no token
         try:
+            if _is_upgrade(headers):  # a WebSocket (or other) upgrade: not served, answered quietly
+                raise ProxyError(400, "protocol upgrades (WebSocket) are not served: use plain HTTP", "invalid_request")
+            if not pinned and self.hosts is not None and not self.hosts.ok(headers):
+                raise ProxyError(403, self.hosts.refusal(headers), "permission")
+            authorized = pinned or self.secret is None
+            if not from_url or not authorized:
+                key = (gemini.key_of(scope.get("query_string", b""), headers) if gemini_route else None) or _key(
+                    headers
+                )
+                if not authorized:
+                    authorized, key = _token_and_session(key, self.secret or "")
+                if not from_url:
+                    sid = key
+            if not authorized and path not in _OPEN_PATHS:
+                raise ProxyError(
+                    401,
+                    "this proxy requires its token: send it as the API key (Authorization: Bearer <token> or "
+                    "x-api-key), with the session in the URL (/s/<session>/v1/...) or after the token "
+                    "(<token>:<session>)",
+                    "authentication",
+                )
             if mod is not None:
                 if method != "POST":
                     raise ProxyError(405, f"{method} {path}: use POST", "invalid_request")
-                if sid is None:
-                    sid = _key(scope["headers"])
                 await self._model_call(scope, receive, send, mod, sid, from_url)
-            elif (route := gemini.match(path)) is not None:
-                await self._gemini(scope, receive, send, route, method, sid, from_url)
+            elif gemini_route is not None:
+                await self._gemini(scope, receive, send, gemini_route, method, sid, from_url)
             elif path in ("/v1/messages/count_tokens", "/messages/count_tokens") and method == "POST":
-                await self._count_tokens(scope, receive, send, sid or _key(scope["headers"]), from_url)
+                await self._count_tokens(scope, receive, send, sid, from_url)
             elif path in ("/v1/models", "/models") and method == "GET":
                 await send_json(send, 200, self._models())
             elif path in ("/health", "/") and method in ("GET", "HEAD"):
-                await send_json(
-                    send, 200, orjson.dumps({"status": "ok", "sessions": len(self.ctx.sessions.open_sessions)})
-                )
+                status: dict[str, Any] = {"status": "ok"}
+                if authorized:
+                    status["sessions"] = len(self.ctx.sessions.open_sessions)
+                await send_json(send, 200, orjson.dumps(status))
             elif path.startswith("/legorl/sessions"):
                 await self._admin(method, path, send)
             else:
@@ -196,6 +235,7 @@ class ProxyApp:
             s = reg.close(sid)
         except KeyError as e:
             raise ProxyError(404, str(e.args[0]), "not_found") from None
+        s.closed_externally = True  # its owner (a rollout) ends it as ours, never the run
         await send_json(send, 200, orjson.dumps({**s.summary(), "late_turns": s.late_turns}))
 
     # -- request bodies -------------------------------------------------------------------
@@ -285,8 +325,6 @@ class ProxyApp:
             raise ProxyError(404, f"no Gemini method {call!r}; served: {', '.join(gemini.METHODS)}", "not_found")
         if method != "POST":
             raise ProxyError(405, f"{method} {scope['path']}: use POST", "invalid_request")
-        if sid is None:
-            sid = gemini.key_of(scope.get("query_string", b""), scope["headers"]) or _key(scope["headers"])
         if call == "countTokens":
             await self._count_tokens(scope, receive, send, sid, from_url, Dialect.GEMINI)
         else:
@@ -363,8 +401,31 @@ class ProxyApp:
                 # its transient memory back to the OS (render_cache.py), once this frame is gone
                 asyncio.get_running_loop().call_soon(ctx.offload.trim)
 
+        try:
+            ticket = blame.admit(run.session, ctx.cfg.session_max_concurrency)
+        except ProxyError as e:  # over the session's concurrency limit: the agent's, a 429
+            await send_error(send, dialect, e)
+            return
+        try:
+            await self._generate(run, parsed, mod, dialect, receive, send, ticket)
+        finally:
+            ticket.release()
+
+    async def _generate(
+        self,
+        run: TurnRun,
+        parsed: Parsed,
+        mod: ModuleType | gemini.Call,
+        dialect: Dialect,
+        receive: Receive,
+        send: Send,
+        ticket: blame.Ticket,
+    ) -> None:
+        """Run one admitted call to its end and answer it (a JSON body or a stream)."""
+        ctx = self.ctx
         task = asyncio.current_task()
-        state = {"gone": False, "done": False}
+        assert task is not None
+        state = {"gone": False, "done": False, "sending": False}
 
         async def watch() -> None:  # a client that goes away aborts the generation
             while True:
@@ -375,6 +436,11 @@ class ProxyApp:
                         task.cancel()
                     return
 
+        async def out(message: dict[str, Any]) -> None:  # a write the client may be slow to take
+            state["sending"] = True
+            await send(message)
+            state["sending"] = False
+
         watcher = asyncio.get_running_loop().create_task(watch())
         started = False
         try:
@@ -384,21 +450,21 @@ class ProxyApp:
                     await run.run_to_end()
                     payload = mod.response(run)
                     run.record(delivered=True)
-                    state["done"] = True
+                    state["done"] = state["sending"] = True
                     await send_json(send, 200, payload)
                     return
                 stream = mod.Stream(run)
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE})
                 started = True
-                await send({"type": "http.response.body", "body": stream.head(), "more_body": True})
+                await out({"type": "http.response.body", "body": stream.head(), "more_body": True})
                 async for evs in run.events():
                     chunk = stream.events(evs)
                     if chunk:
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        await out({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = stream.tail()
                 run.record(delivered=True)  # before the client sees the end: its next call may splice it
                 state["done"] = True
-                await send({"type": "http.response.body", "body": tail, "more_body": False})
+                await out({"type": "http.response.body", "body": tail, "more_body": False})
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise
@@ -406,14 +472,13 @@ class ProxyApp:
             await self._abort(run)
         except TimeoutError:
             err = ProxyError(504, f"the engine did not finish within {ctx.cfg.request_timeout_s:g} s", "timeout")
-            await self._fail(run, send, dialect, err, started)
+            await self._fail(run, send, dialect, err, started, ticket, bool(state["sending"]))
         except ProxyError as e:
-            await self._fail(run, send, dialect, e, started)
+            await self._fail(run, send, dialect, e, started, ticket, bool(state["sending"]))
         except Exception as e:  # noqa: BLE001 - a bug: keep the turn, end the stream with an error event
             log.exception("internal error in session %s", run.session.id)
-            await self._fail(
-                run, send, dialect, ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal"), started
-            )
+            err = ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal")
+            await self._fail(run, send, dialect, err, started, ticket, False)
         finally:
             state["done"] = True
             watcher.cancel()
@@ -424,17 +489,58 @@ class ProxyApp:
         if run.completion_ids and not run.recorded:
             run.record(delivered=False)
 
-    async def _fail(self, run: TurnRun, send: Send, dialect: Dialect, err: ProxyError, started: bool) -> None:
-        log.warning("session %s: %s", run.session.id, err.message)
-        if err.status >= 500:  # the engine failed or timed out, or the proxy broke: never the agent's doing
-            run.session.engine_errors += 1
-        elif err.code == CONTEXT_EXCEEDED:  # the engine's own window, smaller than the proxy's
+    async def _fail(
+        self,
+        run: TurnRun,
+        send: Send,
+        dialect: Dialect,
+        err: ProxyError,
+        started: bool,
+        ticket: blame.Ticket | None = None,
+        sending: bool = False,
+    ) -> None:
+        """Answer a failed call, counted as ours or as the agent's (`blame.py`): only a fault
+        that is provably ours is logged as a warning; the agent's own stay at debug level."""
+        cause = blame.charge(run.session, err, ticket, sending)
+        if cause is None and err.status >= 500:
+            log.warning("session %s: %s", run.session.id, err.message)
+        else:
+            log.debug("session %s (%s): %s", run.session.id, cause or err.status, err.message)
+        if err.code == CONTEXT_EXCEEDED:  # the engine's own window, smaller than the proxy's
             run.session.context_errors += 1
         await self._abort(run)
-        if started:
-            await send({"type": "http.response.body", "body": stream_error_event(dialect, err), "more_body": False})
-        else:
-            await send_error(send, dialect, err)
+        try:  # a client that is not reading must not hold this call open forever
+            async with asyncio.timeout(_ERROR_SEND_S):
+                if started:
+                    await send(
+                        {"type": "http.response.body", "body": stream_error_event(dialect, err), "more_body": False}
+                    )
+                else:
+                    await send_error(send, dialect, err)
+        except TimeoutError:
+            log.debug("session %s: the client did not take the error answer", run.session.id)
+
+
+def _token_and_session(key: str | None, secret: str) -> tuple[bool, str | None]:
+    """Whether `key` carries the proxy's token, and the session it names after it, if any:
+    the key is `<token>` (the session is in the URL) or `<token>:<session>`."""
+    if key is None:
+        return False, None
+    token, sep, session = key.partition(":")
+    if not same(token, secret):
+        return False, None
+    return True, (session or None) if sep else None
+
+
+def _is_upgrade(headers: list[tuple[bytes, bytes]]) -> bool:
+    """A WebSocket upgrade (other upgrades, such as curl's `h2c`, are ignored as HTTP/1.1 allows)."""
+    return any(k == b"upgrade" and v.strip().lower() == b"websocket" for k, v in headers)
+
+
+async def _refuse_websocket(receive: Receive, send: Send) -> None:
+    msg = await receive()
+    if msg["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008, "reason": "not served"})
 
 
 def _key(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -113,6 +113,11 @@ class ProxyConfig(Section):
     request_timeout_s: float = Field(600.0, gt=0)
     """Wall-clock limit of one engine generation; past it the client gets a 504/error event."""
 
+    session_max_concurrency: int = Field(8, ge=1)
+    """Most model calls one session may have in flight at once; one more gets a 429 (OpenAI and
+    Anthropic clients back off and retry). A session that floods the engine cannot make its own
+    timeouts look like engine faults: those count as the agent's (`proxy/blame.py`)."""
+
     served_model: str = "legorl-policy"
     """Name listed by /v1/models (any model name is accepted and routed to the policy)."""
 

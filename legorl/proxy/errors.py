@@ -20,6 +20,8 @@ _ANTHROPIC_TYPES = {
     "not_found": "not_found_error",
     "too_large": "request_too_large",
     "timeout": "timeout_error",
+    "rate_limit": "rate_limit_error",
+    "permission": "permission_error",
     "engine": "api_error",
     "internal": "api_error",
 }
@@ -30,6 +32,8 @@ _OPENAI_TYPES = {
     "not_found": "not_found_error",
     "too_large": "invalid_request_error",
     "timeout": "timeout_error",
+    "rate_limit": "rate_limit_error",
+    "permission": "permission_error",
     "engine": "server_error",
     "internal": "server_error",
 }

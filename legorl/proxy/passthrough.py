@@ -38,7 +38,7 @@ class PassthroughApp:
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        headers = [(k.decode(), v.decode()) for k, v in scope["headers"] if k not in _HOP]
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"] if k not in _HOP]
         if self.api_key:
             headers += [("authorization", f"Bearer {self.api_key}"), ("x-api-key", self.api_key)]
         query = scope.get("query_string", b"").decode()

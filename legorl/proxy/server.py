@@ -23,6 +23,7 @@ from typing import Any
 
 from legorl.asgi_serve import LoopServer, tcp_server
 from legorl.engine.base import Engine
+from legorl.http_auth import HostCheck
 from legorl.proxy.app import ProxyApp
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.context import ProxyContext
@@ -53,6 +54,9 @@ class ProxyServer:
 
     `standalone=False` (default): sessions exist only between `open_session` and
     `close_session`. `standalone=True`: any session id is opened on first use.
+    With `secret`, every request on the TCP port but liveness must carry it as its API key
+    (`Bearer <secret>`, the session in the URL, or `Bearer <secret>:<session>`); requests on a
+    session socket never need it. On loopback the `Host` header must name the bound address.
     With `out_dir`, every finished turn is appended to `out_dir/turns.jsonl` and every
     closed session's trajectory to `out_dir/trajectories.jsonl`."""
 
@@ -66,15 +70,18 @@ class ProxyServer:
         standalone: bool = False,
         host: str | None = None,
         port: int | None = None,
+        secret: str | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.recorder = JsonlRecorder(out_dir) if out_dir is not None else None
         self.sessions = SessionRegistry(standalone=standalone, recorder=self.recorder, idle_s=cfg.session_idle_s)
         self.ctx = ProxyContext(cfg, engine, renderer, self.sessions)
-        self.app = ProxyApp(self.ctx)
         self.host = host if host is not None else cfg.host
         self.port = port if port is not None else cfg.port
+        self.secret = secret
+        self.hosts = HostCheck(self.host)
+        self.app = ProxyApp(self.ctx, secret=secret, hosts=self.hosts)
         self._server: LoopServer | None = None
 
     @property
@@ -103,6 +110,7 @@ class ProxyServer:
             self.app, self.host, self.port, what="proxy server", header_timeout_s=self.cfg.header_timeout_s
         )
         self.port = self._server.sock.getsockname()[1]
+        self.hosts.bound(self.port)
         await self._server.start()
 
     async def stop(self) -> None:
@@ -128,8 +136,22 @@ class ProxyServer:
         await self.stop()
 
 
-def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path, config_path: Path | None) -> None:
+def run_standalone(
+    engine_kind: str,
+    model: str,
+    host: str,
+    port: int,
+    out: Path,
+    config_path: Path | None,
+    *,
+    token: str | None = None,
+    insecure: bool = False,
+) -> None:
     """`legorl proxy`: serve all three dialects until SIGINT/SIGTERM, recording to `out`.
+
+    Authenticated by default (`legorl/http_auth.py`): every call carries `token` (else
+    `$LEGORL_TOKEN`, else a fresh one, printed) as its API key, the session in the URL or
+    after the token (`<token>:<session>`); `insecure=True` serves without one, on loopback only.
 
     `config_path` is a TOML file whose `[proxy]` table holds ProxyConfig fields and whose
     `[engine]` table holds EngineConfig fields (other tables are ignored). Any session id
@@ -138,8 +160,10 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
     from pydantic import ValidationError
 
     from legorl.engine.registry import EngineConfig, make_engine
+    from legorl.http_auth import policy
     from legorl.models import load_tokenizer
 
+    secret = policy("proxy", host, token, insecure)
     proxy_cfg, engine_raw = _load_config(config_path)
     proxy_cfg.host, proxy_cfg.port = host, port
     try:
@@ -157,7 +181,7 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        srv = ProxyServer(proxy_cfg, engine, renderer, out_dir=out, standalone=True)
+        srv = ProxyServer(proxy_cfg, engine, renderer, out_dir=out, standalone=True, secret=secret)
         try:
             await srv.start()
         except OSError as e:  # port in use, address not available: a message, not a traceback
@@ -167,6 +191,14 @@ def run_standalone(engine_kind: str, model: str, host: str, port: int, out: Path
             f"(OpenAI {srv.base_url}/v1, Anthropic {srv.base_url}); recording to {out}",
             flush=True,
         )
+        if secret is None:
+            print("legorl proxy: --insecure: no token is asked (any local process can use it)", flush=True)
+        elif secret != token:
+            print(
+                f"legorl proxy: token {secret} (send it as the API key, the session after it: "
+                f"<token>:<session>, or in the URL: {srv.base_url}/s/<session>)",
+                flush=True,
+            )
         try:
             await stop.wait()
         finally:

@@ -5,7 +5,9 @@ socket outside (bind-mounted into the sandbox), so an unmodified harness needs n
 a base URL. Whatever path or API key the agent sends, every request on the socket is
 pinned to its own session: the path's `/s/<id>` prefix is replaced by the socket's, and
 the proxy's management routes (`/legorl/...`: list and close sessions) are refused. An
-agent therefore cannot read, write or close another rollout's session.
+agent therefore cannot read, write or close another rollout's session. The socket itself is
+the sandbox's credential: the proxy's per-run token (`legorl/http_auth.py`) is asked only of
+requests on its TCP port, never of a pinned one, so no secret enters a sandbox.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import orjson
 from legorl.asgi_serve import LoopServer, guarded_httptools
 
 Scope = dict[str, Any]
+PINNED = "legorl.pinned"  # scope key: the request came in on a session socket (pinned, needs no token)
 
 
 class SessionPinned:
@@ -31,6 +34,11 @@ class SessionPinned:
         self.prefix = f"/s/{session_id}"
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":  # not served: refused at the handshake, quietly
+            msg = await receive()
+            if msg["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008, "reason": "not served"})
+            return
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path: str = scope["path"]
@@ -47,7 +55,9 @@ class SessionPinned:
             )
             await send({"type": "http.response.body", "body": body})
             return
-        scope = dict(scope, path=self.prefix + path, raw_path=(self.prefix + path).encode())
+        # pinned: a scope key no client can set (the server builds the scope), read by the proxy
+        # app as "this session's own socket": the per-run token is not asked of a sandbox
+        scope = dict(scope, path=self.prefix + path, raw_path=(self.prefix + path).encode(), **{PINNED: True})
         await self.app(scope, receive, send)
 
 

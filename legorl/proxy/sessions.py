@@ -55,6 +55,12 @@ class Session:
         # it stands, but named on the outcome (`context_exceeded`) so a harness whose prompt alone
         # overflows a small model is not read as a model that chose to stop
         self.context_errors = 0
+        # failed calls the session brought on itself (its own concurrent load, a stream it did not
+        # read, a request that broke the proxy), by cause: graded, never masked (`proxy/blame.py`)
+        self.agent_faults: dict[str, int] = {}
+        self.in_flight = 0  # model calls admitted and not yet finished
+        self.admitted = 0  # model calls admitted so far
+        self.closed_externally = False  # closed by a management call, not by its owner
         self._next = 0
 
     def next_index(self) -> int:
@@ -73,6 +79,8 @@ class Session:
             "aborted": len(self.aborted),
             "engine_errors": self.engine_errors,
             "context_errors": self.context_errors,
+            "agent_faults": dict(self.agent_faults),
+            "in_flight": self.in_flight,
             "side_calls": sum(1 for t in self.turns if t.side_call),
             "opened_at": self.opened_at,
             "closed": self.closed,

@@ -29,6 +29,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response, StreamingRes
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from legorl.http_auth import HostCheck, TokenGate, policy
 from legorl.loop.report import RESULTS_FILE
 from legorl.monitor.monitors import describe_metrics
 from legorl.store.queries import compare_tasks
@@ -230,20 +231,39 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
     return app
 
 
+def gated(app: Any, host: str, port: int, token: str | None) -> TokenGate:
+    """The UI behind its token (`legorl/http_auth.py`): a cookie set by `?token=` once, or a
+    bearer header; on loopback the `Host` header must name the bound address."""
+    return TokenGate(app, token, HostCheck(host).bound(port))
+
+
 class UIServerThread:
     """The UI served from a background thread of this process (a training process can
-    watch itself; tests and the bench use it). `port=0` picks a free port; see `.url`."""
+    watch itself; tests and the bench use it). `port=0` picks a free port. Authenticated by
+    default: `.url` carries a fresh `?token=` (opening it sets the cookie), `.base_url` does
+    not; `insecure=True` serves without a token (loopback only)."""
 
-    def __init__(self, run_dir: Path | str, host: str = "127.0.0.1", port: int = 0, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        run_dir: Path | str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        poll_interval: float = 0.5,
+        *,
+        token: str | None = None,
+        insecure: bool = False,
+    ) -> None:
         import uvicorn
 
+        self.token = policy("ui", host, token, insecure)
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
-        self.url = f"http://{host}:{self._sock.getsockname()[1]}/"
-        config = uvicorn.Config(
-            make_ui_app(run_dir, poll_interval=poll_interval), log_level="warning", timeout_graceful_shutdown=1
-        )
+        bound = self._sock.getsockname()[1]
+        self.base_url = f"http://{host}:{bound}/"
+        self.url = self.base_url + (f"?token={self.token}" if self.token else "")
+        app = gated(make_ui_app(run_dir, poll_interval=poll_interval), host, bound, self.token)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
@@ -268,11 +288,16 @@ class UIServerThread:
         self.stop()
 
 
-def serve_ui(run_dir: Path, host: str = "127.0.0.1", port: int = 8765) -> None:
+def serve_ui(
+    run_dir: Path, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None, insecure: bool = False
+) -> None:
     """Serve the UI for `run_dir` until interrupted. Foreseeable mistakes (no store there,
-    port taken) raise `SystemExit` with a message instead of a traceback."""
+    port taken, `--insecure` off loopback) raise `SystemExit` with a message instead of a
+    traceback. A token is required unless `insecure` (see `UIServerThread`); the printed URL
+    carries it."""
     import uvicorn
 
+    secret = policy("ui", host, token, insecure)
     path = db_path(run_dir)
     if not path.exists():
         raise SystemExit(f"error: no run store at {path}; pass the run directory a training run writes to")
@@ -282,5 +307,5 @@ def serve_ui(run_dir: Path, host: str = "127.0.0.1", port: int = 8765) -> None:
             s.bind((host, port))
         except OSError as e:
             raise SystemExit(f"error: cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
-    print(f"LEGO-RL UI for {path.parent} at http://{host}:{port}/")
-    uvicorn.run(make_ui_app(path), host=host, port=port, log_level="warning")
+    print(f"LEGO-RL UI for {path.parent} at http://{host}:{port}/" + (f"?token={secret}" if secret else ""))
+    uvicorn.run(gated(make_ui_app(path), host, port, secret), host=host, port=port, log_level="warning")

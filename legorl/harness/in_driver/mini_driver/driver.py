@@ -74,7 +74,7 @@ def run_one(job: dict[str, Any]) -> None:
         model_cfg["model_kwargs"] = {
             **model_cfg.get("model_kwargs", {}),
             "api_base": job["api_base"],
-            "api_key": "legorl",
+            "api_key": job.get("api_key") or "legorl",  # the run's proxy secret
         }
         model = get_model(job["model"], model_cfg)
         env_cfg = {
