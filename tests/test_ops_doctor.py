@@ -27,8 +27,13 @@ pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-HEAVY = ["sandbox starts", "sandbox isolation", "sandbox reaches its proxy session", "grading self-test",
-         "first prompt fits the window"]
+HEAVY = [
+    "sandbox starts",
+    "sandbox isolation",
+    "sandbox reaches its proxy session",
+    "grading self-test",
+    "first prompt fits the window",
+]
 
 
 def config(**sections: dict[str, Any]) -> RunConfig:
@@ -46,8 +51,9 @@ def test_json_has_every_check_a_status_and_the_verdict(tmp_path: Path) -> None:
         '[trainer]\nmodel = "tiny-qwen3"\nlr = 0.0\n[proxy]\ntool_format = "glm45"\n'
     )
     skips = [a for name in HEAVY for a in ("--skip", name)]
-    p = subprocess.run([*LEGORL, "doctor", "--config", str(toml), "--json", *skips],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [*LEGORL, "doctor", "--config", str(toml), "--json", *skips], capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     report = json.loads(p.stdout)  # stdout is the JSON and nothing else
     assert report["safe_to_run"] is False and report["verdict"] == "NO"
@@ -64,8 +70,9 @@ def test_json_has_every_check_a_status_and_the_verdict(tmp_path: Path) -> None:
 def test_json_is_a_fatal_verdict_when_the_config_does_not_load(tmp_path: Path) -> None:
     toml = tmp_path / "broken.toml"
     toml.write_text("[trainer]\nlr = 'fast'\n")
-    p = subprocess.run([*LEGORL, "doctor", "--config", str(toml), "--json"], capture_output=True, text=True,
-                       timeout=120)
+    p = subprocess.run(
+        [*LEGORL, "doctor", "--config", str(toml), "--json"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 1
     report = json.loads(p.stdout)
     assert report["safe_to_run"] is False
@@ -162,8 +169,11 @@ def test_learning_rate_checks_every_planned_step() -> None:
     assert ok.ok and "over 10 optimizer steps" in ok.detail
     zero = run_one(lr_check(config(run={"steps": 10}, trainer={"lr": 0.0})))
     assert not zero.ok and "0 on 10 of 10" in zero.detail and "lr = 0" in zero.detail
-    short = run_one(lr_check(config(run={"steps": 5}, trainer={"lr": 1e-5, "schedule": "cosine", "total_steps": 4,
-                                                                "minibatches": 2})))
+    short = run_one(
+        lr_check(
+            config(run={"steps": 5}, trainer={"lr": 1e-5, "schedule": "cosine", "total_steps": 4, "minibatches": 2})
+        )
+    )
     assert not short.ok and "from step 4" in short.detail and "total_steps = 4" in short.detail
     assert "(10)" in short.fix  # 5 steps x 2 minibatches
 

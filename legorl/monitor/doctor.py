@@ -211,8 +211,15 @@ def checks_json(build: Callable[[], Sequence[Check]]) -> dict[str, Any]:
             for o in outcomes
         ]
     except Exception as e:  # noqa: BLE001 - the JSON is the report, whatever broke
-        rows = [{"name": "checks load", "status": "fatal", "detail": f"{type(e).__name__}: {e}",
-                 "fix": "fix the config (see the message)", "seconds": 0.0}]
+        rows = [
+            {
+                "name": "checks load",
+                "status": "fatal",
+                "detail": f"{type(e).__name__}: {e}",
+                "fix": "fix the config (see the message)",
+                "seconds": 0.0,
+            }
+        ]
     counts = {s: sum(r["status"] == s for r in rows) for s in ("ok", "warn", "fatal")}
     safe = counts["fatal"] == 0 and bool(rows)
     return {"safe_to_run": safe, "verdict": "YES" if safe else "NO", "counts": counts, "checks": rows}

@@ -78,10 +78,12 @@ def dry_step(cfg: RunConfig, factory: EngineFactory | None = None) -> dict[str, 
             fix=REPLAY_FIX,
         )
     n, c = len(ids), len(gen.completion_ids)
-    seg = Segment([0], ids + gen.completion_ids, [0] * n + [1] * c, [0.0] * n + list(gen.logprobs), [0],
-                  gen.routed_experts)
-    (mb,) = pack([(0, Trajectory("doctor", [seg], AlignmentStats(), instance_id="doctor"), 1.0)], "trajectory",
-                 n + c + 1)
+    seg = Segment(
+        [0], ids + gen.completion_ids, [0] * n + [1] * c, [0.0] * n + list(gen.logprobs), [0], gen.routed_experts
+    )
+    (mb,) = pack(
+        [(0, Trajectory("doctor", [seg], AlignmentStats(), instance_id="doctor"), 1.0)], "trajectory", n + c + 1
+    )
     with torch.no_grad():
         out = trainer.policy(mb, trainer.opts)
     m = mismatch_metrics(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N)

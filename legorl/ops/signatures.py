@@ -10,14 +10,14 @@ here and says so.
 
 | key | name | reads |
 | --- | --- | --- |
-| `mismatch` | rollout/trainer mismatch | the `mismatch` monitor on `mismatch/pearson`, `mismatch/mean_abs_dp` |
+| `mismatch` | rollout/trainer mismatch | `mismatch` monitor: `mismatch/pearson`, `/mean_abs_dp` |
 | `lr_zero` | learning rate 0 | `train/lr` of the last trained step |
-| `gradient_starvation` | gradient starvation | `train/grad_norm`, `train/trained`, `groups/zero_variance_share` of the last 3 steps |
-| `infra_avalanche` | infrastructure avalanche | the `infra_errors` monitor on `status/<infra>`, its share climbing |
-| `heldout_fake_zero` | held-out fake-zero | `heldout/<label>/resolved_rate`, `/masked`, `/episodes`; training `resolved_rate`, `reward/mean` |
-| `tool_collapse` | tool-call collapse | `rollout/turns_mean`, `rollout/parse_failure_rate`, the `tool_collapse`/`parse_failures` monitors |
-| `zero_variance` | zero-variance starvation | the `zero_variance` monitor, critical on each of the last 3 steps |
-| `stall` | stall | the process is alive, the store's last write is older than the stall limit |
+| `gradient_starvation` | gradient starvation | `train/grad_norm`, `train/trained`, zero-variance share, 3 steps |
+| `infra_avalanche` | infrastructure avalanche | `infra_errors` monitor: `status/<infra>`, share climbing |
+| `heldout_fake_zero` | held-out fake-zero | `heldout/*/resolved_rate` at 0, training `resolved_rate`/`reward/mean` |
+| `tool_collapse` | tool-call collapse | `rollout/turns_mean` → 1, `rollout/parse_failure_rate` rising |
+| `zero_variance` | zero-variance starvation | `zero_variance` monitor critical on each of the last 3 steps |
+| `stall` | stall | the process alive, the store's last write older than the limit |
 """
 
 from __future__ import annotations
@@ -87,8 +87,11 @@ def mismatch(f: Facts) -> Match | None:
         return None
     sev = "critical" if any(a.severity == "critical" for a in alerts) else "warning"
     return Match(
-        "mismatch", "rollout/trainer mismatch", sev,
-        [f"step {a.step}: {a.message}" for a in alerts] + [f"mismatch/pearson: {_series(rows[-3:], 'mismatch/pearson')}"],
+        "mismatch",
+        "rollout/trainer mismatch",
+        sev,
+        [f"step {a.step}: {a.message}" for a in alerts]
+        + [f"mismatch/pearson: {_series(rows[-3:], 'mismatch/pearson')}"],
         "the trainer is not computing what the engine sampled: check routing replay (MoE), dtypes, the engine's "
         "logprobs mode and the served weights (`legorl doctor` checks each)",
     )
@@ -99,7 +102,10 @@ def lr_zero(f: Facts) -> Match | None:
     if not rows or rows[-1]["train/lr"] > 0:
         return None
     return Match(
-        "lr_zero", "learning rate 0", "critical", [f"train/lr: {_series(rows[-3:], 'train/lr')}"],
+        "lr_zero",
+        "learning rate 0",
+        "critical",
+        [f"train/lr: {_series(rows[-3:], 'train/lr')}"],
         "set [trainer] lr > 0 and total_steps ≥ the run's optimizer steps; resume from the last checkpoint",
     )
 
@@ -119,7 +125,10 @@ def gradient_starvation(f: Facts) -> Match | None:
         for r in rows
     ]
     return Match(
-        "gradient_starvation", "gradient starvation", "critical", ev,
+        "gradient_starvation",
+        "gradient starvation",
+        "critical",
+        ev,
         "groups carry reward variance but no gradient reaches the weights: check that completion tokens are "
         "not all masked (trajectory view), the advantages (stored per trajectory) and [trainer] max_grad_norm",
     )
@@ -139,9 +148,14 @@ def infra_avalanche(f: Facts) -> Match | None:
     if not alerts or not climbing:
         return None
     return Match(
-        "infra_avalanche", "infrastructure avalanche", alerts[0].severity,
+        "infra_avalanche",
+        "infrastructure avalanche",
+        alerts[0].severity,
         [f"step {a.step}: {a.message}" for a in alerts]
-        + ["masked (infrastructure) share: " + ", ".join(f"step {int(r['step'])}: {s:.0%}" for r, s in zip(rows[-5:], shares[-5:], strict=True))],
+        + [
+            "masked (infrastructure) share: "
+            + ", ".join(f"step {int(r['step'])}: {s:.0%}" for r, s in zip(rows[-5:], shares[-5:], strict=True))
+        ],
         "rollouts are masked, not learned from: read the infra_error trajectories' evidence (sandbox, engine, "
         "grader), fix the machine (`legorl doctor`), then resume",
     )
@@ -161,7 +175,9 @@ def heldout_fake_zero(f: Facts) -> Match | None:
     label = key[len("heldout/") : -len("/resolved_rate")]
     eps, masked = last.get(f"heldout/{label}/episodes", 0.0), last.get(f"heldout/{label}/masked", 0.0)
     return Match(
-        "heldout_fake_zero", "held-out fake-zero", "critical",
+        "heldout_fake_zero",
+        "held-out fake-zero",
+        "critical",
         [
             f"step {int(last['step'])}: {key} = 0 over {int(eps)} episodes ({int(masked)} masked)",
             f"training resolved rate / reward over the last {len(fine)} steps: " + ", ".join(f"{v:.2f}" for v in fine),
@@ -184,9 +200,14 @@ def tool_collapse(f: Facts) -> Match | None:
     upto = [s for s in f.history if s["step"] <= rows[-1]["step"]]
     alerts = mon.tool_collapse(upto, f.monitor, f.run) + mon.parse_failures(upto, f.monitor, f.run)
     return Match(
-        "tool_collapse", "tool-call collapse", "critical",
-        [f"rollout/turns_mean: {_series(rows[-5:], 'rollout/turns_mean')}",
-         "rollout/parse_failure_rate: " + ", ".join(f"step {int(r['step'])}: {v:.0%}" for r, v in zip(rows[-5:], fails[-5:], strict=True))]
+        "tool_collapse",
+        "tool-call collapse",
+        "critical",
+        [
+            f"rollout/turns_mean: {_series(rows[-5:], 'rollout/turns_mean')}",
+            "rollout/parse_failure_rate: "
+            + ", ".join(f"step {int(r['step'])}: {v:.0%}" for r, v in zip(rows[-5:], fails[-5:], strict=True)),
+        ]
         + [f"step {a.step}: {a.message}" for a in alerts],
         f"the policy stopped acting in its harness's format ({f.run.format_label()}): inspect recent turns; "
         "roll back to a checkpoint before the collapse and lower the learning rate or add format demonstrations",
@@ -201,7 +222,9 @@ def zero_variance(f: Facts) -> Match | None:
     if not all(h and h[0].severity == "critical" for h in hits):
         return None
     return Match(
-        "zero_variance", "zero-variance starvation", "critical",
+        "zero_variance",
+        "zero-variance starvation",
+        "critical",
         [f"step {h[0].step}: {h[0].message}" for h in hits],
         "every group's rewards are equal, so no advantage is non-zero: tasks are all too hard or all too easy "
         "for this policy; change the task mix or difficulty, or the group size",
@@ -212,9 +235,13 @@ def stall(f: Facts) -> Match | None:
     if f.alive is not True or f.last_write_age_s is None or f.last_write_age_s <= f.stall_after_s:
         return None
     return Match(
-        "stall", "stall", "critical",
-        [f"the run's process is alive; its store's last write was {f.last_write_age_s / 60:.0f} min ago "
-         f"(limit {f.stall_after_s / 60:.0f} min)"],
+        "stall",
+        "stall",
+        "critical",
+        [
+            f"the run's process is alive; its store's last write was {f.last_write_age_s / 60:.0f} min ago "
+            f"(limit {f.stall_after_s / 60:.0f} min)"
+        ],
         "something waits forever (an engine request, a sandbox, a harness): look at the process (py-spy dump) and "
         "the newest trajectories; a hang should be an error with a message, so report it",
     )

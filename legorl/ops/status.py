@@ -84,8 +84,12 @@ def status(run_dir: Path, *, stall_after_s: float | None = None, now: float | No
     monitor = MonitorConfig.model_validate({k: v for k, v in (cfg.get("monitor") or {}).items() if k != "sinks"})
     live = liveness(Path(run_dir))
     last_write = _last_write(db)
-    prog = _progress(steps, int((cfg.get("run") or {}).get("steps", 0)), float(info.get("created") or now),
-                     now if live.alive else last_write)
+    prog = _progress(
+        steps,
+        int((cfg.get("run") or {}).get("steps", 0)),
+        float(info.get("created") or now),
+        now if live.alive else last_write,
+    )
     per_step_s = (prog["minutes_per_step"] or 0.0) * 60
     stall_s = stall_after_s if stall_after_s is not None else max(STALL_MIN_S, 3 * per_step_s)
     facts = Facts(history, monitor, RunFacts(formats), live.alive, now - last_write, stall_s)
@@ -93,8 +97,7 @@ def status(run_dir: Path, *, stall_after_s: float | None = None, now: float | No
     finished = (Path(run_dir) / "heldout_results.json").exists() or (
         prog["steps_planned"] > 0 and prog["steps_done"] >= prog["steps_planned"]
     )
-    state = "running" if live.alive else ("finished" if finished else
-                                          ("stopped" if live.alive is False else "unknown"))
+    state = "running" if live.alive else ("finished" if finished else ("stopped" if live.alive is False else "unknown"))
     return {
         "run_dir": str(run_dir),
         "run_id": (info.get("info") or {}).get("run_id"),

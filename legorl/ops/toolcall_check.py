@@ -62,15 +62,21 @@ def _request(dialect: Dialect) -> tuple[str, dict[str, Any]]:
     desc = "Run a shell command."
     if dialect is Dialect.ANTHROPIC:
         tools: Any = [{"name": "bash", "description": desc, "input_schema": schema}]
-        return "/v1/messages", {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": ASK}],
-                                "tools": tools}
+        return "/v1/messages", {
+            "model": "m",
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": ASK}],
+            "tools": tools,
+        }
     if dialect is Dialect.RESPONSES:
         tools = [{"type": "function", "name": "bash", "description": desc, "parameters": schema}]
         return "/v1/responses", {"model": "m", "input": ASK, "tools": tools}
     if dialect is Dialect.GEMINI:
         tools = [{"functionDeclarations": [{"name": "bash", "description": desc, "parameters": schema}]}]
-        return "/v1beta/models/m:generateContent", {"contents": [{"role": "user", "parts": [{"text": ASK}]}],
-                                                    "tools": tools}
+        return "/v1beta/models/m:generateContent", {
+            "contents": [{"role": "user", "parts": [{"text": ASK}]}],
+            "tools": tools,
+        }
     tools = [{"type": "function", "function": {"name": "bash", "description": desc, "parameters": schema}}]
     return "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": ASK}], "tools": tools}
 
@@ -80,14 +86,19 @@ def calls_in(dialect: Dialect, body: dict[str, Any]) -> list[tuple[str, Any]]:
     if dialect is Dialect.ANTHROPIC:
         return [(b["name"], b.get("input")) for b in body.get("content", []) if b.get("type") == "tool_use"]
     if dialect is Dialect.RESPONSES:
-        return [(o["name"], json.loads(o.get("arguments") or "null")) for o in body.get("output", [])
-                if o.get("type") == "function_call"]
+        return [
+            (o["name"], json.loads(o.get("arguments") or "null"))
+            for o in body.get("output", [])
+            if o.get("type") == "function_call"
+        ]
     if dialect is Dialect.GEMINI:
         parts = [p for c in body.get("candidates", []) for p in c.get("content", {}).get("parts", [])]
         return [(p["functionCall"]["name"], p["functionCall"].get("args")) for p in parts if "functionCall" in p]
     msg = (body.get("choices") or [{}])[0].get("message", {})
-    return [(c["function"]["name"], json.loads(c["function"].get("arguments") or "null"))
-            for c in msg.get("tool_calls") or []]
+    return [
+        (c["function"]["name"], json.loads(c["function"].get("arguments") or "null"))
+        for c in msg.get("tool_calls") or []
+    ]
 
 
 async def round_trip(cfg: RunConfig, tok: Any, renderer: Any, completion_ids: list[int], dialect: Dialect) -> list:
