@@ -10,7 +10,8 @@ Front ends that face clients (the proxy) are served with `guarded_httptools`: a 
 line and headers must arrive within a timeout of the connection opening (or of the
 request's first byte), else the connection is closed with a JSON 408 (slowloris), and
 what the HTTP parser rejects gets a JSON 400 in OpenAI's error shape instead of uvicorn's
-plain text. (Body timeouts are the application's: see `proxy/app.py`.)
+plain text, logged at debug level only (a sandbox's garbage is no news for the console).
+(Body timeouts are the application's: see `proxy/app.py`.)
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import logging
 import socket
 from typing import Any
 
 import orjson
 import uvicorn
+
+log = logging.getLogger(__name__)
 
 
 def http_impl() -> str:
@@ -142,6 +146,27 @@ def guarded_httptools(header_timeout_s: float) -> type[asyncio.Protocol] | None:
                     )
                 )
                 self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            """uvicorn's, but a request the parser rejects is the client's mistake: answered
+            with a JSON 400, logged at debug level, never a warning on the trainer's console
+            (a sandboxed agent can send any bytes it likes)."""
+            import httptools
+
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError as e:
+                log.debug("malformed HTTP request: %s", e)
+                self.send_400_response(str(e) or "Invalid HTTP request received.")
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+
+        def _unsupported_upgrade_warning(self) -> None:
+            log.debug("unsupported upgrade request (served as plain HTTP)")
 
         def send_400_response(self, msg: str) -> None:
             self.transport.write(
