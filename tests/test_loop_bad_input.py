@@ -172,22 +172,22 @@ def test_a_task_whose_repository_is_broken_is_masked_not_a_crash(tmp_path: Path)
     assert "bundle" in line["evidence"]["error"] or "commit" in line["evidence"]["error"]
 
 
-def test_a_dead_engine_masks_rollouts_then_ends_with_one_message(tmp_path: Path) -> None:
-    """An HTTP engine nobody answers at: every rollout is a masked infra error (never a
-    reward), the step is closed and checkpointed, and the weight sync ends the run with
-    one message naming the server and how to resume."""
+def test_a_dead_engine_is_one_message_before_any_rollout(tmp_path: Path) -> None:
+    """An HTTP engine nobody answers at: one cheap request before the first rollout finds it
+    (issue 39: it used to mask every rollout, train and checkpoint a step of no data, and
+    end only at the weight sync), and the message names the server and what to do."""
     import sqlite3
 
     served = tmp_path / "served"
     served.mkdir()
     engine = f'kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"\nserved_model_dir = "{served}"'
     proc = train(config(tmp_path, engine=engine, sandbox="retries = 1"))
-    one_message(proc, "weight sync to the engine failed after step 0", "127.0.0.1:9", "--resume")
-    with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
-        rows = list(db.execute("SELECT status, masked, reward FROM trajectories WHERE step = 0"))
-        closed = db.execute("SELECT t_end FROM steps WHERE step = 0").fetchone()[0]
-    assert rows and all(r == ("infra_error", 1, 0.0) for r in rows), rows
-    assert closed is not None and (tmp_path / "run" / "checkpoints" / "step_00000001").is_dir()
+    one_message(proc, "engine.url http://127.0.0.1:9 does not answer", "start the vllm server")
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    if (tmp_path / "run" / "run.sqlite").exists():
+        with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
+            assert db.execute("SELECT count(*) FROM trajectories").fetchone()[0] == 0
+    assert not (tmp_path / "run" / "checkpoints").exists()
     one_message(
         train(config(tmp_path, engine='kind = "vllm"\nmodel = "quickstart-qwen3"\nurl = "http://127.0.0.1:9"')),
         "engine.served_model_dir is required",

@@ -16,9 +16,13 @@ says so (`Trainer.bump_version` / `restore`) and syncs the engine before the nex
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 from legorl.engine.base import EngineError
 from legorl.engine.registry import make_engine
@@ -26,6 +30,7 @@ from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
 from legorl.loop.run import Run
+from legorl.loop.run_dir import CONTROL_START_FILE
 from legorl.loop.startup import broadcast, sample_tasks
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
 from legorl.loop.worker import RolloutRecord, RolloutWorker
@@ -34,6 +39,27 @@ from legorl.train.checkpoint import load_weights
 from legorl.train.sft import sft
 from legorl.train.trainer import Trainer, WeightsSnapshot
 from legorl.types import Status, Trajectory
+
+PRE_GSPO_EVALS = ("start", "warm_start")  # evaluations done before the first checkpoint a resume can load
+ENGINE_LOST_SHARE = 0.5  # a step with more of its rollouts lost to the engine is not trained
+
+
+def evaluated(data_state: dict[str, Any]) -> set[str]:
+    """The held-out evaluations (phases) whose rows are final as of a checkpoint: a resume
+    keeps them and redoes any other (its partial rollouts kept as abandoned). A checkpoint
+    written before this was recorded is one after the phases before GSPO."""
+    return set(data_state.get("evaluated", PRE_GSPO_EVALS))
+
+
+def lost_to_engine(records: list[RolloutRecord]) -> int:
+    """Rollouts masked because the engine failed under them (status or cause `engine_error`)."""
+    return sum(
+        1
+        for r in records
+        if (o := r.trajectory.outcome) is not None
+        and o.masked
+        and (o.status is Status.ENGINE_ERROR or o.evidence.get("cause") == "engine_error")
+    )
 
 
 @dataclass(frozen=True)
@@ -130,6 +156,29 @@ async def warm_start(run: Run) -> ControlStart | None:
     return ControlStart(trainer.snapshot(), demos) if ws.control_steps else None
 
 
+def keep_control_start(run: Run, start: ControlStart) -> None:
+    """Write where the control begins to `RUN_DIR/control_start.pt`: GSPO moves the weights
+    on and checkpoints are pruned, so without it a `--resume` after the warm start would
+    have no warm-start weights to run the control from (it used to drop the control)."""
+    path = run.cfg.run.dir / CONTROL_START_FILE
+    tmp = path.with_suffix(".tmp")
+    try:
+        torch.save({"lm": start.weights.lm, "optimizer": start.weights.optimizer, "demos": start.demos}, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path} ({e.strerror or e}): free space there, then start again") from None
+
+
+def load_control_start(run: Run) -> ControlStart | None:
+    """The control's start as the warm start wrote it (None when it did not)."""
+    path = run.cfg.run.dir / CONTROL_START_FILE
+    if not path.exists():
+        return None
+    data = torch.load(path, map_location="cpu", weights_only=False)  # our own file: tensors and trajectories
+    return ControlStart(WeightsSnapshot(lm=data["lm"], optimizer=data["optimizer"]), list(data["demos"]))
+
+
 async def control(run: Run, start: ControlStart) -> None:
     """The same budget spent on more SFT: back to the warm-start weights and optimizer,
     `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
@@ -177,6 +226,13 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
     """Advantages (once: stored and trained on) → train → close the step in the store →
     checkpoint → sync the engine. Past `max_staleness` a trajectory is dropped or kept (`stale`)."""
     cfg, trainer, store = run.cfg, run.trainer, run.store
+    lost = lost_to_engine(records)
+    if lost > ENGINE_LOST_SHARE * len(records):  # the engine died under the step: redo it, not keep it
+        raise RunError(
+            f"step {step}: {lost} of {len(records)} rollouts were lost to the engine (engine_error), so the "
+            f"step is not trained or checkpointed. Check the engine, then `legorl train CONFIG --resume` "
+            f"re-runs step {step} (these rollouts are kept as abandoned)"
+        )
     k = cfg.run.max_staleness
     ages = [staleness(r, trainer.version) for r in records]
     kept = [r for r, a in zip(records, ages, strict=True) if a <= k or cfg.run.stale == "correct"] if k else records

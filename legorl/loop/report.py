@@ -54,6 +54,14 @@ class Report:
             rep.phases = dict(data.get("phases_s", {}))
         return rep
 
+    def keep_only(self, phases: set[str]) -> None:
+        """Drop the rows of evaluations a resume redoes (those of phases not in `phases`;
+        `end@opencode` is of phase `end`), so a redone evaluation is counted once."""
+        for label in [k for k in self.rows if k.split("@")[0] not in phases]:
+            del self.rows[label]
+            self.steps.pop(label, None)
+        self.save()
+
     def add(self, ev: Evaluation, *, step: int) -> None:
         self.rows[ev.label] = ev
         self.steps[ev.label] = step

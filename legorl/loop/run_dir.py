@@ -10,6 +10,8 @@ load the old run's weights. So:
   line (resume it, choose another directory, or `--overwrite`);
 - `--overwrite` deletes what a run writes there (its store, checkpoints, weights, report)
   and refuses to delete anything else;
+- the run directory's lock (`run_lock.py`, taken first) keeps a live run's directory from
+  a second writer; its lock file is not a run's output;
 - the run gets an id when it is created, kept in the store and in every checkpoint next to
   the config's hash, and `--resume` loads only a checkpoint of this run and this config.
 """
@@ -27,14 +29,24 @@ from typing import Any
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.report import RESULTS_FILE
-from legorl.store.schema import db_path
+from legorl.loop.run_lock import LOCK_FILE
+from legorl.store.schema import StoreCorrupt, db_path, readable
 from legorl.train.checkpoint import STEP_DIR
 
 # Settings that say where a run lives or how it is watched, not what it trains: a run
 # directory may be moved, or its UI served on another port, and still be resumed.
 NOT_HASHED = (("run", "dir"), ("run", "ui"), ("run", "ui_port"), ("trainer", "checkpoint_dir"))
 STORE_FILES = ("run.sqlite", "run.sqlite-wal", "run.sqlite-shm", "run.sqlite-journal")
-RUN_OUTPUTS = (*STORE_FILES, "checkpoints", "weights", RESULTS_FILE, Path(RESULTS_FILE).with_suffix(".tmp").name)
+CONTROL_START_FILE = "control_start.pt"  # where the control begins (phases.keep_control_start)
+RUN_OUTPUTS = (
+    *STORE_FILES,
+    "checkpoints",
+    "weights",
+    RESULTS_FILE,
+    Path(RESULTS_FILE).with_suffix(".tmp").name,
+    CONTROL_START_FILE,
+    Path(CONTROL_START_FILE).with_suffix(".tmp").name,
+)
 
 
 def hashed_config(cfg: RunConfig) -> dict[str, Any]:
@@ -65,14 +77,16 @@ def _checkpoints(directory: Path) -> list[Path]:
 
 
 def _recorded(store: Path) -> int:
-    """Trajectories, metrics and events a store holds (0 for a store that recorded nothing)."""
+    """Trajectories and metrics a store holds (0 for a store that recorded nothing);
+    `StoreCorrupt` for a file that is not a readable store (it is not ours to call empty,
+    and "a run with 1 records" would send the user to a `--resume` that cannot read it)."""
     if not store.exists():
         return 0
     try:
-        with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        with readable(store), sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
             return sum(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("trajectories", "metrics"))
-    except sqlite3.Error:
-        return 1  # unreadable: not ours to call empty
+    except sqlite3.OperationalError as e:
+        return 0 if "no such table" in str(e) else 1  # a store created but never written / busy: not empty
 
 
 def _is_empty_dir(p: Path) -> bool:
@@ -87,7 +101,7 @@ def holdings(cfg: RunConfig) -> list[str]:
     if run_dir.is_dir():
         store = db_path(run_dir)
         for p in sorted(run_dir.iterdir()):
-            if p.name in STORE_FILES or _is_empty_dir(p) or p == ckpt:
+            if p.name in STORE_FILES or p.name == LOCK_FILE or _is_empty_dir(p) or p == ckpt:
                 continue
             found.append(p.name)
         if n := _recorded(store):
@@ -99,7 +113,12 @@ def holdings(cfg: RunConfig) -> list[str]:
 
 def claim(cfg: RunConfig, *, overwrite: bool) -> None:
     """Make `run.dir` this run's before anything is written (see the module docstring)."""
-    held = holdings(cfg)
+    try:
+        held = holdings(cfg)
+    except StoreCorrupt:
+        if not overwrite:
+            raise
+        held = ["a corrupt run store"]
     if not held:
         return
     run_dir = cfg.run.dir
@@ -109,7 +128,7 @@ def claim(cfg: RunConfig, *, overwrite: bool) -> None:
             "continues it; set another run.dir, or pass --overwrite to delete it first"
         )
     foreign = (
-        sorted(p.name for p in run_dir.iterdir() if p.name not in RUN_OUTPUTS and not _is_empty_dir(p))
+        sorted(p.name for p in run_dir.iterdir() if p.name not in (*RUN_OUTPUTS, LOCK_FILE) and not _is_empty_dir(p))
         if run_dir.is_dir()
         else []
     )

@@ -12,11 +12,14 @@ One step, in order (docs/architecture.md, "One loop"):
 
 This module assembles the run (`startup.py` builds and checks its parts, `run.py` holds
 them) and runs the phases (`phases.py`) in order. A run directory belongs to one run
-(`run_dir.py`): a fresh start into one that holds a run is refused, and `--resume` loads
-only this run's checkpoints. The phases before GSPO (the held-out start evaluation, the
-warm start) end with a checkpoint of their own, so a kill in step 0 resumes at step 0
-without redoing them. Ctrl-C cancels the step: sandboxes and servers are closed by their
-context managers and the store holds every committed record.
+(`run_dir.py`) and has one writer (`run_lock.py`, held for the run's life): a fresh start
+into one that holds a run is refused, and `--resume` loads only this run's checkpoints and
+keeps every partial attempt (a step, a held-out evaluation) as abandoned, out of the
+results. The phases before GSPO (the held-out start evaluation, the warm start) end with a
+checkpoint of their own, so a kill in step 0 resumes at step 0 without redoing them; the
+warm start also keeps where the control begins, so any resume still runs the control.
+Ctrl-C cancels the step: sandboxes and servers are closed by their context managers and
+the store holds every committed record.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.report import Report
 from legorl.loop.run import Run
-from legorl.loop.run_dir import check_checkpoint, claim, config_hash, new_run_id
+from legorl.loop.run_dir import CONTROL_START_FILE, check_checkpoint, claim, config_hash, new_run_id
+from legorl.loop.run_inputs import check_weights, probe_engine
+from legorl.loop.run_lock import lock_run_dir, usable_dir
 from legorl.loop.startup import (
     broadcast,
     build_trainer,
@@ -54,6 +59,7 @@ from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import Trackers, open_trackers
 from legorl.store.run_store import RunStore
 from legorl.train.checkpoint import check_weights_fit
+from legorl.types import Task
 
 
 async def train(
@@ -65,20 +71,43 @@ async def train(
     t_run = time.monotonic()
     if resume and overwrite:
         raise RunError("--resume continues the run in run.dir, --overwrite deletes it: choose one")
+    if cfg.run.dir.exists() and not cfg.run.dir.is_dir():  # before the set-up spends its seconds
+        usable_dir(cfg.run.dir)
     if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
         raise RunError(
             "engine.served_model_dir is required to train with vllm: the directory the server was "
             "launched on (new weights are written there and reloaded; see docs/scale-out.md)"
         )
-    run_dir = cfg.run.dir
     check_models(cfg)
+    check_weights(cfg)
     tasks = load_task_split(cfg, cfg.run.split)
     heldout = load_task_split(cfg, cfg.heldout.split)[: cfg.heldout.tasks] if cfg.heldout.tasks else []
+    with lock_run_dir(cfg.run.dir):  # one writer per run directory, for the run's whole life
+        return await _train(cfg, tasks, heldout, resume=resume, overwrite=overwrite, console=console, t_run=t_run)
+
+
+async def _train(
+    cfg: RunConfig,
+    tasks: list[Task],
+    heldout: list[Task],
+    *,
+    resume: bool,
+    overwrite: bool,
+    console: Console,
+    t_run: float,
+) -> dict[str, Any]:
+    """The run, once its directory is locked: claim or resume it, assemble, run the phases."""
+    run_dir = cfg.run.dir
     stored = stored_run(run_dir) if resume else None
     if not resume:
         claim(cfg, overwrite=overwrite)  # nothing of another run in run.dir from here on
     tokenizer = load_tokenizer(cfg.engine.model)
     engine = make_engine(cfg.engine, tokenizer)
+    try:
+        await probe_engine(engine)  # a server that does not answer: one line, before any rollout
+    except BaseException:
+        await engine.close()
+        raise
     trainer = build_trainer(cfg, engine)
     if cfg.warm_start.checkpoint is not None and not resume:  # before the start evaluation spends its time
         try:
@@ -122,8 +151,10 @@ async def train(
     if firsts:  # the pre-flight's measure of each harness's native first prompt, for the UI and the bench
         store.add_event("first_prompts", {"tokens": firsts, "window": window})
     report = Report.load(run_dir) if resume else Report(run_dir)
-    if resume:
-        abandoned = store.abandon_steps(start)
+    if resume:  # every partial attempt, of any phase, kept as abandoned and out of the results
+        kept = phases.evaluated(trainer.data_state)
+        abandoned = store.abandon_attempt(start, heldout_kept=kept)
+        report.keep_only(kept)
         console.print(
             f"resumed at step {start}"
             + (f" ({abandoned} rollouts of the interrupted attempt kept as abandoned)" if abandoned else "")
@@ -169,14 +200,28 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
             await report.timed("eval_start", phases.evaluate(run, "start"))
         if cfg.warm_start.enabled:
             control = await report.timed("warm_start", phases.warm_start(run))
+            if control is not None and run.heldout:  # a resume still runs the control from it
+                phases.keep_control_start(run, control)
             if "warm_start" in at:
                 await report.timed("eval_warm_start", phases.evaluate(run, "warm_start"))
-        trainer.data_state = {**trainer.data_state, "pre_gspo_done": True, "next_step": 0}
+        trainer.data_state = {
+            **trainer.data_state,
+            "pre_gspo_done": True,
+            "next_step": 0,
+            "evaluated": list(phases.PRE_GSPO_EVALS),
+        }
         ran = "start" in at or cfg.warm_start.enabled
         if ran and run.ranks == 1:  # a kill in step 0 resumes at step 0 without redoing these (under
             # torchrun a checkpoint is a collective the followers join only in train_step)
             after = "the warm start" if cfg.warm_start.enabled else "the held-out start evaluation"
             await asyncio.to_thread(phases.save_or_fail, trainer, after, None)
+    elif run.heldout and cfg.warm_start.enabled and cfg.warm_start.control_steps:  # resumed after the warm start
+        control = phases.load_control_start(run)
+        if control is None:
+            console.print(
+                f"[yellow]no {CONTROL_START_FILE} in {cfg.run.dir} (written by an older legorl): "
+                "the control is not run[/yellow]"
+            )
     t_gspo = time.monotonic()
     step = start
     steps = phases.gspo_steps(run, start)
@@ -201,9 +246,11 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
     report.phase("gspo", time.monotonic() - t_gspo)
     if placed is not None:  # and again after the steps: actors lost on the way, rollouts retried
         store.add_event("ray_placement", run.rollouts.placement)  # type: ignore[attr-defined]
-    if "end" in at:
+    done = phases.evaluated(trainer.data_state)
+    if "end" in at and "end" not in done:  # a resume during the control has it already
         await report.timed("eval_end", phases.evaluate(run, "end"))
     if run.heldout and control is not None:
+        trainer.data_state = {**trainer.data_state, "evaluated": sorted(done | {"end"})}
         trainer.save_checkpoint()  # the trained policy is kept; the control then starts from the warm start
         await report.timed("control", phases.control(run, control))
         await report.timed("eval_control", phases.evaluate(run, "control"))

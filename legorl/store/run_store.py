@@ -30,7 +30,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,9 +40,10 @@ import numpy as np
 from legorl.harness.actions import ActionFormat
 from legorl.store import codec
 from legorl.store import messages as msgs
+from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP, eval_phase
 from legorl.store.queries import StoreQueries
 from legorl.store.rebuild import TurnState, common_items, dumps, loads, rebuild_turns, state_of
-from legorl.store.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_path, init_schema
+from legorl.store.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_path, init_schema, readable
 from legorl.types import Outcome, Trajectory, Turn
 
 SEVERITIES = ("info", "warning", "critical")
@@ -83,7 +84,7 @@ class RunStore(StoreQueries):
         self._listeners: list[StoreListener] = []
         self._depth = 0  # nesting of `_write` (under the lock): >0 inside a transaction
         if not readonly:
-            with self._lock:
+            with self._lock, readable(self.path):
                 init_schema(self._conn)
                 if self._conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0:
                     self._conn.execute(
@@ -213,17 +214,42 @@ class RunStore(StoreQueries):
             )
 
     def abandon_steps(self, from_step: int) -> int:
-        """An interrupted attempt that a resume re-runs: trajectories of steps >= `from_step`
-        are kept but flagged `abandoned` and detached from their step (so they are never
-        mixed with the re-run's), and those steps' rows and metrics are cleared. Returns how
-        many trajectories were abandoned."""
+        """`abandon_attempt(from_step)` with every phase before GSPO kept."""
+        return self.abandon_attempt(from_step, heldout_kept=None)
+
+    def abandon_attempt(
+        self, from_step: int, *, heldout_kept: Collection[str] | None = (), warm_start: bool = False
+    ) -> int:
+        """An interrupted attempt that a resume re-runs, so that each rollout counts once:
+        trajectories of GSPO steps >= `from_step`, of the held-out evaluations not in
+        `heldout_kept` (phase names, `end`; None keeps them all) and, with `warm_start`, the
+        warm start's demonstrations are kept but flagged `abandoned` and detached from their
+        step (so they are never mixed with the re-run's, nor counted in its results); those
+        steps' rows, their metrics and the redone evaluations' `heldout/<label>/…` metrics
+        are cleared. Returns how many trajectories were abandoned."""
+        step = int(from_step)
         with self._write() as c:
-            ids = [r[0] for r in c.execute("SELECT id FROM trajectories WHERE step >= ?", (int(from_step),))]
+            ids = [r[0] for r in c.execute("SELECT id FROM trajectories WHERE step >= ?", (step,))]
+            if heldout_kept is not None:
+                ids += [
+                    tid
+                    for tid, sid in c.execute("SELECT id, session_id FROM trajectories WHERE step = ?", (HELDOUT_STEP,))
+                    if eval_phase(sid) not in heldout_kept
+                ]
+                redone = [
+                    k
+                    for (k,) in c.execute("SELECT DISTINCT key FROM metrics WHERE key LIKE 'heldout/%'")
+                    if k.split("/")[1].split("@")[0] not in heldout_kept
+                ]
+                c.executemany("DELETE FROM metrics WHERE key = ?", [(k,) for k in redone])
+            if warm_start:
+                ids += [r[0] for r in c.execute("SELECT id FROM trajectories WHERE step = ?", (WARM_START_STEP,))]
+                c.execute("DELETE FROM metrics WHERE step = ?", (WARM_START_STEP,))
             for tid in ids:
                 c.execute("INSERT OR IGNORE INTO flags(flag, traj_id) VALUES ('abandoned', ?)", (tid,))
                 self._touch(c, tid, "step=NULL, n_flags=n_flags+1")
-            c.execute("DELETE FROM steps WHERE step >= ?", (int(from_step),))
-            c.execute("DELETE FROM metrics WHERE step >= ?", (int(from_step),))
+            c.execute("DELETE FROM steps WHERE step >= ?", (step,))
+            c.execute("DELETE FROM metrics WHERE step >= ? AND key NOT LIKE 'heldout/%'", (step,))
         return len(ids)
 
     def end_step(self, step: int) -> None:

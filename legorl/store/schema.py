@@ -15,7 +15,11 @@ asks "what changed after rev N" through its index.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from legorl.loop.errors import RunError
 
 SCHEMA_VERSION = 2  # v2: turns.routing_base
 TURN_ROW_BITS = 20  # full-text rowid = trajectory id << 20 | turn index
@@ -89,6 +93,31 @@ def db_path(path: Path | str) -> Path:
     return p if p.suffix in (".sqlite", ".db") else p / "run.sqlite"
 
 
+class StoreCorrupt(RunError):
+    """The run store's file is not a readable SQLite database (truncated, overwritten): one
+    line naming the file and what to do, in `train`, `--resume`, `ui` and `export` alike,
+    never SQLite's traceback or a UI that answers 500 to everything."""
+
+
+def corrupt_message(path: Path, err: BaseException) -> str:
+    return (
+        f"the run store {path} is corrupt ({err}): it cannot be read or resumed. Restore it from a copy, "
+        "or move it away (`legorl train CONFIG --overwrite` starts the run over and deletes it)"
+    )
+
+
+@contextmanager
+def readable(path: Path) -> Iterator[None]:
+    """SQLite's 'file is not a database' / 'disk image is malformed' as `StoreCorrupt`.
+    An `OperationalError` (locked, no such table, disk full) is not corruption: it passes."""
+    try:
+        yield
+    except sqlite3.OperationalError:
+        raise
+    except sqlite3.DatabaseError as e:
+        raise StoreCorrupt(corrupt_message(path, e)) from None
+
+
 def connect(path: Path, *, readonly: bool, durable: bool = True) -> sqlite3.Connection:
     """Open a connection with the pragmas every store connection needs.
 
@@ -97,13 +126,15 @@ def connect(path: Path, *, readonly: bool, durable: bool = True) -> sqlite3.Conn
     """
     conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
     conn.row_factory = sqlite3.Row
-    conn.execute("PRAGMA busy_timeout=30000")
-    if readonly:
-        conn.execute("PRAGMA query_only=ON")
-    else:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-        conn.execute("PRAGMA foreign_keys=OFF")
+    with readable(path):
+        conn.execute("PRAGMA busy_timeout=30000")
+        if readonly:
+            conn.execute("PRAGMA query_only=ON")
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # reads the header and the schema
+        else:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            conn.execute("PRAGMA foreign_keys=OFF")
     return conn
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +302,13 @@ def load_tasks(
             continue
         seen[task.instance_id] = lineno
         tasks.append(task)
+    if check_repos:  # a base_commit the repository lacks would mask every rollout of its task
+        bad = _missing_base_commits(tasks, path, seen)
+        if skipped is not None:
+            skipped.extend(bad.values())
+        else:
+            errs.extend(bad.values())
+        tasks = [t for t in tasks if t.instance_id not in bad]
     for first in notes.values():  # each field we cannot honour, said once (with how many rows)
         more = f" (and {len(first) - 1} more rows)" if len(first) > 1 else ""
         logging.getLogger(__name__).warning("%s%s", first[0], more)
@@ -311,6 +319,39 @@ def load_tasks(
     if split is not None:
         tasks = [t for t in tasks if t.split == split]
     return tasks
+
+
+def _missing_base_commits(tasks: list[Task], path: Path, lines: dict[str, int]) -> dict[str, str]:
+    """instance_id → the problem, for each task whose `base_commit` is not a commit of its
+    repository (a git directory; a bundle is only unpacked when an image is built, and its
+    rollouts then say what is wrong). One `git cat-file --batch-check` per repository."""
+    by_repo: dict[str, list[Task]] = {}
+    for t in tasks:
+        if t.repo_path and Path(t.repo_path).is_dir():
+            by_repo.setdefault(t.repo_path, []).append(t)
+    bad: dict[str, str] = {}
+    for repo, group in by_repo.items():
+        try:
+            proc = subprocess.run(
+                ["git", "-C", repo, "cat-file", "--batch-check"],
+                input="".join(f"{t.base_commit}^{{commit}}\n" for t in group),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue  # no git here, or a hung one: not ours to judge at load
+        answers = proc.stdout.splitlines()
+        if proc.returncode != 0 or len(answers) != len(group):
+            continue
+        for t, answer in zip(group, answers, strict=True):
+            if answer.endswith((" missing", " ambiguous")):
+                bad[t.instance_id] = (
+                    f"{path.name}:{lines.get(t.instance_id, 0)}: field 'base_commit': {t.base_commit} is not a "
+                    f"commit of {repo} (another repository, or a shallow or outdated clone? fetch it)"
+                )
+    return bad
 
 
 def _note_once(notes: dict[str, list[str]], note: str) -> None:
