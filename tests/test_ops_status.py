@@ -41,7 +41,7 @@ HEALTHY_STEP: dict[str, float] = {
 }
 SICK: dict[str, list[dict[str, float]]] = {  # steps 2, 3, 4 on top of the real run's 0, 1
     "mismatch": [{}, {}, {"mismatch/pearson": 0.75}],
-    "lr_zero": [{}, {}, {"train/lr": 0.0}],
+    "lr_zero": [{}, {"train/lr": 0.0}, {"train/lr": 0.0}],
     "gradient_starvation": [{"train/grad_norm": 0.0}] * 3,
     "infra_avalanche": [{"status/infra_error": 0.05}, {"status/infra_error": 0.2}, {"status/infra_error": 0.6}],
     "heldout_fake_zero": [
@@ -124,7 +124,17 @@ def test_the_evidence_is_what_was_read(healthy: Path, tmp_path: Path) -> None:
     assert any("0.75" in e and "step 4" in e for e in r["signatures"][0]["evidence"])
     lr = cli(sick_store(healthy, tmp_path / "lr", SICK["lr_zero"]))
     assert lr.returncode == 0
-    assert "SICK: learning rate 0" in lr.stdout and "read: train/lr:" in lr.stdout and "step 4: 0" in lr.stdout
+    assert (
+        "SICK: learning rate 0" in lr.stdout and "read: train/lr:" in lr.stdout and "step 3: 0, step 4: 0" in lr.stdout
+    )
+
+
+def test_a_schedule_that_ends_at_zero_with_the_run_is_no_lr_signature(healthy: Path, tmp_path: Path) -> None:
+    """The logged lr is the next step's: a cosine ending with the run logs 0 on its last step."""
+    run = copy_store(healthy, tmp_path / "cosine")
+    with RunStore(run) as store:
+        store.log_metrics(1, {"train/lr": 0.0})  # step 1 of 2: the last planned one
+    assert status(run)["signatures"] == []
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ here and says so.
 | key | name | reads |
 | --- | --- | --- |
 | `mismatch` | rollout/trainer mismatch | `mismatch` monitor: `mismatch/pearson`, `/mean_abs_dp` |
-| `lr_zero` | learning rate 0 | `train/lr` of the last trained step |
+| `lr_zero` | learning rate 0 | `train/lr` of the last trained steps (the next step's lr) |
 | `gradient_starvation` | gradient starvation | `train/grad_norm`, `train/trained`, zero-variance share, 3 steps |
 | `infra_avalanche` | infrastructure avalanche | `infra_errors` monitor: `status/<infra>`, share climbing |
 | `heldout_fake_zero` | held-out fake-zero | `heldout/*/resolved_rate` at 0, training `resolved_rate`/`reward/mean` |
@@ -48,6 +48,7 @@ class Facts:
     alive: bool | None = None
     last_write_age_s: float | None = None
     stall_after_s: float = 900.0
+    steps_planned: int | None = None  # `[run] steps` of the run's config
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,14 @@ def mismatch(f: Facts) -> Match | None:
 
 
 def lr_zero(f: Facts) -> Match | None:
+    """`train/lr` is what the *next* optimizer step uses (logged after the scheduler stepped),
+    so a cosine schedule that ends with the run logs 0 on its last step, harmlessly. A match
+    needs a step that trained at 0 (two zeros in a row) or a zero with steps still to come."""
     rows = [s for s in _steps(f.history, "train/lr") if s.get("train/trained", 1.0) > 0]
     if not rows or rows[-1]["train/lr"] > 0:
+        return None
+    more_to_come = f.steps_planned is None or rows[-1]["step"] < f.steps_planned - 1
+    if not more_to_come and not (len(rows) > 1 and rows[-2]["train/lr"] <= 0):
         return None
     return Match(
         "lr_zero",

@@ -92,7 +92,7 @@ def status(run_dir: Path, *, stall_after_s: float | None = None, now: float | No
     )
     per_step_s = (prog["minutes_per_step"] or 0.0) * 60
     stall_s = stall_after_s if stall_after_s is not None else max(STALL_MIN_S, 3 * per_step_s)
-    facts = Facts(history, monitor, RunFacts(formats), live.alive, now - last_write, stall_s)
+    facts = Facts(history, monitor, RunFacts(formats), live.alive, now - last_write, stall_s, prog["steps_planned"])
     found = match(facts)
     finished = (Path(run_dir) / "heldout_results.json").exists() or (
         prog["steps_planned"] > 0 and prog["steps_done"] >= prog["steps_planned"]
