@@ -85,7 +85,7 @@ def dry_step(cfg: RunConfig, factory: EngineFactory | None = None) -> dict[str, 
         [(0, Trajectory("doctor", [seg], AlignmentStats(), instance_id="doctor"), 1.0)], "trajectory", n + c + 1
     )
     with torch.no_grad():
-        out = trainer.policy(mb, trainer.opts)
+        out = trainer.policy(mb.to(trainer.device), trainer.opts)
     m = mismatch_metrics(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N)
     if out.used_N_L_K is not None and mb.replay_N_L_K is not None:
         valid = (mb.replay_N_L_K >= 0).all(-1).all(-1)
