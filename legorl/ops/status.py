@@ -44,7 +44,9 @@ def _probe(db: Path) -> None:
             raise StatusError(f"{db}: the store is locked by a writer ({e}); try again in a moment") from None
         raise StatusError(f"{db}: not a readable run store ({e})") from None
     except sqlite3.DatabaseError as e:
-        raise StatusError(f"{db}: the store is corrupt ({e})") from None
+        from legorl.store.schema import corrupt_message  # the words train, ui and export use
+
+        raise StatusError(corrupt_message(db, e)) from None
 
 
 def _last_write(db: Path) -> float:
