@@ -88,6 +88,8 @@ async def send_error(send: Send, dialect: Dialect | None, err: ProxyError) -> No
     headers = [*_JSON, (b"content-length", str(len(body)).encode())]
     if err.close:
         headers.append((b"connection", b"close"))
+    if err.status == 429:  # OpenAI and Anthropic clients wait this long before their retry
+        headers.append((b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
