@@ -29,8 +29,10 @@ from legorl.engine.registry import make_engine
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
+from legorl.loop.record_logprobs import store_trainer_logprobs
 from legorl.loop.run import Run
 from legorl.loop.run_dir import CONTROL_START_FILE
+from legorl.loop.run_inputs import probe_engine
 from legorl.loop.startup import broadcast, sample_tasks
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
 from legorl.loop.worker import RolloutRecord, RolloutWorker
@@ -118,6 +120,7 @@ async def warm_start(run: Run) -> ControlStart | None:
     demonstrator = make_engine(ws.engine, load_tokenizer(ws.engine.model))
     t0 = time.monotonic()
     try:
+        await probe_engine(demonstrator, "warm_start.engine")  # one that does not answer: one line
         async with RolloutWorker(cfg, demonstrator) as w:
             tasks = demo_tasks(run.tasks, ws.episodes, cfg.run.seed)
             h = cfg.harness
@@ -249,7 +252,9 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
         data_state={**trainer.data_state, "next_step": step + 1},  # and the run's id (run_dir.py)
         advantages=adv,
         checkpoint=False,
+        keep_logprobs=cfg.monitor.trainer_logprobs_max_tokens,
     )
+    metrics.update(store_trainer_logprobs(store, trajs, trainer.kept_logprobs))  # the token view's trainer side
     metrics.update(rollout_metrics(records, sampled_by, store.action_formats()))
     metrics.update(
         {

@@ -42,7 +42,7 @@ def check_weights(cfg: RunConfig) -> None:
             )
 
 
-async def probe_engine(engine: Engine) -> None:
+async def probe_engine(engine: Engine, field: str = "engine") -> None:
     """One cheap request (`GET /health`) to an HTTP engine before the first rollout: a
     server that does not answer (or answers 5xx) ends the run in one line, before anything
     is rolled out or trained. An in-process engine has nothing to probe."""
@@ -53,11 +53,11 @@ async def probe_engine(engine: Engine) -> None:
         resp = await http.client.get("/health", timeout=PROBE_TIMEOUT_S)
     except httpx.HTTPError as e:
         raise RunError(
-            f"engine.url {http.base_url} does not answer ({type(e).__name__}: {e or 'no reply'}): start the "
-            f"{http.engine} server there first (docs/scale-out.md), or fix engine.url"
+            f"{field}.url {http.base_url} does not answer ({type(e).__name__}: {e or 'no reply'}): start the "
+            f"{http.engine} server there first (docs/scale-out.md), or fix {field}.url"
         ) from None
     if resp.status_code >= 500:
         raise RunError(
-            f"engine.url {http.base_url} answers /health with HTTP {resp.status_code}: the {http.engine} server "
+            f"{field}.url {http.base_url} answers /health with HTTP {resp.status_code}: the {http.engine} server "
             "is not ready (still loading, or failed); wait for it, or restart it"
         )

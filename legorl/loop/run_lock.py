@@ -46,10 +46,16 @@ class RunDirLock:
         self.release()
 
 
-def usable_dir(run_dir: Path) -> None:
-    """`run.dir` is a directory, or can be created as one; else one line saying which it is."""
+def not_a_file(run_dir: Path) -> None:
+    """`run.dir` is not an existing file (checked first: the set-up would spend its seconds
+    and then fail with a traceback where the store is opened)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise RunError(f"run.dir {run_dir} is a file, not a directory: set run.dir to a directory (created if missing)")
+
+
+def usable_dir(run_dir: Path) -> None:
+    """`run.dir` is a directory, or is created as one; else one line saying why not."""
+    not_a_file(run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -41,7 +41,7 @@ from legorl.loop.report import Report
 from legorl.loop.run import Run
 from legorl.loop.run_dir import CONTROL_START_FILE, check_checkpoint, claim, config_hash, new_run_id
 from legorl.loop.run_inputs import check_weights, probe_engine
-from legorl.loop.run_lock import lock_run_dir, usable_dir
+from legorl.loop.run_lock import lock_run_dir, not_a_file
 from legorl.loop.startup import (
     broadcast,
     build_trainer,
@@ -71,8 +71,7 @@ async def train(
     t_run = time.monotonic()
     if resume and overwrite:
         raise RunError("--resume continues the run in run.dir, --overwrite deletes it: choose one")
-    if cfg.run.dir.exists() and not cfg.run.dir.is_dir():  # before the set-up spends its seconds
-        usable_dir(cfg.run.dir)
+    not_a_file(cfg.run.dir)
     if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
         raise RunError(
             "engine.served_model_dir is required to train with vllm: the directory the server was "

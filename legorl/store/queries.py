@@ -259,7 +259,7 @@ class StoreQueries:
         if step == WARM_START_STEP:
             return "warm-start demonstration: imitated by SFT, no advantage"
         if step is None:
-            return "abandoned: its step was re-run after a resume, not trained" if "abandoned" in t["flags"] else None
+            return "abandoned: a resume re-ran its step or evaluation" if "abandoned" in t["flags"] else None
         if t["status"] is None:
             return "not graded yet"
         if t["masked"] or t["status"] in {s.value for s in INFRA_STATUSES}:
