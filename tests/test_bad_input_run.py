@@ -84,7 +84,7 @@ def corrupt_run(tmp_path: Path) -> Path:
 
 def test_a_corrupt_store_is_one_line_in_train_resume_export_and_ui(corrupt_run: Path, tmp_path: Path) -> None:
     cfg = str(config(tmp_path, run_dir=corrupt_run))
-    what = ("run.sqlite is corrupt", "Restore it from a copy", "--overwrite")
+    what = ("cannot read the run store", "run.sqlite: it is corrupt", "Restore it from a copy", "--overwrite")
     one_line(legorl("train", cfg), *what)  # it used to be "a run with 1 records": `--resume` it
     one_line(legorl("train", cfg, "--resume"), *what)
     one_line(legorl("export", str(corrupt_run), "--out", str(tmp_path / "out.jsonl")), *what)

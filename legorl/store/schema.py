@@ -101,8 +101,9 @@ class StoreCorrupt(RunError):
 
 def corrupt_message(path: Path, err: BaseException) -> str:
     return (
-        f"the run store {path} is corrupt ({err}): it cannot be read or resumed. Restore it from a copy, "
-        "or move it away (`legorl train CONFIG --overwrite` starts the run over and deletes it)"
+        f"cannot read the run store {path}: it is corrupt ({err}), so it cannot be shown, exported or resumed. "
+        "Restore it from a copy, or move it away (`legorl train CONFIG --overwrite` starts the run over and "
+        "deletes it)"
     )
 
 
