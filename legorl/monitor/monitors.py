@@ -48,7 +48,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
 from legorl.monitor.sinks import SinkName, warn_missing
@@ -126,6 +126,10 @@ class MonitorConfig(BaseModel):
     """Stop the run on any critical alert."""
     stop_on: list[str] = []
     """Monitors whose critical alerts stop the run even when `stop_on_critical` is false."""
+    trainer_logprobs_max_tokens: int = Field(default=1_000_000, ge=0)
+    """Per GSPO step, store the trainer's recomputed logprobs of up to this many segment tokens
+    (the trajectory page's trainer log-prob colouring; 0: none). Cost: 4 bytes per segment token
+    and 4 per completion token in the store (legorl/train/kept_logprobs.py)."""
     sinks: list[SinkName] = []
     """Trackers that get a copy of every step metric, alert, held-out evaluation and the config
     (`tensorboard`, `wandb`, `mlflow`; extra `legorl[trackers]`): see legorl/monitor/sinks.py."""

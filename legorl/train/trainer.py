@@ -35,6 +35,7 @@ from legorl.train.advantages import Advantages, compute_advantages
 from legorl.train.batch import MicroBatch, count_units, pack, split_balanced
 from legorl.train.config import TrainerConfig
 from legorl.train.fsdp import DistInfo, all_reduce_, full_state_dict, init_distributed, shard
+from legorl.train.kept_logprobs import KeptLogprobs
 from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.losses import LOSSES, LossMetrics, Normalizer
 from legorl.train.mismatch import MismatchStats, correction_weights
@@ -143,6 +144,7 @@ class Trainer:
         self.step_count = 0  # batches trained
         self.version = 0  # policy version of the current weights (+1 per step)
         self.data_state: dict[str, Any] = {}
+        self.kept_logprobs: KeptLogprobs | None = None  # the last step's, with `step(keep_logprobs=n)`
 
     def _lr_factor(self, opt_step: int) -> float:
         c = self.cfg
@@ -171,11 +173,14 @@ class Trainer:
         data_state: dict[str, Any] | None = None,
         advantages: Advantages | None = None,
         checkpoint: bool = True,
+        keep_logprobs: int = 0,
     ) -> dict[str, float]:
         """Train on one batch; returns the step's metrics (identical on every rank).
         `advantages`: computed once by the caller (who also stored them); else computed here.
         `checkpoint=False`: the caller saves (`checkpoint_due`, `save_checkpoint`) once it has
-        recorded the step, so a published checkpoint never runs ahead of the run store."""
+        recorded the step, so a published checkpoint never runs ahead of the run store.
+        `keep_logprobs`: keep up to this many segment tokens' pre-update logprobs in
+        `self.kept_logprobs` for the run store (kept_logprobs.py; this rank's micro-batches)."""
         c = self.cfg
         t0 = time.perf_counter()
         adv = advantages if advantages is not None else self.advantages(trajectories)
@@ -184,7 +189,7 @@ class Trainer:
         chunks = [items[k :: c.minibatches] for k in range(c.minibatches)]
         plans = [pack(chunk, c.sequence_unit, c.max_tokens_per_microbatch) for chunk in chunks]
         plans = [p for p in plans if p]
-        acc = _Accumulator()
+        acc = _Accumulator(KeptLogprobs(keep_logprobs) if keep_logprobs > 0 else None)
         if plans:
             old_logprobs = self._precompute_old(plans, acc) if c.minibatches > 1 else None
             for m, mbs in enumerate(plans):
@@ -194,6 +199,7 @@ class Trainer:
         if data_state is not None:
             self.data_state = dict(data_state)
         metrics.update(acc.finish(self, time.perf_counter() - t0, trained=bool(plans)))
+        self.kept_logprobs = acc.kept
         if checkpoint and self.checkpoint_due():
             self.save_checkpoint()
         return metrics
@@ -394,7 +400,8 @@ def _dummy(device: torch.device) -> MicroBatch:
 class _Accumulator:
     """Sums the step's statistics over micro-batches, then over ranks."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: KeptLogprobs | None = None) -> None:
+        self.kept = kept
         self.loss = 0.0
         self.loss_parts: list[LossMetrics] = []
         self.mismatch = MismatchStats()
@@ -408,6 +415,8 @@ class _Accumulator:
         a stale token differs by the policy's own updates, which is not engine numerics
         (asynchronous runs otherwise report a 'mismatch' of every step's learning)."""
         mask = mb.mask_N > 0
+        if self.kept is not None:
+            self.kept.add(mb, out.logprobs_N)
         fresh_N = ((mb.versions_N < 0) | (mb.versions_N >= version)).to(mb.mask_N.dtype)
         self.mismatch.add(out.logprobs_N.cpu(), mb.rollout_logprobs_N, mb.mask_N * fresh_N)
         ent = out.entropy_N.detach().cpu()[mask]
