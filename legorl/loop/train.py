@@ -58,6 +58,7 @@ from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import Trackers, open_trackers
 from legorl.store.run_store import RunStore
+from legorl.store.schema import db_path
 from legorl.train.checkpoint import check_weights_fit
 from legorl.types import Task
 
@@ -72,6 +73,8 @@ async def train(
     if resume and overwrite:
         raise RunError("--resume continues the run in run.dir, --overwrite deletes it: choose one")
     not_a_file(cfg.run.dir)
+    if resume and not db_path(cfg.run.dir).is_file():
+        stored_run(cfg.run.dir)  # "holds no run": said before the lock creates anything there
     if cfg.engine.kind == "vllm" and not cfg.engine.served_model_dir:
         raise RunError(
             "engine.served_model_dir is required to train with vllm: the directory the server was "
