@@ -292,7 +292,9 @@ def doctor(
 
 @app.command()
 def status(
-    run: Path = typer.Argument(Path("run"), metavar="[RUN_DIR]", help="Run directory (holds run.sqlite)."),
+    run: Path | None = typer.Argument(
+        None, metavar="[RUN_DIR]", help="Run directory (holds run.sqlite; default: the default config's run.dir)."
+    ),
     json_: bool = typer.Option(False, "--json", help="Print one JSON object."),
     stall_minutes: float | None = typer.Option(
         None, help="No store write for this long while alive is a stall (default: max(10, 3 steps))."
@@ -305,7 +307,9 @@ def status(
     from legorl.ops.status import status as run_status
 
     try:
-        report = run_status(run, stall_after_s=None if stall_minutes is None else stall_minutes * 60)
+        report = run_status(
+            run or _run_config(None).run.dir, stall_after_s=None if stall_minutes is None else stall_minutes * 60
+        )
     except StatusError as e:
         fail(str(e))
     typer.echo(json.dumps(report, indent=1) if json_ else render(report))
