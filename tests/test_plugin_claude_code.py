@@ -1,0 +1,157 @@
+"""The `rl` plugin inside the real Claude Code (issue 38, item 4): installed from this checkout
+into a fresh home, driven through our proxy on loopback by a scripted engine that follows the
+skill it finds in the prompt (tests/skill_engine.py), against a real `legorl train` run's
+store, healthy and made sick on purpose.
+
+Checked: Claude Code loaded the plugin (its init event lists `rl@legorl` and the skills; the
+skill's instructions reached the model), the skill's command ran `legorl` against the real run
+directory (the tool result holds that run's id), and the report's verdict is the run's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness_util import harness_missing
+from loop_util import train, write_run
+from skill_engine import SkillFollower
+from test_ops_status import SICK, sick_store
+
+from legorl.ops.status import status
+
+pytestmark = [pytest.mark.harness, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(__file__).resolve().parent.parent / ".venv" / "bin"
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    if why := harness_missing("claude-code"):
+        pytest.skip(why)
+    from legorl.harness.install import layer_path
+
+    return layer_path("claude-code") / "bin" / "claude"
+
+
+@pytest.fixture(scope="module")
+def home(claude: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh home with the plugin installed from this checkout, as the README says."""
+    home = tmp_path_factory.mktemp("home")
+    for args in (["marketplace", "add", str(ROOT)], ["install", "rl@legorl"]):
+        p = subprocess.run(
+            [str(claude), "plugin", *args],
+            env={**os.environ, "HOME": str(home)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert p.returncode == 0, p.stderr[-2000:]
+    return home
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("run")
+    proc = train(write_run(tmp))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "run"
+
+
+def drive(claude: Path, home: Path, prompt: str) -> tuple[list[dict[str, Any]], SkillFollower]:
+    """`claude -p PROMPT` in the checkout, its model our proxy with the skill-following engine."""
+    from legorl.models import load_tokenizer
+    from legorl.proxy.config import ProxyConfig
+    from legorl.proxy.renderer_choice import make_renderer
+    from legorl.proxy.server import ProxyServer
+
+    tok = load_tokenizer("harness-qwen3")
+    engine = SkillFollower(tok)
+
+    async def go() -> bytes:
+        proxy = ProxyServer(ProxyConfig(port=0, max_context=2**20, max_tokens=4096), engine, make_renderer(tok))
+        async with proxy:
+            proxy.open_session("operator")
+            env = {
+                **os.environ,
+                "HOME": str(home),
+                "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+                "ANTHROPIC_BASE_URL": proxy.session_url("operator"),
+                "ANTHROPIC_API_KEY": "unused",
+                "ANTHROPIC_MODEL": "legorl-policy",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+                "DISABLE_AUTOUPDATER": "1",
+                "DISABLE_TELEMETRY": "1",
+                "DISABLE_ERROR_REPORTING": "1",
+                "DISABLE_PROMPT_CACHING": "1",
+                "ENABLE_TOOL_SEARCH": "false",
+                "CLAUDE_CODE_DISABLE_AUTO_MEMORY": "1",
+                "IS_SANDBOX": "1",
+            }
+            argv = [
+                str(claude),
+                "-p",
+                prompt,
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--dangerously-skip-permissions",
+                "--max-turns",
+                "4",
+                "--model",
+                "legorl-policy",
+            ]
+            p = await asyncio.create_subprocess_exec(
+                *argv, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+            )
+            out, err = await asyncio.wait_for(p.communicate(), 300)
+            proxy.close_session("operator")
+            assert p.returncode == 0, err.decode()[-2000:]
+            return out
+
+    events = [json.loads(line) for line in asyncio.run(go()).splitlines() if line.strip()]
+    return events, engine
+
+
+def check_run(events: list[dict[str, Any]], engine: SkillFollower, skill: str, run: Path) -> str:
+    """The plugin was loaded, the skill's command ran legorl on `run`; the final report."""
+    init = next(e for e in events if e.get("type") == "system" and e.get("subtype") == "init")
+    assert any(p["source"] == "rl@legorl" for p in init["plugins"]) and f"rl:{skill}" in init["skills"]
+    assert any(f"<command-name>/rl:{skill}</command-name>" in p for p in engine.prompts)  # the skill reached the model
+    calls = [
+        b for e in events if e.get("type") == "assistant" for b in e["message"]["content"] if b["type"] == "tool_use"
+    ]
+    assert [c["name"] for c in calls] == ["Bash"] and calls[0]["input"]["command"].startswith("legorl status ")
+    assert str(run) in calls[0]["input"]["command"]
+    results = [
+        b
+        for e in events
+        if e.get("type") == "user"
+        for b in e["message"]["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    text = json.dumps(results)
+    assert status(run)["run_id"] in text  # legorl read that very run's store
+    final = next(e for e in reversed(events) if e.get("type") == "result")
+    assert final["subtype"] == "success", final
+    return final["result"]
+
+
+def test_status_of_a_healthy_run(claude: Path, home: Path, healthy: Path) -> None:
+    events, engine = drive(claude, home, f"/rl:status {healthy}")
+    result = check_run(events, engine, "status", healthy)
+    assert result.strip().endswith("VERDICT: NO KNOWN FAILURE"), result
+    assert "no known signature matched" in result
+
+
+def test_status_of_a_run_made_sick(claude: Path, home: Path, healthy: Path, tmp_path: Path) -> None:
+    sick = sick_store(healthy, tmp_path / "sick", SICK["lr_zero"])
+    events, engine = drive(claude, home, f"/rl:status {sick}")
+    result = check_run(events, engine, "status", sick)
+    assert result.strip().endswith("VERDICT: SICK learning rate 0"), result
+    assert "train/lr" in result  # the evidence, as read
