@@ -24,7 +24,7 @@ def harness_shaped(g: torch.Generator, vocab: int) -> list[Trajectory]:
     system = torch.randint(3, vocab, (120,), generator=g).tolist()
     trajs = []
     for task in range(2):
-        statement = torch.randint(3, vocab, (20 + task,), generator=g).tolist()
+        statement = torch.randint(3, vocab, (40 + task,), generator=g).tolist()  # > MIN_SHARE: a second level
         for k in range(3):
             turn = torch.randint(3, vocab, (15 + 4 * k,), generator=g).tolist()
             obs = torch.randint(3, vocab, (10,), generator=g).tolist()
@@ -66,7 +66,16 @@ def test_shared_prefix_equals_packed(family: str) -> None:
     groups = prefix_groups(mb.input_ids_N, mb.segment_lengths)
     assert groups and sum(len(g.members) for g in groups) == 6  # the lone trajectory is packed as before
     ref_lp, ref_grads = _grads(policy, mb, "packed")
+    computed: list[int] = []
+    hook = lm.get_decoder().register_forward_hook(
+        lambda m, a, kw, out: computed.append(kw["input_ids"].numel()), with_kwargs=True
+    )
     lp, grads = _grads(policy, mb, "shared_prefix")
+    hook.remove()
+    # the system prompt once (less the token every member keeps), each task's statement once
+    # per group, then every member's own remainder; the lone trajectory packed as before
+    own = sum(n - 119 - (40 + t // 3) for t, n in enumerate(mb.segment_lengths[:6]))
+    assert sum(computed) == 119 + 40 + 41 + own + 60
     torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
     assert grads.keys() == ref_grads.keys()
     for name, g in grads.items():

@@ -102,41 +102,73 @@ def shared_hidden(
     lengths: list[int],
     groups: list[PrefixGroup],
 ) -> torch.Tensor:
-    """Decoder output (N, H) of the packed row, each group's prefix computed once."""
-    starts = [0]
-    for n in lengths[:-1]:
-        starts.append(starts[-1] + n)
-    pieces: list[torch.Tensor] = []
-    offset = 0
-    source_N = torch.empty(ids_N.numel(), dtype=torch.long)  # row of `pieces` each packed row copies
+    """Decoder output (N, H) of the packed row, each group's prefix computed once, and inside
+    a group every further prefix its members share (a tree: a harness's system prompt for the
+    whole micro-batch, then each task's first message for that task's GSPO group)."""
+    tree = _Tree(decoder, ids_N, pos_N, lengths)
     shared = {m for g in groups for m in g.members}
-    layers = int(decoder.config.num_hidden_layers)
     for g in groups:
-        lead = starts[g.members[0]]
-        out = decoder(
-            input_ids=ids_N[None, lead : lead + g.length],
-            position_ids=pos_N[None, lead : lead + g.length],
-            use_cache=True,
-        )
-        pieces.append(out.last_hidden_state[0])
-        prefix_at = offset
-        offset += g.length
-        for m in g.members:
-            s, n = starts[m], lengths[m]
-            branch = decoder(
-                input_ids=ids_N[None, s + g.length : s + n],
-                position_ids=pos_N[None, s + g.length : s + n],
-                cache=_cache_of(out.past_key_values, layers),
-                use_cache=True,
-            )
-            pieces.append(branch.last_hidden_state[0])
-            source_N[s : s + g.length] = torch.arange(prefix_at, prefix_at + g.length)
-            source_N[s + g.length : s + n] = torch.arange(offset, offset + n - g.length)
-            offset += n - g.length
+        tree.node(g.members, 0, g.length, None)
     rest = [m for m in range(len(lengths)) if m not in shared]
     if rest:
-        idx = torch.cat([torch.arange(starts[m], starts[m] + lengths[m]) for m in rest])
-        pieces.append(packed(ids_N[None, idx], pos_N[None, idx], [lengths[m] for m in rest])[0])
-        source_N[idx] = torch.arange(offset, offset + idx.numel())
-    rows_R_H = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-    return rows_R_H.index_select(0, source_N.to(rows_R_H.device))
+        idx = torch.cat([torch.arange(tree.starts[m], tree.starts[m] + lengths[m]) for m in rest])
+        tree.pieces.append(packed(ids_N[None, idx], pos_N[None, idx], [lengths[m] for m in rest])[0])
+        tree.source_N[idx] = torch.arange(tree.offset, tree.offset + idx.numel())
+    rows_R_H = torch.cat(tree.pieces) if len(tree.pieces) > 1 else tree.pieces[0]
+    return rows_R_H.index_select(0, tree.source_N.to(rows_R_H.device))
+
+
+class _Tree:
+    """The computed rows (`pieces`) and, for every packed position, the row it copies."""
+
+    def __init__(self, decoder: nn.Module, ids_N: torch.Tensor, pos_N: torch.Tensor, lengths: list[int]) -> None:
+        self.decoder, self.ids_N, self.pos_N, self.lengths = decoder, ids_N, pos_N, lengths
+        self.layers = int(decoder.config.num_hidden_layers)
+        self.starts = [0]
+        for n in lengths[:-1]:
+            self.starts.append(self.starts[-1] + n)
+        self.pieces: list[torch.Tensor] = []
+        self.source_N = torch.empty(ids_N.numel(), dtype=torch.long)
+        self.offset = 0
+
+    def _run(self, lead: int, begin: int, end: int, cache: object | None) -> object:
+        """Tokens [begin, end) of segment `lead` on top of `cache`; their rows are appended."""
+        s = self.starts[lead]
+        kwargs = {} if cache is None else {"cache": _cache_of(cache, self.layers)}
+        out = self.decoder(
+            input_ids=self.ids_N[None, s + begin : s + end],
+            position_ids=self.pos_N[None, s + begin : s + end],
+            use_cache=True,
+            **kwargs,
+        )
+        self.pieces.append(out.last_hidden_state[0])
+        return out.past_key_values
+
+    def node(self, members: tuple[int, ...] | list[int], begin: int, end: int, cache: object | None) -> None:
+        """Run the span [begin, end) the `members` share once, then what each shares further."""
+        at = self.offset
+        below = self._run(members[0], begin, end, cache)
+        self.offset += end - begin
+        for m in members:
+            self.source_N[self.starts[m] + begin : self.starts[m] + end] = torch.arange(at, at + end - begin)
+        by_head: dict[tuple[int, ...], list[int]] = {}
+        for m in members:
+            s, n = self.starts[m], self.lengths[m]
+            head = tuple(self.ids_N[s + end : s + min(n, end + MIN_SHARE)].tolist())
+            by_head.setdefault(head if n - end > MIN_SHARE else (-1 - m,), []).append(m)
+        for sub in by_head.values():
+            if len(sub) > 1:
+                lead = self.ids_N[self.starts[sub[0]] + end : self.starts[sub[0]] + self.lengths[sub[0]]]
+                p = min(
+                    common_length(lead, self.ids_N[self.starts[m] + end : self.starts[m] + self.lengths[m]])
+                    for m in sub[1:]
+                )
+                if p - 1 >= MIN_SHARE:
+                    self.node(sub, end, end + p - 1, below)
+                    continue
+            for m in sub:
+                at = self.offset
+                self._run(m, end, self.lengths[m], below)
+                n = self.lengths[m] - end
+                self.source_N[self.starts[m] + end : self.starts[m] + self.lengths[m]] = torch.arange(at, at + n)
+                self.offset += n
