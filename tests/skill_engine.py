@@ -4,7 +4,8 @@ It plays the model behind the proxy: when the prompt holds a skill's instruction
 Code expands `/rl:status RUN` into `<command-name>/rl:status</command-name>`, the skill's
 SKILL.md and `ARGUMENTS: RUN`), it issues the one tool call the skill prescribes (the
 `legorl ...` line of the skill's ```bash block, placeholders filled from the arguments, as a
-`Bash` call in the model's own hermes format); once the tool's result is in the prompt, it
+call of the harness's shell tool in the model's own hermes format; when `legorl` is not on
+`PATH`, once more as `.venv/bin/legorl`, as the skill says); once the result is in, it
 writes the skill's report, verdict last, from the JSON the command printed. It decides
 nothing the skill does not say; with no skill in the prompt it answers that none was
 invoked. Every prompt it was sent is kept (`prompts`), so a test can read what the harness
@@ -22,8 +23,12 @@ from typing import Any
 from legorl.engine.base import collect
 from legorl.types import FinishReason, Generation, SamplingParams, TokenStep
 
-SKILL = re.compile(r"<command-name>/rl:(\w+)</command-name>")
+# how each harness puts an invoked skill into the prompt: Claude Code expands `/rl:status ARGS`
+# into <command-name>/rl:status</command-name>, the SKILL.md and `ARGUMENTS: ARGS`; Codex, for
+# `$rl:status ARGS`, appends <skill><name>rl:status</name> SKILL.md </skill> to the user's message
+SKILL = re.compile(r"<command-name>/rl:(\w+)</command-name>|<skill>\n<name>rl:(\w+)</name>")
 ARGS = re.compile(r"ARGUMENTS: (.*?)(?:<\|im_end\|>|\n)")
+DOLLAR_ARGS = r"\$rl:{skill} (.*?)(?:<\|im_end\|>|\n)"
 PLACEHOLDERS = ("RUN_DIR", "CONFIG")
 
 
@@ -79,14 +84,25 @@ class SkillFollower:
         found = list(SKILL.finditer(prompt))
         if not found:
             return "No skill was invoked."
-        skill, at = found[-1].group(1), found[-1].end()
+        skill, at = found[-1].group(1) or found[-1].group(2), found[-1].end()
         after = prompt[at:]
         results = re.findall(r"<tool_response>\n?(.*?)\n?</tool_response>", after, re.S)
+        args = ARGS.search(after) or list(re.finditer(DOLLAR_ARGS.format(skill=skill), prompt[:at]))[-1:]
+        arg = (args.group(1) if isinstance(args, re.Match) else args[0].group(1)) if args else ""
+        command = prescribed(after, arg)
+        if len(results) == 1 and "legorl: command not found" in results[0] and ".venv/bin/legorl" in after:
+            return self.call(prompt, skill, f".venv/bin/{command}")  # the skill's own fallback
         if results:
             return report(skill, results[-1])
-        args = ARGS.search(after)
-        command = prescribed(after, args.group(1) if args else "")
-        call = {"name": "Bash", "arguments": {"command": command, "description": f"rl:{skill}"}}
+        return self.call(prompt, skill, command)
+
+    @staticmethod
+    def call(prompt: str, skill: str, command: str) -> str:
+        """A shell tool call in the model's hermes format, to the harness's own shell tool."""
+        if '"name": "exec_command"' in prompt:  # Codex's; no login shell, so PATH is the harness's
+            call: dict[str, Any] = {"name": "exec_command", "arguments": {"cmd": command, "login": False}}
+        else:  # Claude Code's
+            call = {"name": "Bash", "arguments": {"command": command, "description": f"rl:{skill}"}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:

@@ -6,6 +6,7 @@ store, healthy and made sick on purpose.
 Checked: Claude Code loaded the plugin (its init event lists `rl@legorl` and the skills; the
 skill's instructions reached the model), the skill's command ran `legorl` against the real run
 directory (the tool result holds that run's id), and the report's verdict is the run's state.
+Outside a checkout, with no `legorl` to run, the report says so and its verdict is UNKNOWN.
 """
 
 from __future__ import annotations
@@ -63,8 +64,14 @@ def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "run"
 
 
-def drive(claude: Path, home: Path, prompt: str) -> tuple[list[dict[str, Any]], SkillFollower]:
-    """`claude -p PROMPT` in the checkout, its model our proxy with the skill-following engine."""
+def bare_path() -> str:
+    """PATH without any virtual environment's bin (where a `legorl` could come from)."""
+    return ":".join(p for p in os.environ["PATH"].split(":") if ".venv" not in p and "site-packages" not in p)
+
+
+def drive(claude: Path, home: Path, prompt: str, cwd: Path = ROOT) -> tuple[list[dict[str, Any]], SkillFollower]:
+    """`claude -p PROMPT` in `cwd` (the checkout), its model our proxy with the skill-following
+    engine; outside the checkout `legorl` is not on PATH either."""
     from legorl.models import load_tokenizer
     from legorl.proxy.config import ProxyConfig
     from legorl.proxy.renderer_choice import make_renderer
@@ -80,7 +87,7 @@ def drive(claude: Path, home: Path, prompt: str) -> tuple[list[dict[str, Any]], 
             env = {
                 **os.environ,
                 "HOME": str(home),
-                "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+                "PATH": f"{VENV_BIN}:{bare_path()}" if cwd == ROOT else bare_path(),
                 "ANTHROPIC_BASE_URL": proxy.session_url("operator"),
                 "ANTHROPIC_API_KEY": "unused",
                 "ANTHROPIC_MODEL": "legorl-policy",
@@ -107,7 +114,7 @@ def drive(claude: Path, home: Path, prompt: str) -> tuple[list[dict[str, Any]], 
                 "legorl-policy",
             ]
             p = await asyncio.create_subprocess_exec(
-                *argv, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *argv, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
             )
             out, err = await asyncio.wait_for(p.communicate(), 300)
             proxy.close_session("operator")
@@ -155,3 +162,15 @@ def test_status_of_a_run_made_sick(claude: Path, home: Path, healthy: Path, tmp_
     result = check_run(events, engine, "status", sick)
     assert result.strip().endswith("VERDICT: SICK learning rate 0"), result
     assert "train/lr" in result  # the evidence, as read
+
+
+def test_outside_a_checkout_the_report_says_so_and_verdicts_unknown(
+    claude: Path, home: Path, healthy: Path, tmp_path: Path
+) -> None:
+    events, engine = drive(claude, home, f"/rl:status {healthy}", cwd=tmp_path)
+    calls = [
+        b for e in events if e.get("type") == "assistant" for b in e["message"]["content"] if b["type"] == "tool_use"
+    ]
+    assert [c["input"]["command"].split()[0] for c in calls] == ["legorl", ".venv/bin/legorl"]  # the skill's fallback
+    final = next(e for e in reversed(events) if e.get("type") == "result")
+    assert "No such file or directory" in final["result"] and final["result"].strip().endswith("VERDICT: UNKNOWN")
