@@ -116,8 +116,6 @@ class RolloutWorker:
                     f"harness {harness.name!r} runs beside the sandboxes and needs our proxy; "
                     "it cannot evaluate an external --endpoint (use harness 'mini-swe-agent')"
                 )
-            if hasattr(harness, "api_key"):  # with the session's URL, its key to the proxy
-                harness.api_key = self.proxy.secret
             try:
                 await harness.start()
             except RuntimeError as e:  # DriverGone
@@ -196,10 +194,13 @@ class RolloutWorker:
     @asynccontextmanager
     async def _access(self, sid: str, agent: Any) -> AsyncIterator[ProxyAccess]:
         """How the agent of session `sid` reaches it, the one place that is chosen: a host
-        harness calls the session's loopback URL; a harness in the sandbox gets a socket
-        that only this session answers on, its only way out."""
+        harness calls the session's loopback URL with the run's secret as its key (it stays in
+        the host process); a harness in the sandbox gets a socket that only this session
+        answers on, its only way out, and needs no secret."""
         if isinstance(agent, HostHarness):
             assert self.proxy is not None  # __aenter__ refused a host harness without our proxy
+            if hasattr(agent, "api_key"):  # with the session's URL, the run's secret as its key
+                agent.api_key = self.proxy.secret
             yield HostLoopback(self.proxy.session_url(sid))
             return
         sock = self.socket_dir / f"{uuid.uuid4().hex[:12]}.sock"

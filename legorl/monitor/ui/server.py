@@ -307,5 +307,5 @@ def serve_ui(
             s.bind((host, port))
         except OSError as e:
             raise SystemExit(f"error: cannot listen on {host}:{port} ({e.strerror}); choose another --port") from None
-    print(f"LEGO-RL UI for {path.parent} at http://{host}:{port}/" + (f"?token={secret}" if secret else ""))
+    print(f"LEGO-RL UI for {path.parent} at http://{host}:{port}/" + (f"?token={secret}" if secret else ""), flush=True)
     uvicorn.run(gated(make_ui_app(path), host, port, secret), host=host, port=port, log_level="warning")
