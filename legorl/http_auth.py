@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ from urllib.parse import parse_qs, urlencode
 import orjson
 
 TOKEN_ENV = "LEGORL_TOKEN"  # where a service reads its token when no --token is given
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~-]+")  # URL-, cookie- and key-safe (new_token's alphabet)
 
 
 def is_loopback(host: str) -> bool:
@@ -57,7 +59,13 @@ def policy(what: str, host: str, token: str | None, insecure: bool) -> str | Non
                 f"not on {host!r}; drop --insecure (a token is then required) or bind 127.0.0.1"
             )
         return None
-    return token or os.environ.get(TOKEN_ENV) or new_token()
+    chosen = token or os.environ.get(TOKEN_ENV) or new_token()
+    if not TOKEN_CHARS.fullmatch(chosen):
+        raise SystemExit(
+            f"legorl {what}: a token may hold only letters, digits and . _ ~ - (it travels in API keys, "
+            "after which a ':' names the session, in URLs and in a cookie)"
+        )
+    return chosen
 
 
 def same(given: str | None, secret: str) -> bool:

@@ -64,6 +64,8 @@ def test_policy_insecure_only_on_loopback(monkeypatch: pytest.MonkeyPatch) -> No
     assert policy("ui", "127.0.0.1", None, insecure=False) == "from-env"
     with pytest.raises(SystemExit, match="loopback only"):
         policy("ui", "0.0.0.0", None, insecure=True)
+    with pytest.raises(SystemExit, match="only letters"):
+        policy("proxy", "127.0.0.1", "a:b", insecure=False)  # ':' separates the session in a key
 
 
 def test_cli_refuses_insecure_off_loopback_in_one_line(tmp_path: Path) -> None:
