@@ -149,11 +149,19 @@ def test_a_miswired_recording_is_fatal_naming_replay() -> None:
 
 
 # ------------------------------------------------------------------ tool calls round-trip
-@pytest.mark.parametrize("harness", ["command", "claude-code", "codex", "gemini-cli", "mini-swe-agent"])
+@pytest.mark.parametrize("harness", ["claude-code", "codex", "gemini-cli", "mini-swe-agent"])
 def test_a_template_tool_call_reaches_each_dialect(harness: str) -> None:
-    r = run_one(toolcall_check(config(harness={"name": harness, "command_file": "/etc/hostname"})))
+    r = run_one(toolcall_check(config(harness={"name": harness})))
     assert r.ok, r.detail
     assert f"{harness}: 1 of 1" in r.detail
+
+
+def test_a_scripts_calls_are_its_own_and_max_tokens_must_hold_a_call() -> None:
+    r = run_one(toolcall_check(config(harness={"name": "command", "command_file": "/etc/hostname"})))
+    assert r.ok and "command: the script's calls are its own" in r.detail
+    short = run_one(toolcall_check(config(proxy={"max_tokens": 12}, harness={"name": "codex"})))
+    assert not short.ok and "max_tokens = 12 cannot hold one tool call" in short.detail
+    assert short.fix == "raise [proxy] max_tokens"
 
 
 @pytest.mark.parametrize("fmt", ["glm45", "qwen3_coder"])

@@ -9,7 +9,8 @@ assistant turn holding `bash {"command": "ls"}` renders to), has the proxy serve
 those tokens (a scripted engine behind a real proxy on loopback) to a request in each
 configured harness's dialect, and counts the calls in the dialect's response. Zero is fatal.
 A harness that acts through text blocks (mini-swe-agent's text-based agent) reads no tool
-calls and passes with its format named.
+calls and passes with its format named, as does `command` (the script's calls are its own);
+a `[proxy] max_tokens` too small to hold one call is fatal too.
 """
 
 from __future__ import annotations
@@ -145,9 +146,18 @@ def toolcall_check(cfg: RunConfig) -> Check:
         ids = tok.encode(text, add_special_tokens=False) + eos[:1]
         found: list[str] = []
         for name in cfg.harness.names():
+            if name == COMMAND:
+                found.append("command: the script's calls are its own")
+                continue
+            if len(ids) > cfg.proxy.max_tokens:
+                raise CheckFailed(
+                    f"[proxy] max_tokens = {cfg.proxy.max_tokens} cannot hold one tool call: {name} would never "
+                    f"receive one (the model's template writes it in {len(ids)} tokens)",
+                    fix="raise [proxy] max_tokens",
+                )
             options = cfg.harness.harness_options(cfg.proxy.served_model)
-            acts = action_format(name, **options) if name != COMMAND else None
-            if acts is not None and acts.kind != "tool_calls":
+            acts = action_format(name, **options)
+            if acts.kind != "tool_calls":
                 found.append(f"{name}: acts through {acts.label}, not tool calls")
                 continue
             dialect = dialect_of(name, cfg.harness.options)
