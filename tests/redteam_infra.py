@@ -45,6 +45,31 @@ PY
 # One call, alone: when it times out the engine is at fault, not the agent.
 ONE_CALL = FLOOD.format(n=1)
 
+# Every way to break the conversation from the client's side: a WebSocket upgrade, bytes that
+# are not HTTP, a body that never arrives, a stream hung up after its first bytes.
+MISBEHAVE = """#!/bin/bash
+python3 - <<'PY'
+import json, os, socket, time
+host, port = os.environ["OPENAI_BASE_URL"].split("//")[1].split("/")[0].split(":")
+def raw(data, read=True, wait=0.0):
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(data)
+    time.sleep(wait)
+    out = s.recv(200) if read else b""
+    s.close()
+    return out[:12]
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+post = b"POST /v1/chat/completions HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\ncontent-type: application/json\\r\\n"
+print(raw(b"GET /v1/chat/completions HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nUpgrade: websocket\\r\\n"
+          b"Connection: Upgrade\\r\\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\\r\\n"
+          b"Sec-WebSocket-Version: 13\\r\\n\\r\\n"))
+print(raw(b"\\x16\\x03\\x01 not http at all\\r\\n\\r\\n"))
+print(raw(post + b"content-length: 5000\\r\\n\\r\\n{", wait=0.1))  # the rest never comes
+for _ in range(3):
+    print(raw(post + b"content-length: %d\\r\\n\\r\\n" % len(body) + body))  # hung up mid-stream
+PY
+"""
+
 # A rollout that waits (for an attacker on the host to act on its live session).
 WAIT = """#!/bin/bash
 sleep {s}

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import BACKENDS
-from redteam_infra import FLOOD, ONE_CALL, WAIT, Hung, OneAtATime, engine, run_config
+from redteam_infra import FLOOD, MISBEHAVE, ONE_CALL, WAIT, Hung, OneAtATime, engine, run_config
 
 from legorl.loop.record import AGENT_FAULTS_FLAG, SESSION_CLOSED
 from legorl.loop.worker import RolloutWorker
@@ -44,6 +44,20 @@ async def test_an_engine_that_hangs_for_a_lone_call_still_masks(tmp_path: Path, 
     o = rec.trajectory.outcome
     assert o.status is Status.INFRA_ERROR and o.masked and o.evidence["cause"] == "engine_error", o.evidence
     assert AGENT_FAULTS_FLAG not in o.flags
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_breaking_the_conversation_from_the_client_side_is_never_ours(tmp_path: Path, backend: str) -> None:
+    """A WebSocket upgrade, non-HTTP bytes, a body that never arrives and streams hung up after
+    their first bytes: each is answered (4xx) or aborted, none counts as an engine fault."""
+    cfg = run_config(tmp_path, MISBEHAVE, backend, body_timeout_s=1)
+    async with RolloutWorker(cfg, engine(OneAtATime, 0.0)) as w:
+        rec = await w.rollout(load_shipped("train")[0], session_id="rude")
+    o = rec.trajectory.outcome
+    assert o.status is Status.NO_PATCH and not o.masked and "retried_after" not in o.evidence, o.evidence
+    assert rec.result.agent is not None
+    answers = rec.result.agent.stdout_tail.splitlines()
+    assert [a[:12] for a in answers[:3]] == ["b'HTTP/1.1 4"] * 3, answers  # upgrade, garbage, slow body
 
 
 async def _live_session(w: RolloutWorker) -> str:
