@@ -42,12 +42,13 @@ def claude() -> Path:
 
 @pytest.fixture(scope="module")
 def home(claude: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh home with the plugin installed from this checkout, as the README says."""
+    """A fresh Claude Code config dir with the plugin installed from this checkout, as the README
+    says (CLAUDE_CONFIG_DIR: HOME stays, so `legorl` finds its image and model caches)."""
     home = tmp_path_factory.mktemp("home")
     for args in (["marketplace", "add", str(ROOT)], ["install", "rl@legorl"]):
         p = subprocess.run(
             [str(claude), "plugin", *args],
-            env={**os.environ, "HOME": str(home)},
+            env={**os.environ, "CLAUDE_CONFIG_DIR": str(home / ".claude")},
             capture_output=True,
             text=True,
             timeout=120,
@@ -86,7 +87,7 @@ def drive(claude: Path, home: Path, prompt: str, cwd: Path = ROOT) -> tuple[list
             proxy.open_session("operator")
             env = {
                 **os.environ,
-                "HOME": str(home),
+                "CLAUDE_CONFIG_DIR": str(home / ".claude"),  # HOME stays: legorl finds its caches there
                 "PATH": f"{VENV_BIN}:{bare_path()}" if cwd == ROOT else bare_path(),
                 "ANTHROPIC_BASE_URL": proxy.session_url("operator"),
                 "ANTHROPIC_API_KEY": "unused",
@@ -174,3 +175,22 @@ def test_outside_a_checkout_the_report_says_so_and_verdicts_unknown(
     assert [c["input"]["command"].split()[0] for c in calls] == ["legorl", ".venv/bin/legorl"]  # the skill's fallback
     final = next(e for e in reversed(events) if e.get("type") == "result")
     assert "No such file or directory" in final["result"] and final["result"].strip().endswith("VERDICT: UNKNOWN")
+
+
+@pytest.mark.parametrize("lr", [1e-4, 0.0])
+def test_check_answers_yes_for_a_sound_config_and_no_for_lr_zero(
+    claude: Path, home: Path, tmp_path: Path, lr: float
+) -> None:
+    config = write_run(tmp_path)
+    config.write_text(config.read_text().replace("lr = 1e-4", f"lr = {lr}"))
+    events, engine = drive(claude, home, f"/rl:check {config}")
+    assert any("<command-name>/rl:check</command-name>" in p for p in engine.prompts)
+    calls = [
+        b for e in events if e.get("type") == "assistant" for b in e["message"]["content"] if b["type"] == "tool_use"
+    ]
+    assert [c["input"]["command"] for c in calls] == [f"legorl doctor --config {config} --json"]
+    final = next(e for e in reversed(events) if e.get("type") == "result")["result"].strip()
+    if lr:
+        assert final.endswith("VERDICT: YES") and "FATAL" not in final, final
+    else:
+        assert final.endswith("VERDICT: NO") and "FATAL learning rate non-zero" in final, final
