@@ -110,12 +110,45 @@ async def test_a_client_that_hangs_up_mid_stream_costs_nothing(tmp_path: Path) -
         assert len(s.aborted) == 1 and not s.turns  # kept as aborted, never trained on
 
 
-async def test_a_lone_timeout_is_ours() -> None:
-    async with proxy(0.05, request_timeout_s=0.3) as srv:
+class StallsAfter(ScriptedEngine):
+    """Scripted, but silent after its first `n` tokens: an engine that stalls mid-answer."""
+
+    def __init__(self, n: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.n = n
+
+    async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        k = 0
+        async for step in super().stream(prompt_ids, params):
+            if k == self.n:
+                await asyncio.sleep(3600)
+            k += 1
+            yield step
+
+
+@pytest.mark.parametrize("n", [0, 3], ids=["before_its_first_token", "mid_answer"])
+async def test_a_lone_call_the_engine_stops_serving_is_ours(n: int) -> None:
+    tok = load_tokenizer("tiny-qwen3")
+    engine = StallsAfter(n, [" ".join(["word"] * 150)], tok)
+    async with ProxyServer(ProxyConfig(port=0, request_timeout_s=0.4), engine, ChatMLRenderer(tok)) as srv:
         s = srv.open_session("alone")
         async with httpx.AsyncClient(base_url=srv.session_url("alone"), timeout=30) as c:
+            r = await c.post("/v1/chat/completions", json={**BODY, "stream": bool(n)})
+        if n:  # the stream had begun: it ends with the error event
+            assert r.status_code == 200 and b"did not finish" in r.content, r.content[-300:]
+        else:
+            assert r.status_code == 504, r.text
+        assert s.engine_errors == 1 and not s.agent_faults, s.summary()
+
+
+async def test_a_policy_that_will_not_stop_before_the_timeout_is_the_agents() -> None:
+    """The engine kept giving tokens until the request timer fired: the policy's length, not an
+    engine fault (a policy that rambles into the timeout must not escape its zero)."""
+    async with proxy(0.05, request_timeout_s=0.3) as srv:
+        s = srv.open_session("ramble")
+        async with httpx.AsyncClient(base_url=srv.session_url("ramble"), timeout=30) as c:
             r = await c.post("/v1/chat/completions", json=BODY)
-        assert r.status_code == 504 and s.engine_errors == 1 and not s.agent_faults
+        assert r.status_code == 504 and s.engine_errors == 0 and s.agent_faults == {"long_generation": 1}
 
 
 UPGRADE = (

@@ -503,7 +503,7 @@ class ProxyApp:
     ) -> None:
         """Answer a failed call, counted as ours or as the agent's (`blame.py`): only a fault
         that is provably ours is logged as a warning; the agent's own stay at debug level."""
-        cause = blame.charge(run.session, err, ticket, sending)
+        cause = blame.charge(run.session, err, ticket, sending, run.last_step_at, self.ctx.cfg.request_timeout_s)
         if cause is None and err.status >= 500:
             log.warning("session %s: %s", run.session.id, err.message)
         else:

@@ -125,6 +125,7 @@ class TurnRun:
         self.oldest_version: int | None = None  # per-token versions the engine reported, oldest
         self._steps: AsyncIterator[TokenStep] | None = None
         self._pending: TokenStep | None = None
+        self.last_step_at: float | None = None  # when the engine last gave a step (a stalled engine is ours)
         self.recorded = False
 
     # -- before generation ------------------------------------------------------------
@@ -166,6 +167,7 @@ class TurnRun:
         try:
             self._steps = engine.stream(self.prompt_ids, self.params)
             self._pending = await anext(self._steps)
+            self.last_step_at = time.monotonic()
         except StopAsyncIteration:
             self._pending = None
         except ContextLengthExceeded:
@@ -177,6 +179,7 @@ class TurnRun:
 
     # -- generation -------------------------------------------------------------------
     def _versioned(self, step: TokenStep) -> TokenStep:
+        self.last_step_at = time.monotonic()
         if step.policy_version is not None:
             old = self.oldest_version
             self.oldest_version = step.policy_version if old is None else min(old, step.policy_version)
