@@ -111,6 +111,18 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
         event (a store copied without its directory); `{}` before the first evaluation."""
         return await call(heldout_report, run_dir, store)
 
+    @app.get("/api/status")
+    async def run_status() -> dict[str, Any]:
+        """`legorl status` of this run (legorl/ops/status.py): its process, progress and the
+        failure signatures that match, each with the evidence it read; 503 with the one line
+        `status` prints when the store cannot be read."""
+        from legorl.ops.status import StatusError, status
+
+        try:
+            return await anyio.to_thread.run_sync(status, run_dir)
+        except StatusError as e:
+            raise HTTPException(503, str(e)) from None
+
     @app.get("/api/metrics")
     async def metrics(keys: str = "", since_id: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
         return await call(store.metrics, [k for k in keys.split(",") if k] or None, since_id)

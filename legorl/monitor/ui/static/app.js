@@ -52,6 +52,7 @@ async function route() {
   else if (path === "/groups") { page = GroupsPage; name = "groups"; }
   else if (path === "/group") { page = GroupPage; name = "groups"; }
   else if (path === "/compare") { page = ComparePage; name = "compare"; }
+  else if (path === "/status") { page = StatusPage; name = "status"; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
   S.page = page;
   const main = document.getElementById("main");

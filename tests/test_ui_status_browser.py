@@ -1,0 +1,66 @@
+"""The UI's status page (issue 38, item 6) in a real headless Chromium: `legorl status` live,
+on a real `legorl train` run's store. A healthy run says "no known signature matched"; a copy
+made sick through the store API names its signature with the evidence read and the fix; and
+a signature that starts matching while the page is open appears without a reload.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from loop_util import train, write_run
+from test_ops_status import HEALTHY_STEP, SICK, copy_store, sick_store
+from test_ui_browser import browser, open_page, page  # noqa: F401 (fixtures)
+
+from legorl.monitor.ui.server import UIServerThread
+from legorl.ops.status import NO_MATCH
+from legorl.store.run_store import RunStore
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("run")
+    proc = train(write_run(tmp))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "run"
+
+
+def served(run: Path) -> UIServerThread:
+    return UIServerThread(run, poll_interval=0.2)
+
+
+def test_a_healthy_run_matches_no_signature(healthy: Path, page: object) -> None:  # noqa: F811
+    with served(healthy) as srv:
+        open_page(page, srv.url + "#/status")
+        page.wait_for_selector("#status h2")
+        assert page.inner_text("#status h2") == NO_MATCH
+        assert page.inner_text("[data-k='steps'] .v") == "2/2"
+        assert page.inner_text("[data-k='state'] .v") == "finished"
+        assert page.query_selector_all("#status .signature") == []
+        assert page.get_attribute("nav a.active", "data-page") == "status"
+
+
+def test_a_sick_run_names_its_signature_with_evidence(healthy: Path, page: object, tmp_path: Path) -> None:  # noqa: F811
+    run = sick_store(healthy, tmp_path / "sick", SICK["infra_avalanche"])
+    with served(run) as srv:
+        open_page(page, srv.url + "#/status")
+        sig = page.wait_for_selector("#status [data-signature='infra_avalanche']")
+        title = sig.query_selector("h3").inner_text()
+        assert "infrastructure avalanche" in title and "critical" in title
+        evidence = [e.inner_text() for e in sig.query_selector_all(".evidence")]
+        assert any("step 4: 60%" in e for e in evidence) and "fix:" in sig.query_selector(".fix").inner_text()
+        assert page.inner_text("#status h2") == "Sick: infrastructure avalanche"
+
+
+def test_a_signature_appears_live(healthy: Path, page: object, tmp_path: Path) -> None:  # noqa: F811
+    run = copy_store(healthy, tmp_path / "live")
+    with served(run) as srv:
+        open_page(page, srv.url + "#/status")
+        page.wait_for_selector("#status h2")
+        assert page.query_selector_all("#status .signature") == []
+        with RunStore(run) as store:  # the trainer writes two steps at lr 0
+            for step in (2, 3):
+                store.log_metrics(step, {**HEALTHY_STEP, "train/lr": 0.0})
+        page.wait_for_selector("#status [data-signature='lr_zero']", timeout=20_000)
+        assert page.inner_text("#status h2") == "Sick: learning rate 0"
