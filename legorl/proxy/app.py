@@ -157,19 +157,13 @@ class ProxyApp:
         gemini_route = gemini.match(path) if mod is None else None
         pinned = bool(scope.get(PINNED))  # a session socket's request: pinned to its session, no token
         try:
-            if _is_upgrade(headers):  # a WebSocket (or other) upgrade: not served, answered quietly
-                raise ProxyError(400, "protocol upgrades (WebSocket) are not served: use plain HTTP", "invalid_request")
+            if _is_upgrade(headers):  # a WebSocket upgrade: not served, answered quietly
+                raise ProxyError(400, "WebSocket upgrades are not served: use plain HTTP", "invalid_request")
             if not pinned and self.hosts is not None and not self.hosts.ok(headers):
                 raise ProxyError(403, self.hosts.refusal(headers), "permission")
-            authorized = pinned or self.secret is None
-            if not from_url or not authorized:
-                key = (gemini.key_of(scope.get("query_string", b""), headers) if gemini_route else None) or _key(
-                    headers
-                )
-                if not authorized:
-                    authorized, key = _token_and_session(key, self.secret or "")
-                if not from_url:
-                    sid = key
+            authorized, key = self._credentials(scope, pinned, gemini_route is not None)
+            if not from_url:
+                sid = key
             if not authorized and path not in _OPEN_PATHS:
                 raise ProxyError(
                     401,
@@ -208,6 +202,16 @@ class ProxyApp:
             await send_error(
                 send, _dialect_of_path(path), ProxyError(500, f"internal error: {type(e).__name__}: {e}", "internal")
             )
+
+    def _credentials(self, scope: Scope, pinned: bool, is_gemini: bool) -> tuple[bool, str | None]:
+        """Whether the request may use this proxy, and the session its API key names: on an
+        open proxy (or a session socket) the key is the session id; with a secret it is
+        `<secret>` or `<secret>:<session>`, compared in constant time."""
+        headers = scope["headers"]
+        key = (gemini.key_of(scope.get("query_string", b""), headers) if is_gemini else None) or _key(headers)
+        if pinned or self.secret is None:
+            return True, key
+        return _token_and_session(key, self.secret)
 
     def _models(self) -> bytes:
         name = self.ctx.cfg.served_model
