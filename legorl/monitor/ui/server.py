@@ -193,6 +193,20 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
     async def groups(step: int) -> dict[str, Any]:
         return {"step": step, "tasks": await call(store.task_stats, step)}
 
+    @app.get("/api/solve_grid")
+    async def solve_grid() -> dict[str, Any]:
+        """Tasks × steps: each group's graded count and resolved share (the solve grid)."""
+
+        def grid() -> dict[str, Any]:
+            steps = [s["step"] for s in store.steps() if s["step"] >= 0]
+            tasks: dict[str, dict[int, Any]] = {}
+            for step in steps:
+                for task, t in store.task_stats(step).items():
+                    tasks.setdefault(task, {})[step] = {"n": t["n"], "resolved_rate": t["resolved_rate"]}
+            return {"steps": steps, "tasks": tasks}
+
+        return await call(grid)
+
     @app.get("/api/compare")
     async def compare(
         a_step: int | None = None, b_step: int | None = None, a_run: str | None = None, b_run: str | None = None

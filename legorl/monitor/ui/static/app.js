@@ -53,6 +53,7 @@ async function route() {
   else if (path === "/group") { page = GroupPage; name = "groups"; }
   else if (path === "/compare") { page = ComparePage; name = "compare"; }
   else if (path === "/status") { page = StatusPage; name = "status"; }
+  else if (path === "/grid") { page = GridPage; name = "grid"; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
   S.page = page;
   const main = document.getElementById("main");

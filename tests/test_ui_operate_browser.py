@@ -1,7 +1,9 @@
-"""The UI's status page (issue 38, item 6) in a real headless Chromium: `legorl status` live,
-on a real `legorl train` run's store. A healthy run says "no known signature matched"; a copy
-made sick through the store API names its signature with the evidence read and the fix; and
-a signature that starts matching while the page is open appears without a reload.
+"""The UI's status page and solve grid (issue 38, item 6) in a real headless Chromium, on a
+real `legorl train` run's store. The status page is `legorl status` live: a healthy run says
+"no known signature matched"; a copy made sick through the store API names its signature with
+the evidence read and the fix; a signature that starts matching while the page is open
+appears without a reload. The solve grid has one cell per group, coloured by its resolved
+share as the store counts it, and a click opens that group.
 """
 
 from __future__ import annotations
@@ -64,3 +66,27 @@ def test_a_signature_appears_live(healthy: Path, page: object, tmp_path: Path) -
                 store.log_metrics(step, {**HEALTHY_STEP, "train/lr": 0.0})
         page.wait_for_selector("#status [data-signature='lr_zero']", timeout=20_000)
         assert page.inner_text("#status h2") == "Sick: learning rate 0"
+
+
+def test_the_solve_grid_has_one_cell_per_group_and_opens_it(healthy: Path, page: object) -> None:  # noqa: F811
+    with RunStore(healthy, readonly=True) as store:
+        groups = {(s["step"], task): t for s in store.steps() for task, t in store.task_stats(s["step"]).items()}
+    with served(healthy) as srv:
+        open_page(page, srv.url + "#/grid")
+        page.wait_for_selector(".solve-grid")
+        cells = page.query_selector_all(".solve-grid td.cell:not(.empty)")
+        got = {
+            (int(c.get_attribute("data-step")), c.evaluate("e => e.parentElement.dataset.task")): float(
+                c.get_attribute("data-resolved")
+            )
+            for c in cells
+        }
+        assert got == {k: t["resolved_rate"] for k, t in groups.items()}
+        step, task = sorted(groups)[0]
+        page.click(f".solve-grid tr[data-task='{task}'] td[data-step='{step}'] a")
+        page.wait_for_function("location.hash.startsWith('#/group?')")
+        assert f"step={step}" in page.evaluate("location.hash") and task in page.evaluate(
+            "decodeURIComponent(location.hash)"
+        )
+        page.wait_for_selector("main h2, main table")
+        assert task in page.inner_text("main")
