@@ -18,6 +18,7 @@ from test_ui_browser import browser, open_page, page  # noqa: F401 (fixtures)
 from legorl.monitor.ui.server import UIServerThread
 from legorl.ops.status import NO_MATCH
 from legorl.store.run_store import RunStore
+from legorl.types import Outcome, Status
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +91,32 @@ def test_the_solve_grid_has_one_cell_per_group_and_opens_it(healthy: Path, page:
         )
         page.wait_for_selector("main h2, main table")
         assert task in page.inner_text("main")
+
+
+def test_the_outcomes_view_says_what_each_rollout_gave_and_why(healthy: Path, page: object, tmp_path: Path) -> None:  # noqa: F811
+    """The real run's step 1 (every group zero-variance: its agent never lands the fix), then a
+    copy where, through the store API, one rollout is masked as an infrastructure fault and two
+    carry advantages (as a trainer would write them)."""
+    with served(healthy) as srv:
+        open_page(page, srv.url + "#/outcomes?step=1")
+        page.wait_for_selector("#outcomes table.outcomes")
+        rows = page.query_selector_all("#outcomes tr[data-kind]")
+        assert rows and all(r.get_attribute("data-kind") == "zero_variance" for r in rows)
+        assert "every graded rollout of its group scored 0" in rows[0].inner_text()
+    run = copy_store(healthy, tmp_path / "mixed")
+    with RunStore(run) as store:
+        sids = [t["session_id"] for t in store.list_trajectories(step=1, limit=50, order="asc")["items"]]
+        store.set_outcome(sids[0], Outcome(reward=0.0, status=Status.INFRA_ERROR, masked=True))
+        store.set_advantages({sids[1]: 0.75, sids[2]: -0.75})
+    with served(run) as srv:
+        open_page(page, srv.url + "#/outcomes?step=1")
+        page.wait_for_selector("#outcomes table.outcomes")
+        kinds = {
+            r.get_attribute("data-session"): r.get_attribute("data-kind")
+            for r in page.query_selector_all("#outcomes tr[data-kind]")
+        }
+        assert kinds[sids[0]] == "masked" and kinds[sids[1]] == kinds[sids[2]] == "gradient"
+        assert page.inner_text("#outcomes .card[data-kind='gradient'] .v") == "2"
+        assert page.inner_text("#outcomes .card[data-kind='masked'] .v") == "1"
+        assert "advantage +0.75" in page.inner_text(f"#outcomes tr[data-session='{sids[1]}']")
+        assert "infrastructure" in page.inner_text(f"#outcomes tr[data-session='{sids[0]}']")

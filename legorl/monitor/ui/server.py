@@ -207,6 +207,14 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
 
         return await call(grid)
 
+    @app.get("/api/outcomes")
+    async def outcomes(step: int) -> dict[str, Any]:
+        """A step's rollouts sorted into gradient / zero-variance / masked / filtered, each with
+        why (legorl/ops/outcomes.py)."""
+        from legorl.ops.outcomes import step_outcomes
+
+        return await call(step_outcomes, store, step)
+
     @app.get("/api/compare")
     async def compare(
         a_step: int | None = None, b_step: int | None = None, a_run: str | None = None, b_run: str | None = None

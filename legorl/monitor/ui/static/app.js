@@ -54,6 +54,7 @@ async function route() {
   else if (path === "/compare") { page = ComparePage; name = "compare"; }
   else if (path === "/status") { page = StatusPage; name = "status"; }
   else if (path === "/grid") { page = GridPage; name = "grid"; }
+  else if (path === "/outcomes") { page = OutcomesPage; name = "outcomes"; }
   document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.page === name));
   S.page = page;
   const main = document.getElementById("main");
