@@ -99,8 +99,10 @@ class SkillFollower:
     @staticmethod
     def call(prompt: str, skill: str, command: str) -> str:
         """A shell tool call in the model's hermes format, to the harness's own shell tool."""
-        if '"name": "exec_command"' in prompt:  # Codex's; no login shell, so PATH is the harness's
-            call: dict[str, Any] = {"name": "exec_command", "arguments": {"cmd": command, "login": False}}
+        if '"name": "exec_command"' in prompt:  # Codex's; no login shell, so PATH is the harness's; wait its
+            # longest (30 s) for the output: on a loaded machine `legorl` may take more than the default 10 s
+            args: dict[str, Any] = {"cmd": command, "login": False, "yield_time_ms": 30000}
+            call: dict[str, Any] = {"name": "exec_command", "arguments": args}
         else:  # Claude Code's
             call = {"name": "Bash", "arguments": {"command": command, "description": f"rl:{skill}"}}
         return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"

@@ -122,6 +122,7 @@ def check_run(events: list[dict[str, Any]], engine: SkillFollower, run: Path, ho
     assert "<skill>\n<name>rl:status</name>" in first  # the invoked skill's instructions reached the model
     items = [e["item"] for e in events if e.get("type") == "item.completed"]
     commands = [i for i in items if i["type"] == "command_execution"]
+    assert len(commands) == 1, (items, engine.prompts[-1][-3000:])
     assert len(commands) == 1 and f"legorl status {run} --json" in commands[0]["command"]
     assert commands[0]["exit_code"] == 0 and status(run)["run_id"] in commands[0]["aggregated_output"]
     messages = [i["text"] for i in items if i["type"] == "agent_message"]
