@@ -129,6 +129,16 @@ def test_the_evidence_is_what_was_read(healthy: Path, tmp_path: Path) -> None:
     )
 
 
+def test_a_run_before_its_first_step_reads(tmp_path: Path) -> None:
+    """A store the loop has opened but not yet stepped (held-out or warm start still running)."""
+    with RunStore(tmp_path / "early", config={"run": {"steps": 3}}) as store:
+        store.log_metrics(-1, {"sft/loss": 1.0})
+    r = status(tmp_path / "early")
+    assert r["progress"]["step"] is None and r["progress"]["steps_done"] == 0 and r["signatures"] == []
+    p = cli(tmp_path / "early")
+    assert p.returncode == 0 and "no GSPO step yet: 0/3 steps done" in p.stdout and NO_MATCH in p.stdout
+
+
 def test_a_schedule_that_ends_at_zero_with_the_run_is_no_lr_signature(healthy: Path, tmp_path: Path) -> None:
     """The logged lr is the next step's: a cosine ending with the run logs 0 on its last step."""
     run = copy_store(healthy, tmp_path / "cosine")

@@ -124,9 +124,10 @@ def render(report: dict[str, Any]) -> str:
     proc = report["process"]
     who = f"pid {proc['pid']} {proc['state']}" if proc["pid"] else f"process {proc['state']} ({proc['source']})"
     mps = f"{p['minutes_per_step']:.2f} min/step" if p["minutes_per_step"] is not None else "no step finished"
+    at = f"step {p['step']}" if p["step"] is not None else "no GSPO step yet"
     lines = [
         f"run {report['run_dir']} ({report['run_id']}): {report['state']}, {who}",
-        f"step {p['step']}: {p['steps_done']}/{p['steps_planned']} steps done, {p['elapsed_s'] / 60:.1f} min elapsed, "
+        f"{at}: {p['steps_done']}/{p['steps_planned']} steps done, {p['elapsed_s'] / 60:.1f} min elapsed, "
         f"{mps}, last write {p['last_write']} ({p['last_write_age_s'] / 60:.1f} min ago)",
     ]
     if not report["signatures"]:
