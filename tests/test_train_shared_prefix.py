@@ -13,18 +13,29 @@ import torch
 from legorl.model_families import build
 from legorl.train import varlen
 from legorl.train.batch import pack
-from legorl.train.logprobs import LogprobOptions, PolicyModel
+from legorl.train.logprobs import LogprobOptions, LogprobOutput, PolicyModel
+from legorl.train.routing import moe_routers
 from legorl.train.shared_prefix import prefix_groups, sharing_refusal
 from legorl.types import AlignmentStats, Segment, Trajectory
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
-def harness_shaped(g: torch.Generator, vocab: int) -> list[Trajectory]:
+def harness_shaped(g: torch.Generator, vocab: int, routing: tuple[int, int, int] | None = None) -> list[Trajectory]:
+    """Two tasks of three rollouts each, and one lone trajectory. With `routing` (MoE layers,
+    top-k, experts) each segment carries recorded experts as an engine with a prefix cache
+    records them: one routing for the shared system prompt, one per task statement."""
+
+    def experts(n: int) -> list[list[list[int]]]:
+        layers, k, e = routing  # type: ignore[misc]
+        return torch.rand(n, layers, e, generator=g).argsort(-1)[..., :k].tolist()
+
     system = torch.randint(3, vocab, (120,), generator=g).tolist()
+    system_r = experts(120) if routing else []
     trajs = []
     for task in range(2):
         statement = torch.randint(3, vocab, (40 + task,), generator=g).tolist()  # > MIN_SHARE: a second level
+        statement_r = experts(len(statement)) if routing else []
         for k in range(3):
             turn = torch.randint(3, vocab, (15 + 4 * k,), generator=g).tolist()
             obs = torch.randint(3, vocab, (10,), generator=g).tolist()
@@ -32,56 +43,83 @@ def harness_shaped(g: torch.Generator, vocab: int) -> list[Trajectory]:
             ids = system + statement + turn + obs + last
             mask = [0] * len(system + statement) + [1] * len(turn) + [0] * len(obs) + [1] * len(last)
             lps = [-1.0 * m for m in mask]
-            trajs.append(
-                Trajectory(
-                    f"t{task}-{k}", [Segment([0, 1], ids, mask, lps, [0, 0])], AlignmentStats(), instance_id=f"x{task}"
-                )
-            )
+            seg = Segment([0, 1], ids, mask, lps, [0, 0])
+            if routing:
+                seg.routed_experts = system_r + statement_r + experts(len(ids) - len(system + statement))
+            trajs.append(Trajectory(f"t{task}-{k}", [seg], AlignmentStats(), instance_id=f"x{task}"))
     alone = torch.randint(3, vocab, (60,), generator=g).tolist()
-    trajs.append(
-        Trajectory("alone", [Segment([0], alone, [0] * 40 + [1] * 20, [0.0] * 40 + [-1.0] * 20, [0])], AlignmentStats())
-    )
+    seg = Segment([0], alone, [0] * 40 + [1] * 20, [0.0] * 40 + [-1.0] * 20, [0])
+    if routing:
+        seg.routed_experts = experts(60)
+    trajs.append(Trajectory("alone", [seg], AlignmentStats()))
     return trajs
 
 
-def _grads(policy: PolicyModel, mb, packing: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _grads(policy: PolicyModel, mb, packing: str) -> tuple[LogprobOutput, dict[str, torch.Tensor]]:
     policy.zero_grad(set_to_none=True)
     out = policy(mb, LogprobOptions(packing=packing))
     loss = -(out.logprobs_N * mb.advantages_N * mb.mask_N).sum() / mb.mask_N.sum()
     loss.backward()
-    return out.logprobs_N.detach(), {
-        n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None
-    }
+    return out, {n: p.grad.detach().clone() for n, p in policy.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
-def test_shared_prefix_equals_packed(family: str) -> None:
+def _policy(family: str) -> PolicyModel:
     lm = build(family).float()
     lm.set_attn_implementation(varlen.register())
-    policy = PolicyModel(lm)
-    assert policy.sharing is None
-    vocab = int(lm.config.vocab_size)
-    trajs = harness_shaped(torch.Generator().manual_seed(0), vocab)
-    (mb,) = pack([(i, t, 1.0 + 0.1 * i) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
-    groups = prefix_groups(mb.input_ids_N, mb.segment_lengths)
-    assert groups and sum(len(g.members) for g in groups) == 6  # the lone trajectory is packed as before
-    ref_lp, ref_grads = _grads(policy, mb, "packed")
+    return PolicyModel(lm)
+
+
+def _routing(policy: PolicyModel) -> tuple[int, int, int] | None:
+    routers = moe_routers(policy.lm)
+    return (len(routers), routers[0].top_k, routers[0].weight.shape[0]) if routers else None
+
+
+def _same_step(policy: PolicyModel, mb) -> list[int]:
+    """Shared-prefix equals packed (logprobs, every gradient, the routing used); returns the
+    token counts of the shared step's decoder calls."""
+    ref, ref_grads = _grads(policy, mb, "packed")
     computed: list[int] = []
-    hook = lm.get_decoder().register_forward_hook(
+    hook = policy.lm.get_decoder().register_forward_hook(
         lambda m, a, kw, out: computed.append(kw["input_ids"].numel()), with_kwargs=True
     )
-    lp, grads = _grads(policy, mb, "shared_prefix")
+    out, grads = _grads(policy, mb, "shared_prefix")
     hook.remove()
-    # the system prompt once (less the token every member keeps), each task's statement once
-    # per group, then every member's own remainder; the lone trajectory packed as before
-    own = sum(n - 119 - (40 + t // 3) for t, n in enumerate(mb.segment_lengths[:6]))
-    assert sum(computed) == 119 + 40 + 41 + own + 60
-    torch.testing.assert_close(lp, ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.logprobs_N.detach(), ref.logprobs_N.detach(), rtol=1e-5, atol=1e-5)
     assert grads.keys() == ref_grads.keys()
     for name, g in grads.items():
         torch.testing.assert_close(
             g, ref_grads[name], rtol=1e-5, atol=1e-6 * float(ref_grads[name].abs().max()) + 1e-8, msg=name
         )
+    if policy.is_moe:
+        assert torch.equal(out.used_N_L_K, ref.used_N_L_K)  # routing replay unchanged
+        assert torch.equal(out.used_N_L_K, mb.replay_N_L_K)
+    return computed
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_moe", "glm4_moe", "gpt_oss"])
+def test_shared_prefix_equals_packed(family: str) -> None:
+    policy = _policy(family)
+    assert policy.sharing is None
+    vocab = int(policy.lm.config.vocab_size)
+    trajs = harness_shaped(torch.Generator().manual_seed(0), vocab, _routing(policy))
+    (mb,) = pack([(i, t, 1.0 + 0.1 * i) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
+    groups = prefix_groups(mb.input_ids_N, mb.segment_lengths)
+    assert groups and sum(len(g.members) for g in groups) == 6  # the lone trajectory is packed as before
+    computed = _same_step(policy, mb)
+    # the system prompt once (less the token every member keeps), each task's statement once
+    # per group, then every member's own remainder; the lone trajectory packed as before
+    own = sum(n - 119 - (40 + t // 3) for t, n in enumerate(mb.segment_lengths[:6]))
+    assert sum(computed) == 119 + 40 + 41 + own + 60
+
+
+def test_members_whose_recorded_routing_differs_share_only_where_it_agrees() -> None:
+    policy = _policy("qwen3_moe")
+    trajs = harness_shaped(torch.Generator().manual_seed(2), int(policy.lm.config.vocab_size), _routing(policy))
+    rows = trajs[1].segments[0].routed_experts
+    rows[80] = [list(reversed(r)) for r in rows[80]]  # one rollout's engine routed one prompt token otherwise
+    (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
+    computed = _same_step(policy, mb)
+    assert computed[0] == 80  # the system prompt is shared only up to the disagreement
 
 
 def test_groups_leave_every_member_a_token_of_its_own() -> None:
@@ -91,12 +129,10 @@ def test_groups_leave_every_member_a_token_of_its_own() -> None:
 
 
 def test_a_family_that_cannot_share_says_why_and_falls_back() -> None:
-    lm = build("qwen3_moe")
-    lm.set_attn_implementation(varlen.register())
-    policy = PolicyModel(lm)
-    why = sharing_refusal(lm, policy.is_moe)
-    assert why is not None and "MoE" in why and "packed instead" in why
-    trajs = harness_shaped(torch.Generator().manual_seed(1), int(lm.config.vocab_size))
+    policy = _policy("qwen3_5")  # Gated-DeltaNet layers: the recurrent state is not carried into branches
+    why = sharing_refusal(policy.lm, policy.is_moe)
+    assert why is not None and "qwen3_5_text" in why and "packed instead" in why
+    trajs = harness_shaped(torch.Generator().manual_seed(1), int(policy.lm.config.vocab_size))
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
     with torch.no_grad():
         a = policy(mb, LogprobOptions(packing="packed"))

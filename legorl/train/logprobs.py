@@ -31,7 +31,15 @@ from legorl.packed_families import own_masks, packing_refusal
 from legorl.train.batch import MicroBatch
 from legorl.train.linear_varlen import segment_aware
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
-from legorl.train.shared_prefix import prefix_groups, shared_hidden, sharing_refusal
+from legorl.train.shared_prefix import (
+    DecoderCall,
+    PackedCall,
+    Span,
+    branch_cache,
+    prefix_groups,
+    shared_hidden,
+    sharing_refusal,
+)
 from legorl.train.varlen import packed_masks, varlen_kwargs
 
 
@@ -100,6 +108,9 @@ def chunked_logprobs(
     return _ChunkedLogprobs.apply(hidden_N_H, weight_V_H, targets_N, temperature, chunk, fp32)
 
 
+Routed = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # hidden, used, natural
+
+
 @dataclass
 class LogprobOptions:
     temperature: float = 1.0
@@ -165,10 +176,16 @@ class PolicyModel(nn.Module):
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
         groups = prefix_groups(mb.input_ids_N, mb.segment_lengths) if opts.packing == "shared_prefix" else []
         if groups and self.sharing is None:
-            hidden_N_H = shared_hidden(
-                self.lm.get_decoder(), self.hidden, mb.input_ids_N, mb.position_ids_N, mb.segment_lengths, groups
+            out = shared_hidden(
+                self._span_call(opts),
+                self._packed_call(mb, opts),
+                mb.input_ids_N,
+                mb.position_ids_N,
+                mb.segment_lengths,
+                groups,
+                mb.replay_N_L_K if (self.is_moe and opts.routing_replay) else None,
             )
-            return self._head(mb, hidden_N_H, opts, None, None)
+            return self._head(mb, out.hidden_N_H, opts, out.used_N_L_K, out.natural_N_L_K)
         if opts.packing in ("packed", "shared_prefix"):
             if len(mb.segment_lengths) > 1 and (why := packing_refusal(self.lm)):
                 raise ValueError(why)
@@ -187,6 +204,36 @@ class PolicyModel(nn.Module):
             used = torch.cat([r.first_call("used") for _, r in parts])  # type: ignore[union-attr]
             natural = torch.cat([r.first_call("natural") for _, r in parts])  # type: ignore[union-attr]
         return self._head(mb, hidden_N_H, opts, used, natural)
+
+    def _span_call(self, opts: LogprobOptions) -> DecoderCall:
+        """One decoder forward on top of a shared prefix's cache (shared-prefix packing)."""
+        decoder, layers = self.lm.get_decoder(), int(self.lm.config.num_hidden_layers)
+
+        def call(ids: torch.Tensor, pos: torch.Tensor, cache: object | None, replay: torch.Tensor | None) -> Span:
+            kwargs = {} if cache is None else {"cache": branch_cache(cache, layers)}
+            if not self.is_moe:
+                out = decoder(input_ids=ids, position_ids=pos, use_cache=True, **kwargs)
+                return out.last_hidden_state[0], out.past_key_values, None, None
+            with moe_routing(self.lm, replay, router_fp32=opts.router_fp32) as record:
+                out = decoder(input_ids=ids, position_ids=pos, use_cache=True, **kwargs)
+            used, natural = record.first_call("used"), record.first_call("natural")
+            return out.last_hidden_state[0], out.past_key_values, used, natural
+
+        return call
+
+    def _packed_call(self, mb: MicroBatch, opts: LogprobOptions) -> PackedCall:
+        """The segments that share nothing, packed and routed as `packed` would."""
+
+        def call(idx: torch.Tensor, lengths: list[int]) -> Routed:
+            ids, pos = mb.input_ids_N[None, idx], mb.position_ids_N[None, idx]
+            if not self.is_moe:
+                return self.hidden(ids, pos, lengths)[0], None, None
+            replay = mb.replay_N_L_K[idx] if (opts.routing_replay and mb.replay_N_L_K is not None) else None
+            with moe_routing(self.lm, replay, router_fp32=opts.router_fp32) as record:
+                hidden = self.hidden(ids, pos, lengths)[0]
+            return hidden, record.first_call("used"), record.first_call("natural")
+
+        return call
 
     def _head(
         self,

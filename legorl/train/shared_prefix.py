@@ -11,34 +11,43 @@ micro-batch's own layout, so the LM head, the loss and everything after are unch
 autograd sums each branch's gradient into the prefix: the step equals the unshared step
 (tests/test_train_shared_prefix.py checks logprobs and every gradient against `packed`).
 
-Only families whose every layer is full causal attention can share this way: a sliding
-window, attention sinks, a recurrent (Gated-DeltaNet) state or MoE routing replay each need
-their own branch rule. Those fall back to `packed` with one line naming why
-(`sharing_refusal`).
+Inside a group the same is done again (a tree): what members share beyond the group's prefix
+(a GSPO group's task statement after the harness's system prompt) is computed once more.
+
+Verified exact: dense attention (Qwen3, Qwen2, Llama); MoE with routing replay (a span is
+shared only where every member's recorded experts agree, so the one forward replays one
+routing); gpt-oss's sliding window and sinks (the branch's cache masks them). A recurrent
+(Gated-DeltaNet) state is not carried into branches yet: Qwen3.5 falls back to `packed`, as
+does any unverified family, with one line naming why (`sharing_refusal`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 
-SHAREABLE_TYPES = ("qwen3", "qwen2", "llama")  # dense, full causal attention in every layer
+SHAREABLE_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe", "gpt_oss", "glm4_moe")  # exact, tested
+WINDOWED_TYPES = ("gpt_oss",)  # sliding window and sinks: the branch's cache masks them (tested)
 MIN_SHARE = 32  # a prefix shorter than this is not worth a forward of its own
 
 
 def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
-    """Why this model cannot share prefixes (None: it can)."""
+    """Why this model cannot share prefixes (None: it can). `is_moe` is kept for callers:
+    an MoE family shares with routing replay (a span is shared only where the members'
+    recorded experts agree), so only the family's type decides."""
+    del is_moe
     cfg = lm.config
     kind = getattr(cfg, "model_type", "?")
-    if is_moe:
-        return f"shared-prefix packing: {kind} is MoE (routing replay per branch is not implemented); packed instead"
     if kind not in SHAREABLE_TYPES:
         verified = ", ".join(SHAREABLE_TYPES)
         return f"shared-prefix packing: not verified for model type {kind!r} (verified: {verified}); packed instead"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"} or getattr(cfg, "use_sliding_window", False):
+    windowed = types != {"full_attention"} or getattr(cfg, "use_sliding_window", False)
+    if windowed and kind not in WINDOWED_TYPES:
         return (
             f"shared-prefix packing: {kind} has layer types {sorted(types)} (a window needs its own rule); "
             "packed instead"
@@ -82,7 +91,7 @@ def prefix_groups(ids_N: torch.Tensor, lengths: list[int], min_share: int = MIN_
     return groups
 
 
-def _cache_of(prefix_cache: object, layers: int) -> object:
+def branch_cache(prefix_cache: object, layers: int) -> object:
     """A fresh cache holding the prefix's key/value tensors (the same tensors: a branch's
     update concatenates into new ones, so the prefix's stay shared and keep their graph)."""
     from transformers import DynamicCache
@@ -94,57 +103,127 @@ def _cache_of(prefix_cache: object, layers: int) -> object:
     return cache
 
 
+Span = tuple[torch.Tensor, object, torch.Tensor | None, torch.Tensor | None]  # hidden, cache, used, natural
+
+
+class DecoderCall(Protocol):
+    """One decoder forward over `ids_1_S` on top of `cache` (None: from nothing), replaying
+    `replay_S_L_K` where given; returns the span's hidden (S, H), its cache, and for an MoE
+    model the experts used and the router's own choice (S, L, K)."""
+
+    def __call__(
+        self, ids_1_S: torch.Tensor, pos_1_S: torch.Tensor, cache: object | None, replay_S_L_K: torch.Tensor | None
+    ) -> Span: ...
+
+
+class PackedCall(Protocol):
+    """The unshared segments, packed as before: (hidden, used, natural) of positions `idx`."""
+
+    def __call__(
+        self, idx: torch.Tensor, lengths: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]: ...
+
+
+@dataclass
+class Shared:
+    """The packed row's decoder output and, for MoE, its routing, in packed order."""
+
+    hidden_N_H: torch.Tensor
+    used_N_L_K: torch.Tensor | None
+    natural_N_L_K: torch.Tensor | None
+
+
 def shared_hidden(
-    decoder: nn.Module,
-    packed: callable,  # type: ignore[valid-type]  # (ids_1_S, pos_1_S, lengths) -> hidden_1_S_H
+    call: DecoderCall,
+    packed: PackedCall,
     ids_N: torch.Tensor,
     pos_N: torch.Tensor,
     lengths: list[int],
     groups: list[PrefixGroup],
-) -> torch.Tensor:
-    """Decoder output (N, H) of the packed row, each group's prefix computed once, and inside
+    replay_N_L_K: torch.Tensor | None = None,
+) -> Shared:
+    """Decoder output of the packed row, each group's prefix computed once, and inside
     a group every further prefix its members share (a tree: a harness's system prompt for the
-    whole micro-batch, then each task's first message for that task's GSPO group)."""
-    tree = _Tree(decoder, ids_N, pos_N, lengths)
-    shared = {m for g in groups for m in g.members}
+    whole micro-batch, then each task's first message for that task's GSPO group).
+
+    With routing replay a span is shared only as far as its members' recorded experts agree
+    too: the prefix is one forward, so it can replay one routing."""
+    tree = _Tree(call, ids_N, pos_N, lengths, replay_N_L_K)
+    shared: set[int] = set()
     for g in groups:
-        tree.node(g.members, 0, g.length, None)
+        length = tree.agreed(g.members, 0, g.length)
+        if length >= MIN_SHARE:
+            tree.node(g.members, 0, length, None)
+            shared.update(g.members)
     rest = [m for m in range(len(lengths)) if m not in shared]
     if rest:
         idx = torch.cat([torch.arange(tree.starts[m], tree.starts[m] + lengths[m]) for m in rest])
-        tree.pieces.append(packed(ids_N[None, idx], pos_N[None, idx], [lengths[m] for m in rest])[0])
+        hidden, used, natural = packed(idx, [lengths[m] for m in rest])
+        tree.keep(hidden, used, natural)
         tree.source_N[idx] = torch.arange(tree.offset, tree.offset + idx.numel())
-    rows_R_H = torch.cat(tree.pieces) if len(tree.pieces) > 1 else tree.pieces[0]
-    return rows_R_H.index_select(0, tree.source_N.to(rows_R_H.device))
+    return tree.gathered()
 
 
 class _Tree:
     """The computed rows (`pieces`) and, for every packed position, the row it copies."""
 
-    def __init__(self, decoder: nn.Module, ids_N: torch.Tensor, pos_N: torch.Tensor, lengths: list[int]) -> None:
-        self.decoder, self.ids_N, self.pos_N, self.lengths = decoder, ids_N, pos_N, lengths
-        self.layers = int(decoder.config.num_hidden_layers)
+    def __init__(
+        self,
+        call: DecoderCall,
+        ids_N: torch.Tensor,
+        pos_N: torch.Tensor,
+        lengths: list[int],
+        replay_N_L_K: torch.Tensor | None,
+    ) -> None:
+        self.call, self.ids_N, self.pos_N, self.lengths, self.replay_N_L_K = call, ids_N, pos_N, lengths, replay_N_L_K
         self.starts = [0]
         for n in lengths[:-1]:
             self.starts.append(self.starts[-1] + n)
         self.pieces: list[torch.Tensor] = []
+        self.used: list[torch.Tensor] = []
+        self.natural: list[torch.Tensor] = []
         self.source_N = torch.empty(ids_N.numel(), dtype=torch.long)
         self.offset = 0
 
-    def _run(self, lead: int, begin: int, end: int, cache: object | None) -> object:
-        """Tokens [begin, end) of segment `lead` on top of `cache`; their rows are appended."""
-        s = self.starts[lead]
-        kwargs = {} if cache is None else {"cache": _cache_of(cache, self.layers)}
-        out = self.decoder(
-            input_ids=self.ids_N[None, s + begin : s + end],
-            position_ids=self.pos_N[None, s + begin : s + end],
-            use_cache=True,
-            **kwargs,
-        )
-        self.pieces.append(out.last_hidden_state[0])
-        return out.past_key_values
+    def agreed(self, members: Sequence[int], begin: int, end: int) -> int:
+        """How far from `begin` (at most to `end`) every member's recorded routing agrees with
+        the first's: the whole span without replay."""
+        if self.replay_N_L_K is None:
+            return end - begin
+        s0 = self.starts[members[0]]
+        lead_S = self.replay_N_L_K[s0 + begin : s0 + end]
+        n = end - begin
+        for m in members[1:]:
+            s = self.starts[m]
+            differ = (self.replay_N_L_K[s + begin : s + end] != lead_S).flatten(1).any(1).nonzero()
+            if differ.numel():
+                n = min(n, int(differ[0]))
+        return n
 
-    def node(self, members: tuple[int, ...] | list[int], begin: int, end: int, cache: object | None) -> None:
+    def keep(self, hidden: torch.Tensor, used: torch.Tensor | None, natural: torch.Tensor | None) -> None:
+        self.pieces.append(hidden)
+        if used is not None and natural is not None:
+            self.used.append(used)
+            self.natural.append(natural)
+
+    def gathered(self) -> Shared:
+        src = self.source_N.to(self.pieces[0].device)
+        hidden = (torch.cat(self.pieces) if len(self.pieces) > 1 else self.pieces[0]).index_select(0, src)
+        if not self.used:
+            return Shared(hidden, None, None)
+        return Shared(hidden, torch.cat(self.used).index_select(0, src), torch.cat(self.natural).index_select(0, src))
+
+    def _run(self, lead: int, begin: int, end: int, cache: object | None) -> object:
+        """Tokens [begin, end) of segment `lead` on top of `cache`; their rows are kept."""
+        s = self.starts[lead]
+        replay = None if self.replay_N_L_K is None else self.replay_N_L_K[s + begin : s + end]
+        hidden, below, used, natural = self.call(
+            self.ids_N[None, s + begin : s + end], self.pos_N[None, s + begin : s + end], cache, replay
+        )
+        self.keep(hidden, used, natural)
+        return below
+
+    def node(self, members: Sequence[int], begin: int, end: int, cache: object | None) -> None:
         """Run the span [begin, end) the `members` share once, then what each shares further."""
         at = self.offset
         below = self._run(members[0], begin, end, cache)
@@ -163,6 +242,7 @@ class _Tree:
                     common_length(lead, self.ids_N[self.starts[m] + end : self.starts[m] + self.lengths[m]])
                     for m in sub[1:]
                 )
+                p = self.agreed(sub, end, end + p - 1) + 1
                 if p - 1 >= MIN_SHARE:
                     self.node(sub, end, end + p - 1, below)
                     continue
