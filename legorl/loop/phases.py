@@ -37,8 +37,6 @@ from legorl.loop.startup import broadcast, sample_tasks
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
 from legorl.loop.worker import RolloutRecord, RolloutWorker
 from legorl.models import load_tokenizer
-from legorl.train.checkpoint import load_weights
-from legorl.train.sft import sft
 from legorl.train.trainer import Trainer, WeightsSnapshot
 from legorl.types import Status, Trajectory
 
@@ -110,7 +108,7 @@ async def warm_start(run: Run) -> ControlStart | None:
     cfg, trainer, ws = run.cfg, run.trainer, run.cfg.warm_start
     if ws.checkpoint is not None:
         try:
-            loaded = await asyncio.to_thread(load_weights, trainer.lm, ws.checkpoint)
+            loaded = await asyncio.to_thread(trainer.load_weights, ws.checkpoint)
         except ValueError as e:
             raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
         run.console.print(f"warm start: weights from {loaded}")
@@ -150,10 +148,7 @@ async def warm_start(run: Run) -> ControlStart | None:
     def log(step: int, m: dict[str, float]) -> None:
         run.store.log_metrics(WARM_START_STEP, {**m, "sft/step": float(step)})
 
-    trainer.policy.train()
-    await asyncio.to_thread(
-        sft, trainer.policy, demos, ws.sft_config(cfg.run.seed), trainer.optimizer, log=log, opts=trainer.opts
-    )
+    await asyncio.to_thread(trainer.sft, demos, ws.sft_config(cfg.run.seed), log)
     trainer.bump_version()  # new weights: turns sampled from now on say so
     await trainer.sync_weights()
     return ControlStart(trainer.snapshot(), demos) if ws.control_steps else None
@@ -187,9 +182,7 @@ async def control(run: Run, start: ControlStart) -> None:
     `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
     trainer = run.trainer
     trainer.restore(start.weights)
-    trainer.policy.train()
-    config = run.cfg.warm_start.control_config(run.cfg.run.seed)
-    await asyncio.to_thread(sft, trainer.policy, start.demos, config, trainer.optimizer, opts=trainer.opts)
+    await asyncio.to_thread(trainer.sft, start.demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
     trainer.bump_version()
     await trainer.sync_weights()
 

@@ -18,7 +18,7 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,7 @@ from legorl.train.losses import LOSSES, LossMetrics, Normalizer
 from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
+from legorl.train.sft import SFTConfig, sft
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
 
@@ -225,6 +226,23 @@ class Trainer:
         caller trains on from them and bumps once, before the sync that serves the result."""
         self.lm.load_state_dict(snap.lm)
         self.optimizer.load_state_dict(snap.optimizer)
+
+    def sft(
+        self,
+        demos: Sequence[Trajectory],
+        config: SFTConfig,
+        log: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> dict[str, float]:
+        """Imitation on `demos` with this trainer's own model, AdamW (its moments carry into
+        GSPO) and log-prob options (the same packing and head as a GSPO step). The caller
+        bumps the version once the weights are to be served."""
+        self.policy.train()
+        return sft(self.policy, demos, config, self.optimizer, log=log, opts=self.opts)
+
+    def load_weights(self, path: str | Path) -> Path:
+        """Only the model weights of a checkpoint or HF model directory (a warm start from
+        elsewhere); ValueError naming what does not fit. Returns the directory read."""
+        return ckpt.load_weights(self.lm, path)
 
     def checkpoint_due(self) -> bool:
         return bool(self.cfg.checkpoint_dir) and self.step_count % self.cfg.checkpoint_every == 0
