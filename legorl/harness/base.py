@@ -40,6 +40,7 @@ from legorl.harness.install import HarnessNotInstalled, require
 from legorl.sandbox.base import ExecResult, Sandbox
 from legorl.types import Status, Task
 
+MAX_TURNS = 8  # the one default of a harness's turn/step limit ([harness] max_turns, every adapter)
 AGENT_DIR = "/tmp/.legorl-agent"  # the harness's own files in the agent sandbox (problem, config, outputs)
 
 

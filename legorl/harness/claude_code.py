@@ -37,6 +37,7 @@ from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
     HOME,
+    MAX_TURNS,
     PROBLEM_FILE,
     Launch,
     NativeAdapter,
@@ -59,7 +60,7 @@ class ClaudeCode(NativeAdapter):
     """Adapter for Claude Code 2.1.x."""
 
     model: str = "legorl-policy"  # the name Claude Code sends (changes its prompt: keep it fixed)
-    max_turns: int = 30  # model calls (`--max-turns`)
+    max_turns: int = MAX_TURNS  # model calls (`--max-turns`)
     max_output_tokens: int = 4096  # CLAUDE_CODE_MAX_OUTPUT_TOKENS
     tools: str = DEFAULT_TOOLS
     auto_compact_window: int | None = None  # CLAUDE_CODE_AUTO_COMPACT_WINDOW (proactive compaction)

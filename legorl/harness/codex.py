@@ -56,7 +56,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import RESPONSES_ITEMS, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra, jsonl
+from legorl.harness.base import (
+    AGENT_DIR,
+    API_KEY,
+    MAX_TURNS,
+    PROBLEM_FILE,
+    Launch,
+    NativeAdapter,
+    Verdict,
+    infra,
+    jsonl,
+)
 from legorl.harness.install import require
 from legorl.harness.turn_limit import LIMIT_MARK, limited
 from legorl.sandbox.base import ExecResult
@@ -103,7 +113,7 @@ class Codex(NativeAdapter):
 
     model: str = "legorl-policy"  # the name Codex sends (it looks up no metadata for unknown names)
     # (no output limit: Codex sends none and has no setting for one; the proxy's max_tokens caps it)
-    max_turns: int = 30  # completed tool calls before the adapter stops it (Codex has no limit)
+    max_turns: int = MAX_TURNS  # completed tool calls before the adapter stops it (Codex has no limit)
     context_window: int = 32768  # model_context_window: drives auto-compaction
     auto_compact_limit: int | None = None  # model_auto_compact_token_limit (tokens)
     max_retries: int = 2  # request_max_retries / stream_max_retries

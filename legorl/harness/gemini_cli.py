@@ -43,6 +43,7 @@ from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
     HOME,
+    MAX_TURNS,
     PROBLEM_FILE,
     Launch,
     NativeAdapter,
@@ -117,7 +118,7 @@ class GeminiCli(NativeAdapter):
     """Adapter for Gemini CLI 0.61.x."""
 
     model: str = "legorl-policy"  # the name Gemini CLI sends in the URL (keep it fixed)
-    max_turns: int = 30  # model.maxSessionTurns
+    max_turns: int = MAX_TURNS  # model.maxSessionTurns
     compression_threshold: float = 0.5  # model.compressionThreshold (fraction of the model's token limit)
     name: str = "gemini-cli"
     action_format: ClassVar[ActionFormat] = TOOL_CALLS

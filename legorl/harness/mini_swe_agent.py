@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
+from legorl.harness.base import AGENT_DIR, API_KEY, HOME, MAX_TURNS, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -51,7 +51,7 @@ class MiniSweAgent(NativeAdapter):
     """Adapter for mini-swe-agent 2.4.x."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
-    max_turns: int = 30  # agent.step_limit
+    max_turns: int = MAX_TURNS  # agent.step_limit
     max_output_tokens: int = 4096  # model.model_kwargs.max_tokens
     command_timeout_s: int = 60  # environment.timeout: one bash command
     name: str = "mini-swe-agent"

@@ -33,6 +33,7 @@ from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
     HOME,
+    MAX_TURNS,
     PROBLEM_FILE,
     Launch,
     NativeAdapter,
@@ -61,7 +62,7 @@ class OpenCode(NativeAdapter):
     """Adapter for OpenCode 1.18.x."""
 
     model: str = "legorl-policy"  # model id inside the provider (picks OpenCode's prompt: keep it fixed)
-    max_turns: int = 30  # agent.build.steps
+    max_turns: int = MAX_TURNS  # agent.build.steps
     max_output_tokens: int = 4096  # limit.output -> max_tokens
     context_window: int = 32768  # limit.context: OpenCode compacts when usage nears it
     title: str = "legorl task"  # --title: no title-generation side call

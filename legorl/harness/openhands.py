@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
+from legorl.harness.base import AGENT_DIR, API_KEY, MAX_TURNS, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -65,7 +65,7 @@ class OpenHands(NativeAdapter):
     """Adapter for openhands-sdk / openhands-tools 1.58.x."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
-    max_turns: int = 30  # max_iteration_per_run
+    max_turns: int = MAX_TURNS  # max_iteration_per_run
     condenser_max_size: int = 0  # events before the condenser summarises; 0: the SDK default
     condenser_keep_first: int = 2
     llm_timeout_s: int = 600

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import API_KEY, AgentRun
+from legorl.harness.base import API_KEY, MAX_TURNS, AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.openhands import verdict_of_result
 from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
@@ -55,7 +55,7 @@ class WarmOpenHands:
     """Adapter: openhands-sdk / openhands-tools 1.58.x in one warm process, actions in the sandboxes."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
-    max_turns: int = 30  # max_iteration_per_run
+    max_turns: int = MAX_TURNS  # max_iteration_per_run
     condenser_max_size: int = 0  # events before the condenser summarises; 0: the SDK default
     condenser_keep_first: int = 2
     llm_timeout_s: int = 600

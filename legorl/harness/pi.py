@@ -44,6 +44,7 @@ from legorl.harness.base import (
     AGENT_DIR,
     API_KEY,
     HOME,
+    MAX_TURNS,
     PROBLEM_FILE,
     Launch,
     NativeAdapter,
@@ -74,7 +75,7 @@ class Pi(NativeAdapter):
     """Adapter for Pi 0.73.x."""
 
     model: str = "legorl-policy"
-    max_turns: int = 30  # finished tool calls before the adapter stops it (Pi has no limit)
+    max_turns: int = MAX_TURNS  # finished tool calls before the adapter stops it (Pi has no limit)
     max_output_tokens: int = 4096  # the model's maxTokens -> max_tokens
     context_window: int = 32768  # the model's contextWindow: drives compaction
     reserve_tokens: int = 4096  # compaction.reserveTokens

@@ -31,7 +31,18 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, HOME, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra, jsonl
+from legorl.harness.base import (
+    AGENT_DIR,
+    API_KEY,
+    HOME,
+    MAX_TURNS,
+    PROBLEM_FILE,
+    Launch,
+    NativeAdapter,
+    Verdict,
+    infra,
+    jsonl,
+)
 from legorl.harness.gemini_cli import TURN_LIMIT_EXIT, error_verdict, quiet_settings
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
@@ -48,7 +59,7 @@ class QwenCode(NativeAdapter):
     """Adapter for Qwen Code 0.24.x."""
 
     model: str = "legorl-policy"  # the `model` it sends (keep it fixed)
-    max_turns: int = 30  # --max-session-turns
+    max_turns: int = MAX_TURNS  # --max-session-turns
     max_output_tokens: int = 4096  # model.generationConfig.max_tokens
     context_window: int = 131072  # model.generationConfig.contextWindowSize (drives compression)
     compression_threshold: float = 0.7  # model.chatCompression.contextPercentageThreshold

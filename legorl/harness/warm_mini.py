@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat, mini_format
-from legorl.harness.base import API_KEY, AgentRun
+from legorl.harness.base import API_KEY, MAX_TURNS, AgentRun
 from legorl.harness.install import HarnessNotInstalled, require
 from legorl.harness.mini_swe_agent import verdict_of_exit
 from legorl.harness.warm import DriverGone, WarmDriver, base_env, unfinished
@@ -84,7 +84,7 @@ class WarmMiniSweAgent:
     """Adapter: mini-swe-agent 2.4.x in one warm process, commands in the sandboxes."""
 
     model: str = "legorl-policy"  # sent as `openai/<model>` through LiteLLM
-    max_turns: int = 30  # agent.step_limit
+    max_turns: int = MAX_TURNS  # agent.step_limit
     config: str = ""  # mini-swe-agent YAML path; "" = its built-in mini.yaml (what `mini` uses); "quickstart"
     command_timeout_s: int | None = None  # environment.timeout (None: the config's)
     max_output_tokens: int | None = None  # model.model_kwargs.max_tokens (None: the config's)

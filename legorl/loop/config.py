@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from legorl.config import load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
+from legorl.harness.base import MAX_TURNS
 from legorl.harness.registry import adapter_options, harness_names
 from legorl.monitor.monitors import MonitorConfig
 from legorl.options import check_options
@@ -126,7 +127,7 @@ class HarnessSection(Section):
     OpenHands SDK (legorl/harness/openhands_warm.py)."""
     command_file: Path | None = None
     """`command`: the shell script that is the agent."""
-    max_turns: int = Field(8, ge=1)
+    max_turns: int = Field(MAX_TURNS, ge=1)
     """Turn/step limit passed to the harness (its own `max_turns`)."""
     model_name: str | None = None
     """Model name the harness is told to use (default: the proxy's served model name)."""
