@@ -18,7 +18,7 @@ from legorl.config import load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
 from legorl.harness.base import MAX_TURNS
-from legorl.harness.registry import adapter_options, harness_names
+from legorl.harness.registry import COMMAND, adapter_options, harness_names
 from legorl.monitor.monitors import MonitorConfig
 from legorl.options import check_options
 from legorl.proxy.config import ProxyConfig
@@ -120,7 +120,7 @@ else:  # the names are said once, in legorl/harness/registry.py
 class HarnessSection(Section):
     """`[harness]`: which agent program runs in the sandbox."""
 
-    name: HarnessName = "command"
+    name: HarnessName = COMMAND
     """The harness; its adapter only writes config and a command line. `mini-swe-agent-warm`:
     mini-swe-agent in one long-lived process beside the sandboxes, every command in the
     rollout's sandbox (legorl/harness/warm_mini.py); `openhands-warm` likewise for the
@@ -148,11 +148,11 @@ class HarnessSection(Section):
                 raise ValueError(f"harness.mix names unknown harnesses {unknown} (known: {', '.join(known)})")
             if any(not (w >= 0 and w < float("inf")) for w in self.mix.values()) or sum(self.mix.values()) <= 0:
                 raise ValueError(f"harness.mix weights must be finite, >= 0 and sum to more than 0, got {self.mix}")
-            if "command" in self.mix or self.options:
+            if COMMAND in self.mix or self.options:
                 raise ValueError("harness.mix takes neither the `command` harness nor harness.options (one adapter's)")
             self.mix = {k: float(w) for k, w in self.mix.items() if w > 0}
             return self
-        if self.name == "command" and self.command_file is None:
+        if self.name == COMMAND and self.command_file is None:
             raise ValueError("harness.command_file is required when harness.name = 'command'")
         if self.options:  # only then is the adapter's module imported
             self.options = check_options(self.options, adapter_options(self.name), self.name)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from legorl.engine.registry import make_engine
+from legorl.harness.registry import COMMAND
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.worker import RolloutWorker
@@ -39,7 +40,7 @@ async def run_one(
     if engine_cfg["kind"] == "oracle":
         engine_cfg["options"] = {**engine_cfg.get("options", {}), "tasks": str(tasks)}
     if harness is None and command_file is not None:
-        harness = "command"
+        harness = COMMAND
     harness_cfg = {
         **cfg.harness.model_dump(),
         **given(name=harness, max_turns=max_turns, command_file=command_file),
