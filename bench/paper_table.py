@@ -15,7 +15,7 @@ every harness on the same held-out tasks (`legorl eval` on the harness's config,
 pointed at the checkpoint). The diagonal repeats the run's own end row with fresh samples.
 
     .venv/bin/python bench/paper_table.py [--only claude-code,opencode] [--heldout 200]
-        [--out DIR] [--no-matrix]
+        [--out DIR] [--no-matrix] [--reuse]
 
 An hour per run on two idle cores: this is a bench run, never a test.
 """
@@ -74,6 +74,20 @@ def train(name: str, run_dir: Path, heldout: int | None) -> dict[str, Any]:
         "phases_s": report.get("phases_s"),
         "wall_s": round(wall, 1),
         "peak_rss_gb": round(peak, 2),
+        **store_figures(run_dir),
+    }
+
+
+def reused(name: str, run_dir: Path) -> dict[str, Any]:
+    """A finished run's row from its directory (wall time and peak memory are the first
+    run's, printed then: not known here)."""
+    report = json.loads((run_dir / "heldout_results.json").read_text())
+    return {
+        "config": f"examples/quickstart-{name}.toml",
+        "reused": str(run_dir),
+        "evaluations": report.get("evaluations"),
+        "gains": report.get("gains"),
+        "phases_s": report.get("phases_s"),
         **store_figures(run_dir),
     }
 
@@ -162,6 +176,9 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=None, help="held-out tasks per evaluation (default: the config's)")
     ap.add_argument("--out", type=Path, default=ROOT / "examples" / "runs" / "paper-table")
     ap.add_argument("--no-matrix", action="store_true")
+    ap.add_argument(
+        "--reuse", action="store_true", help="a run whose directory under --out holds a finished report is not rerun"
+    )
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n]
     if unknown := [n for n in names if n not in RUNS]:
@@ -170,7 +187,9 @@ def main() -> None:
     load_before = os.getloadavg()
     rows = {}
     for name in names:
-        rows[name] = train(name, args.out / name, args.heldout)
+        run_dir = args.out / name
+        done = args.reuse and (run_dir / "heldout_results.json").exists()
+        rows[name] = reused(name, run_dir) if done else train(name, run_dir, args.heldout)
         print(json.dumps({"run": name, **rows[name]}), file=sys.stderr, flush=True)
     matrix: dict[str, dict[str, Any]] = {}
     if not args.no_matrix:
