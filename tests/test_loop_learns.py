@@ -17,6 +17,7 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from learn_util import LEGORL, assert_learns, slice_config
@@ -57,9 +58,19 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
     text = config.read_text().replace('at = ["start", "warm_start", "end"]', "at = []")
     text = text.replace("[run]\n", f"[run]\nui = true\nui_port = {port}\n", 1)
     config.write_text(text)
+    token = "live-ui-token"  # the run's UI asks a token (docs/security.md): the run's, from the environment
     proc = subprocess.Popen(
-        [*LEGORL, "train", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        [*LEGORL, "train", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "LEGORL_TOKEN": token},
     )
+
+    def api(path: str) -> object:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"authorization": f"Bearer {token}"})
+        return json.loads(urllib.request.urlopen(req, timeout=10).read())
+
     db_path = tmp_path / "run" / "run.sqlite"
     seen = 0
     try:
@@ -77,10 +88,8 @@ def test_sigkill_mid_step_loses_no_graded_rollout(tmp_path: Path) -> None:
                     break
             time.sleep(0.05)
         assert seen >= 8, (proc.poll(), proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "")
-        live = json.loads(
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/trajectories?step=0&limit=1000", timeout=10).read()
-        )
-        steps = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/steps", timeout=10).read())
+        live: Any = api("/api/trajectories?step=0&limit=1000")
+        steps: Any = api("/api/steps")
         assert sum(1 for t in live["items"] if t["status"]) >= 8  # the running step's rollouts, as they land
         assert [s["t_end"] for s in steps if s["step"] == 0] == [None]  # ... while the step is still running
         os.killpg(proc.pid, signal.SIGKILL)
