@@ -45,6 +45,12 @@ def read_toml(path: Path) -> dict:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file (e.g. {path}/quickstart.toml)") from None
+    except PermissionError:
+        raise ConfigError(f"{path}: config file not readable (permission denied)") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 ({e.reason})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
 

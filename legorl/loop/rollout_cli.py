@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from legorl.config import validate
 from legorl.engine.registry import make_engine
 from legorl.harness.registry import COMMAND
 from legorl.loop.config import RunConfig
@@ -48,8 +49,10 @@ async def run_one(
     if harness is not None and harness != cfg.harness.name:  # another harness: the config's options were its
         harness_cfg.update(options={}, mix={})
     sandbox_cfg = {**cfg.sandbox.model_dump(), **given(backend=sandbox)}
-    cfg = RunConfig.model_validate(
-        {**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg, "sandbox": sandbox_cfg}
+    cfg = validate(
+        RunConfig,
+        {**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg, "sandbox": sandbox_cfg},
+        "rollout options",
     )
     eng = make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
     try:
