@@ -16,6 +16,12 @@ imports, defines and assigns at top level, or declares `global` in a function. A
 Files that write their own namespace dynamically (`globals()`, `exec`, a star import) are
 checked for the probe's name and their imports only.
 
+The namespace is a module's (pytest, Django) or the bare dict SymPy's runner execs a test file
+into; the recorders check it before and after each test, and unittest's comparing assertions
+check it as they compare (`lg_probes`), so a name swapped for one test and put back before the
+next is seen while it is bound. A recorder's own wrappers of a file's test functions
+(`ours`) count as the file's functions.
+
 Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
 them, copied into the grading sandbox together): stdlib only, run by the image's Python, never
 imports legorl.
@@ -89,12 +95,16 @@ class Names:
     """`tampered(module, path)`: the names of a test module that code other than the test's
     has bound (see the module's docstring), at most a few."""
 
-    def __init__(self, repo):
+    def __init__(self, repo, value_agents=None):
         import builtins
 
         self.repo, self.builtins = repo, builtins
+        self.value_agents = value_agents or (lambda val: True)  # made of the agent's code? (`Origins`)
         self.sources = {}  # path -> (binds, dynamic) | None
         self.first = {}  # id(module dict) -> (dict, {name: value}, {import-bound name: its target}) remembered
+        self.ours = {}  # id -> a recorder's wrapper of a test function (kept alive: ids stay unique)
+        self.paths = {}  # id(namespace) -> its file, for the check at each comparison (`at_compare`)
+        self.clean = {}  # id(namespace) -> a copy of it when it was last found untampered
 
     def source(self, path):
         if path not in self.sources:
@@ -108,7 +118,7 @@ class Names:
     def remember(self, module, path):
         """The module's names as they are now, and what its imports are bound to (taken when
         collection ends, before any fixture of a test monkeypatches a module it imports from)."""
-        g = getattr(module, "__dict__", None) if module is not None else None
+        g = namespace(module)
         src = self.source(path)
         if not isinstance(g, dict) or (id(g) in self.first and self.first[id(g)][0] is g):
             return
@@ -117,13 +127,40 @@ class Names:
             if len(kinds) == 1 and kinds[0][0] in ("import", "from"):
                 made[name] = self.made(kinds[0])
         self.first[id(g)] = (g, dict(g), made)
+        self.paths[id(g)] = path
 
-    def tampered(self, module, path):
-        g = getattr(module, "__dict__", None) if module is not None else None
+    def tampered(self, module, path, during=False):
+        """The names package code bound (see the module's docstring). `during` a test (at its
+        comparisons, as it ends) its own monkeypatch may hold a name: a rebinding then counts
+        when the value is made of the agent's code (`value_agents`), or is the probe's name or
+        `__builtins__`; before each test every rebinding counts, as the test's patches are undone."""
+        g = namespace(module)
         if not isinstance(g, dict):
             return []
         self.remember(module, path)
-        return self.check(g, path, self.first[id(g)])
+        bad = self.check(g, path, self.first[id(g)])
+        if during:
+            keep = ("__lg_probe__", "__builtins__")
+            bad = [n for n in bad if n in keep or n not in g or self.value_agents(g[n])]
+        self.clean[id(g)] = None if bad else dict(g)
+        return bad
+
+    def at_compare(self, g):
+        """The names of a remembered test namespace `g`, at one of its comparisons: nothing
+        when each name still holds the object it held at the last clean check (an identity
+        scan, a few microseconds), else the full check (`tampered`)."""
+        first = self.first.get(id(g))
+        if first is None or first[0] is not g:
+            return []
+        clean = self.clean.get(id(g))
+        if clean is not None and len(clean) == len(g):
+            get = clean.get
+            for k, v in g.items():
+                if get(k, clean) is not v:
+                    break
+            else:
+                return []
+        return self.tampered(g, self.paths[id(g)], during=True)
 
     def check(self, g, path, first):
         src = self.source(path)
@@ -182,18 +219,32 @@ class Names:
         if dynamic:
             return True
         if kind == "def":
+            if self.ours.get(id(val)) is val:
+                return True
             code = getattr(val, "__code__", None)
             return code is not None and same_file(code.co_filename, path)  # (or another of its functions)
         if kind == "class":
-            return isinstance(val, type) and val.__qualname__ == name and val.__module__ == g.get("__name__")
+            # (a class made in a bare dict, as SymPy's runner execs a file, is "builtins")
+            return (
+                isinstance(val, type) and val.__qualname__ == name and val.__module__ == g.get("__name__", "builtins")
+            )
         return True
 
     def own(self, val, g, path):
         """Is `val` the test file's own (a function compiled from it, a class defined in it)?"""
+        if self.ours.get(id(val)) is val:
+            return True
         code = getattr(val, "__code__", None)
         if code is not None:
             return same_file(code.co_filename, path)
-        return isinstance(val, type) and val.__module__ == g.get("__name__")
+        return isinstance(val, type) and val.__module__ == g.get("__name__", "builtins")
+
+
+def namespace(module):
+    """The names of a test file: a module's `__dict__`, or the dict itself (SymPy's runner)."""
+    if isinstance(module, dict):
+        return module
+    return getattr(module, "__dict__", None) if module is not None else None
 
 
 def rebound(val, old):

@@ -113,6 +113,8 @@ def run_wrapper(orig_run, watch, phases, extras, send):
         try:
             return orig_run(self, result)
         finally:
+            if getattr(mod, "__file__", None) in watch.tests:  # and as it ends (a name swapped back later is
+                watch.test_globals(mod, mod.__file__, during=True)  # still seen by the comparing asserts)
             ph = phases.pop(id(self), {})
             ph.pop("subtest", None)
             x = extras.pop(id(self), {})
@@ -131,7 +133,9 @@ def run_wrapper(orig_run, watch, phases, extras, send):
 
 def record_sympy(watch, send, repo, test_files):
     """(wrappers, their owner): the builtin `exec` wrapped, so each test function of a task
-    test file the runner execs is replaced by a recording wrapper, its comparisons probed."""
+    test file the runner execs is replaced by a recording wrapper, its comparisons probed.
+    The dict the file was exec'd into is its namespace: its names are remembered when the
+    exec returns and checked before and after each test (`lg_names`), as a module's are."""
     real_exec = builtins.exec
 
     def exec_(source, globals=None, locals=None, *a, **kw):
@@ -150,6 +154,8 @@ def record_sympy(watch, send, repo, test_files):
                     and val.__code__.co_filename == file
                 ):
                     globals[name] = sympy_recorder(val, file[len(repo) :], name, watch, send, repo)
+                    watch.names.ours[id(globals[name])] = globals[name]
+            watch.names.remember(globals, file)  # the file's names as its own code bound them
         return r
 
     builtins.exec = exec_
@@ -163,17 +169,22 @@ def sympy_recorder(func, file, key, watch, send, repo):
     own = watch.provenance(key, func)
     code = watch.pending if own == "own" else None
 
+    names, path = func.__globals__, repo + file  # the dict the runner exec'd the file into
+
     @functools.wraps(func)
     def test(*a, **kw):
         x = {"own": own} if own != "own" else {"code": code}
+        watch.test_globals(names, path)
         try:
             r = func(*a, **kw)
         except BaseException as exc:
+            watch.test_globals(names, path, during=True)
             kind = kind_of(exc)
             if kind != "failed":
                 x["origin"] = origin_of(exc, watch, repo + file)
             send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": kind}, x=x)
             raise
+        watch.test_globals(names, path, during=True)
         send("test", id=func.__name__, file=file, phases={"setup": "passed", "call": "passed"}, x=x)
         return r
 

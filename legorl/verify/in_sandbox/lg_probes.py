@@ -52,7 +52,11 @@ ASSERTS = (
 
 
 def probe_assert_equal(case_cls, watch):
-    """unittest's comparing assertions check their operands with `watch.probe` first."""
+    """unittest's comparing assertions check their operands with `watch.probe` first, and the
+    test module's names as they compare: a stand-in bound for the test's calls and put back
+    before the test ends is seen while it is bound."""
+    import sys
+
     for name in ASSERTS:
         real = vars(case_cls).get(name)
         if real is None:
@@ -61,6 +65,10 @@ def probe_assert_equal(case_cls, watch):
         def checked(self, first, second, *a, _real=real, **kw):
             watch.probe(first)
             watch.probe(second)
+            mod = sys.modules.get(type(self).__module__)
+            if getattr(mod, "__file__", None) in watch.tests:  # names swapped for this comparison only
+                for name in watch.names.at_compare(vars(mod)):
+                    watch.note("test_globals:%s:%s" % (watch.rel(mod.__file__), name))
             return _real(self, first, second, *a, **kw)
 
         checked.__name__ = checked.__qualname__ = name

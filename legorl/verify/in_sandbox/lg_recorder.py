@@ -60,11 +60,13 @@ def test_observers(watch, extras, current, box, kind_of):
         try:
             r = call(*args, **kwargs)
         except BaseException as exc:
+            watch.test_globals(getattr(item, "module", None), str(item.path), during=True)
             kind = kind_of(exc)
             box[0].phases.setdefault(item.nodeid, {})["inner"] = kind
             if kind != "failed":
                 x["origin"] = origin_of(exc, watch, str(item.path))
             raise
+        watch.test_globals(getattr(item, "module", None), str(item.path), during=True)  # as it ends, too
         box[0].phases.setdefault(item.nodeid, {})["inner"] = "passed"
         return r
 

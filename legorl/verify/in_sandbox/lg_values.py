@@ -17,6 +17,11 @@ judgement (`liar`) reads the value's type first, every class of its MRO:
   number or string is a forgery too, unless the task's tests name its type (their own
   wildcards: toolz's tests define an `AlwaysEquals`);
 - a dunder that is run-time code claiming an installed file's name is a forgery outright.
+A dunder that is one of the standard library's own wrappers of a function (`partialmethod`,
+`singledispatchmethod`, `lru_cache`, `staticmethod`, a bound method: `STD_WRAPPERS`, the genuine
+types taken before any repository code runs) is judged as the function it wraps: a decorator
+from the standard library applied to the agent's code is the agent's code (suspect, asked the
+questions), not a liar for being no plain function. A wrapper of no Python function stays odd.
 Containers of plain types are looked into (a liar in a list is compared by the list).
 
 Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
@@ -38,6 +43,38 @@ ASKED = 64  # values of honest types among them asked whether they equal anythin
 FUNCTION = type(lambda: None)
 SLOTS = ("wrapper_descriptor", "method_descriptor", "builtin_function_or_method")
 TEST_NAMED = {"_ANY": "ANY"}  # the standard library's wildcards, honest when the task's tests use them
+
+
+def std_wrappers():
+    """The standard library's function wrappers, the genuine types (taken at import, before any
+    repository code runs, so a class that claims one of their names is not among them)."""
+    import functools
+    import types
+
+    out = {staticmethod, classmethod, types.MethodType, functools.partial, functools.partialmethod}
+    out |= {functools.singledispatchmethod, getattr(functools, "_lru_cache_wrapper", None)}
+    out.discard(None)
+    return frozenset(out)
+
+
+STD_WRAPPERS = std_wrappers()
+
+
+def wrapped_function(impl, hops=6):
+    """The plain function a chain of the standard library's wrappers holds, or None."""
+    while hops > 0 and type(impl) is not FUNCTION:
+        if type(impl) not in STD_WRAPPERS:
+            return None
+        nxt = None
+        for attr in ("__wrapped__", "__func__", "func"):
+            try:
+                nxt = getattr(impl, attr, None)
+            except Exception:
+                nxt = None
+            if nxt is not None:
+                break
+        impl, hops = nxt, hops - 1
+    return impl if type(impl) is FUNCTION else None
 
 
 class Nobody:
@@ -119,6 +156,8 @@ class Values:
                 impl = vars(k)[name]
                 if impl is None:
                     continue
+                if type(impl) is not FUNCTION and type(impl) in STD_WRAPPERS:
+                    impl = wrapped_function(impl) or impl  # a standard decorator of a function: that function
                 if type(impl) is FUNCTION:
                     in_tests = self.origins.file_kind(impl.__code__.co_filename) == "tests"
                     tests_only = in_tests if tests_only is None else (tests_only and in_tests)

@@ -63,7 +63,7 @@ class Watch:
         self.digest = code_digest  # bound before any repository code runs
         self.origins = Origins(repo, self.agent, self.tests, started_ns, transforms)
         self.values = Values(self.origins, self.test_words)
-        self.names = Names(repo)
+        self.names = Names(repo, self.origins.value_agents)
         self.words = None
         self.threads = {}  # thread id -> the agent's file that started it (while it runs)
         self.get_ident = _thread.get_ident
@@ -294,7 +294,16 @@ class Watch:
     def probe(self, value):
         """`value`, noting an equality forgery: a value whose type lies to comparisons
         (`lg_values`: judged by its type's origin, then by questions no honest value says
-        yes to). The comparison itself is left to the test."""
+        yes to). The comparison itself is left to the test. The calling test module's names
+        are looked at too (`Names.at_compare`): a stand-in bound for a test's comparisons and
+        put back before it ends is seen while it is bound."""
+        try:
+            g = self.getframe(1).f_globals
+            if id(g) in self.names.first:
+                for name in self.names.at_compare(g):
+                    self.note("test_globals:%s:%s" % (self.rel(self.names.paths[id(g)]), name))
+        except Exception:
+            pass
         if type(value) in _PLAIN:
             if type(value) not in _CONTAINERS:
                 return value
@@ -310,10 +319,10 @@ class Watch:
         if event not in self.events and len(self.events) < 50:
             self.events.append(event)
 
-    def test_globals(self, module, path):
+    def test_globals(self, module, path, during=False):
         """Notes (and returns) the names of a test module that code other than the test's bound (`lg_names`)."""
         try:
-            bad = self.names.tampered(module, path)
+            bad = self.names.tampered(module, path, during)
         except Exception:
             bad = []
         for name in bad:
