@@ -138,3 +138,24 @@ def test_a_family_that_cannot_share_says_why_and_falls_back() -> None:
         a = policy(mb, LogprobOptions(packing="packed"))
         b = policy(mb, LogprobOptions(packing="shared_prefix"))
     assert torch.equal(a.logprobs_N, b.logprobs_N)
+
+
+def _windowed_qwen3(attention: str) -> PolicyModel:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = build("qwen3").config.to_dict()
+    cfg.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    torch.manual_seed(0)
+    lm = Qwen3ForCausalLM(Qwen3Config(**cfg)).float()
+    lm.set_attn_implementation(attention)
+    return PolicyModel(lm)
+
+
+def test_a_windowed_qwen3_shares_exactly_and_only_under_its_masking_attention() -> None:
+    policy = _windowed_qwen3(varlen.register())  # layer 0 sees 8 tokens back, layer 1 everything
+    assert policy.sharing is None
+    trajs = harness_shaped(torch.Generator().manual_seed(3), int(policy.lm.config.vocab_size))
+    (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
+    _same_step(policy, mb)
+    why = _windowed_qwen3("sdpa").sharing
+    assert why is not None and "'sdpa'" in why and "packed instead" in why

@@ -16,7 +16,8 @@ Inside a group the same is done again (a tree): what members share beyond the gr
 
 Verified exact: dense attention (Qwen3, Qwen2, Llama); MoE with routing replay (a span is
 shared only where every member's recorded experts agree, so the one forward replays one
-routing); gpt-oss's sliding window and sinks (the branch's cache masks them). A recurrent
+routing); sliding windows and sinks, gpt-oss's and a windowed Qwen3's (the branch's cache
+masks them, under the trainer's varlen or eager attention). A recurrent
 (Gated-DeltaNet) state is not carried into branches yet: Qwen3.5 falls back to `packed`, as
 does any unverified family, with one line naming why (`sharing_refusal`).
 """
@@ -30,8 +31,10 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from legorl.train.varlen import NAME as VARLEN
+
 SHAREABLE_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe", "gpt_oss", "glm4_moe")  # exact, tested
-WINDOWED_TYPES = ("gpt_oss",)  # sliding window and sinks: the branch's cache masks them (tested)
+WINDOWED_TYPES = ("gpt_oss", "qwen3")  # sliding window and sinks: the branch's cache masks them (tested)
 MIN_SHARE = 32  # a prefix shorter than this is not worth a forward of its own
 
 
@@ -51,6 +54,12 @@ def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
         return (
             f"shared-prefix packing: {kind} has layer types {sorted(types)} (a window needs its own rule); "
             "packed instead"
+        )
+    attention = getattr(cfg, "_attn_implementation", None)
+    if windowed and attention not in (VARLEN, "eager"):
+        return (
+            f"shared-prefix packing: {kind}'s window is masked over a branch's cache only by the "
+            f"{VARLEN!r} or eager attention, not {attention!r}; packed instead"
         )
     return None
 
