@@ -48,8 +48,9 @@ ZERO_VARIANCE_TOL = 1e-12  # legorl.train.advantages' (not imported: that module
 
 
 def fts_query(text: str) -> str:
-    """User text → an FTS5 query that cannot be a syntax error: every word a quoted phrase, ANDed."""
-    words = [w.replace('"', '""') for w in text.split()]
+    """User text → an FTS5 query that cannot be a syntax error: every word a quoted phrase, ANDed.
+    A NUL ends a string for SQLite's FTS5 parser ("unterminated string"), so it separates words."""
+    words = [w.replace('"', '""') for w in text.replace("\x00", " ").split()]
     return " ".join(f'"{w}"' for w in words)
 
 
