@@ -15,6 +15,7 @@ the stream first and then loads its snapshot, so nothing falls between the two.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -57,9 +58,12 @@ def sibling_runs(run_dir: Path) -> dict[str, Path]:
 
 
 def heldout_report(run_dir: Path, store: RunStore) -> dict[str, Any]:
-    """The held-out report of the run in `run_dir` (see `/api/heldout`)."""
+    """The held-out report of the run in `run_dir` (see `/api/heldout`). Only the run's own
+    file: a link there (to any JSON on the host) is not followed, and the store answers."""
     try:
-        data = orjson.loads((run_dir / RESULTS_FILE).read_bytes())
+        fd = os.open(run_dir / RESULTS_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            data = orjson.loads(f.read())
     except (OSError, orjson.JSONDecodeError):
         data = next((e["data"] for e in reversed(store.events(0, 5000)) if e["kind"] == "heldout"), {})
     return data if isinstance(data, dict) else {}
