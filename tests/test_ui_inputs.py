@@ -1,4 +1,4 @@
-"""The UI's search text becomes an FTS5 query that SQLite always accepts."""
+"""What the UI reads from a user or a run directory: search text SQLite accepts, its own report file."""
 
 from __future__ import annotations
 
