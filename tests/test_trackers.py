@@ -297,3 +297,15 @@ def test_train_goes_on_past_a_tracker_that_fails(tmp_path: Path) -> None:
     ]
     assert set(dropped) == {0, 1} and sum(dropped.values()) + sum(late) >= 1 + 2 * 2  # the open, 2 batches a step...
     assert "reward/mean" in series and set(series["reward/mean"]) == {0, 1}  # the run itself lost nothing
+
+
+def test_a_hung_sink_delays_the_end_by_its_stall_limit_not_the_whole_timeout(tmp_path: Path) -> None:
+    hold = threading.Event()
+    lines: list[str] = []
+    t = Trackers([_Recorder(hold=hold)], tmp_path, "r", {}, warn=lines.append)
+    t.metrics(0, {"x": 1.0})
+    t0 = time.monotonic()
+    dropped = t.close(timeout_s=120, stall_s=1.0)
+    assert time.monotonic() - t0 < 10.0  # not the 120 s a slow upload may have
+    assert dropped["tracker/recorder/dropped"] >= 1 and "nothing finished in" in lines[-1]
+    hold.set()

@@ -335,6 +335,7 @@ class _Lane:
         self.sink, self.warn = sink, warn
         self.q: queue.Queue[Any] = queue.Queue(maxsize=size)
         self.dropped = 0
+        self.handled = 0  # writes the sink finished (or failed): how close() tells busy from hung
         self.warned = False
         self.broken = False  # open failed: every write is dropped
         self._lock = threading.Lock()
@@ -366,6 +367,7 @@ class _Lane:
             except Exception as e:  # noqa: BLE001 - a tracker's failure is never the run's
                 self.broken = self.broken or kind == "open"
                 self._drop(1, f"{kind} failed: {type(e).__name__}: {str(e)[:200]}")
+            self.handled += 1
 
     def take(self) -> int:
         with self._lock:
@@ -415,10 +417,12 @@ class Trackers:
         """`tracker/<sink>/dropped`: writes each sink dropped since the last call."""
         return {f"tracker/{lane.sink.name}/dropped": float(lane.take()) for lane in self.lanes}
 
-    def close(self, timeout_s: float = 120.0) -> dict[str, float]:
-        """Flush and close every sink, waiting at most `timeout_s` in all (a sink still busy
-        then is abandoned: its thread is a daemon). Returns what was dropped since the last
-        `take_dropped`, including writes still queued at the deadline."""
+    def close(self, timeout_s: float = 120.0, stall_s: float = 10.0) -> dict[str, float]:
+        """Flush and close every sink, waiting at most `timeout_s` in all, and no longer than
+        `stall_s` for a sink that finishes nothing in that time (a hung tracker server: the
+        run's end waits for a slow upload, not for one that will never answer). A sink still
+        busy then is abandoned: its thread is a daemon. Returns what was dropped since the
+        last `take_dropped`, including writes still queued at the deadline."""
         if self.closed:
             return {}
         self.closed = True
@@ -430,9 +434,14 @@ class Trackers:
                 except queue.Full:
                     break
         for lane in self.lanes:
-            lane.thread.join(max(0.0, deadline - time.monotonic()))
+            seen, since = lane.handled, time.monotonic()
+            while lane.thread.is_alive() and (now := time.monotonic()) < deadline and now - since < stall_s:
+                lane.thread.join(min(0.5, max(0.0, deadline - now)))
+                if lane.handled != seen:
+                    seen, since = lane.handled, time.monotonic()
             if lane.thread.is_alive():
-                lane._drop(lane.q.qsize(), f"still busy after {timeout_s:.0f} s at the end of the run")
+                waited = min(timeout_s, time.monotonic() - since)
+                lane._drop(lane.q.qsize(), f"still busy at the end of the run (nothing finished in {waited:.0f} s)")
                 if isinstance(lane.sink, ProcessSink):
                     lane.sink.kill(wait_s=0.0)
         return self.take_dropped()
