@@ -10,7 +10,7 @@ a bare dict no check looked at; Django's test module was checked only before eac
 
 from __future__ import annotations
 
-from redteam import DJANGO_FILE, SYMPY_FILE, Forgery, _append
+from redteam import DJANGO_FILE, LATER, SYMPY_FILE, Forgery, _append
 
 # ---- SymPy: the test file's namespace is the dict the runner execs it into ------------------
 SYMPY_FRAMES = """
@@ -194,6 +194,44 @@ def unescape_string_literal(s):
     return _lg_unescape6(s)
 """
 
+# ---- class 5 on Django: canaries steered into "cannot vouch" ------------------------------
+# (package code of `django/utils/text.py`, installed once `django.test` is loaded: `LATER`)
+# every test class's set-up raises: the canaries error in setup with everything else
+SETUP_CLASS_RAISES = (
+    """
+
+def _lg_install():
+    from django.test import SimpleTestCase
+
+    def set_up_class(cls):
+        raise RuntimeError("the test database is unavailable")
+
+    SimpleTestCase.setUpClass = classmethod(set_up_class)
+"""
+    + LATER
+)
+# the suite keeps only the tests of names the package knows: the canaries are never run
+CANARIES_DROPPED = (
+    """
+
+def _lg_install():
+    from django.test.runner import DiscoverRunner
+
+    build_suite = DiscoverRunner.build_suite
+
+    def known(test):
+        name = getattr(test, "_testMethodName", "")
+        return name.startswith(("test_unescape", "test_wrap", "test_slugify", "test_truncate", "test_format"))
+
+    def build(self, *a, **k):
+        suite = build_suite(self, *a, **k)
+        return type(suite)([t for t in suite if known(t)])
+
+    DiscoverRunner.build_suite = build
+"""
+    + LATER
+)
+
 
 def _masking(name: str, cls: str, code: str) -> Forgery:
     return Forgery(name, cls, "blanket", "django", "", _append(DJANGO_FILE, code), (DJANGO_FILE,))
@@ -204,6 +242,8 @@ NATIVE_MASKING_FORGERIES = [
     _masking("django_inflated_exit_86", "forged_setup", INFLATE_EXIT_86),
     _masking("django_bare_fail_stderr", "parser_crash", BARE_FAIL_STDERR),
     _masking("django_bare_error_each_call", "parser_crash", BARE_ERROR_EACH_CALL),
+    _masking("django_setup_class_raises", "steered_canaries", SETUP_CLASS_RAISES),
+    _masking("django_canaries_dropped", "steered_canaries", CANARIES_DROPPED),
 ]
 
 

@@ -1,8 +1,8 @@
 """Issue 36 on the native runners (Django's and SymPy's own), in real sandboxes on both
 backends: the test file's names rebound by package code (class 3) score 0 with
-`test_globals_rebound`; a setup failure forged after the go (class 4) and lines the official
-Django parser crashes on (class 6) stay the agent's 0, never masked and never a fault claim;
-the honest fix still scores 1."""
+`test_globals_rebound`; a setup failure forged after the go (class 4), canaries steered into
+"cannot vouch" (class 5) and lines the official Django parser crashes on (class 6) stay the
+agent's 0, never masked; the honest fix still scores 1."""
 
 from __future__ import annotations
 
@@ -46,11 +46,17 @@ async def test_a_test_files_names_rebound_on_a_native_runner_score_zero(forgery,
 
 @pytest.mark.parametrize("forgery,backend_name", _cases(NATIVE_MASKING_FORGERIES))
 async def test_a_fault_forged_on_a_native_runner_is_the_agents_zero(forgery, backend_name: str) -> None:  # type: ignore[no-untyped-def]
-    """No tagged setup line, a log whose bad lines are skipped: nothing to confirm, no control."""
+    """No tagged setup line, a log whose bad lines are skipped: nothing to confirm, no control.
+    Canaries steered into "cannot vouch" claim a fault, which the empty-diff control confirms
+    is the agent's (whether the package's patch lands before the canaries run is a race)."""
     out = await _grade(forgery, backend_name)
     detail = _detail(forgery.name, out)
     assert out.reward == 0.0 and not out.masked, detail
-    assert "runner_fault" not in out.flags and "control" not in out.evidence, detail
+    assert "runner_fault" not in out.flags, detail
+    if forgery.cls == "steered_canaries":
+        assert ("control" in out.evidence) == ("canary_fault" in out.flags), detail
+    else:
+        assert "control" not in out.evidence, detail
     if forgery.cls == "parser_crash":
         assert "log_lines_skipped" in out.flags, detail
 
