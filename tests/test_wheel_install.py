@@ -101,6 +101,7 @@ def test_proxy_serves_from_any_directory(venv: Path, tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LEGORL_TOKEN"] = "wheel-test"  # the standalone proxy requires a token; the client sends it as its key
     proc = subprocess.Popen(
         [
             str(venv / "bin" / "legorl"),
@@ -132,7 +133,7 @@ def test_proxy_serves_from_any_directory(venv: Path, tmp_path: Path) -> None:
         # the bundled model and its chat template come from the wheel: one real turn
         from openai import OpenAI
 
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wheel-test", max_retries=0, timeout=60)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wheel-test:s1", max_retries=0, timeout=60)
         answer = client.chat.completions.create(
             model="tiny-qwen3", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
         )

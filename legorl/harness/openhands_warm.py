@@ -67,7 +67,7 @@ class WarmOpenHands:
     layers: tuple[str, ...] = ()  # nothing is mounted into the sandbox: the harness runs beside it
     # its key to the proxy's TCP port: the worker sets the run's secret before `start` (the
     # default only reaches an open proxy); it stays in the host process, never in a sandbox
-    api_key: str = field(default=API_KEY, repr=False)
+    api_key: str = field(default=API_KEY, init=False, repr=False)
     _driver: WarmDriver | None = field(default=None, init=False, repr=False)
     readonly_mounts: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
