@@ -33,6 +33,21 @@ fi
 """
 
 
+def one_call_agent(max_tokens: int, sleep_s: int = 0) -> str:
+    """A scripted agent making one model call through the proxy (enough for a trajectory with
+    sampled tokens), after `sleep_s` seconds: a pause that leaves time to act on a live run."""
+    pause = f"sleep {sleep_s}\n" if sleep_s else ""
+    return f"""#!/bin/bash
+{pause}python3 - <<'PY'
+import json, os, urllib.request
+body = {{"model": "policy", "messages": [{{"role": "user", "content": "fix calc.py"}}], "max_tokens": {max_tokens}}}
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                             headers={{"content-type": "application/json"}})
+urllib.request.urlopen(req, timeout=120).read()
+PY
+"""
+
+
 def write_run(tmp_path: Path, *, group_size: int = 4, max_tokens: int = 12, extra: str = "") -> Path:
     """Write `agent.sh` (AGENT with the first training task's fix) and `run.toml` (2 steps of
     one task, the tiny hf model, the command harness; `extra`: more TOML tables) into

@@ -16,18 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from loop_util import one_call_agent
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
-AGENT = """#!/bin/bash
-# One model call through the proxy: enough for a trajectory with sampled tokens.
-python3 - <<'PY'
-import json, os, urllib.request
-body = {"model": "policy", "messages": [{"role": "user", "content": "fix calc.py"}], "max_tokens": 8}
-req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
-                             headers={"content-type": "application/json"})
-urllib.request.urlopen(req, timeout=120).read()
-PY
-"""
+AGENT = one_call_agent(max_tokens=8)
 
 CONFIG = """
 [run]

@@ -19,21 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
+from loop_util import one_call_agent
 
 from legorl.loop.errors import RunError
 from legorl.loop.run_lock import LOCK_FILE, lock_run_dir
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
-AGENT = """#!/bin/bash
-sleep 1
-python3 - <<'PY'
-import json, os, urllib.request
-body = {"model": "policy", "messages": [{"role": "user", "content": "fix calc.py"}], "max_tokens": 4}
-req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
-                             headers={"content-type": "application/json"})
-urllib.request.urlopen(req, timeout=120).read()
-PY
-"""
+AGENT = one_call_agent(max_tokens=4, sleep_s=1)
 CONFIG = """
 [run]
 dir = "{dir}"
