@@ -8,9 +8,15 @@ SFT (`legorl.train.sft`, shared-prefix packing) on the first `--train` demonstra
 the loss per sampled token on the rest, and the mean probability of a whole held-out
 demonstration (what sampling at temperature 1 reproduces exactly).
 
+Then it samples the fix turn itself (the turn whose demonstration holds `sed -i`) from each
+held-out demonstration's own prompt at temperature 1, as the warm-start evaluation would, and
+checks the sampled line: both names the same, the operator the name's, the name one the test
+output listed, and the one whose test failed. A low loss per token can hide a policy that
+does not copy a name eight tokens back; these rates cannot.
+
 Variants (joined by `+`): `base`; `theta<N>` (rope_theta, e.g. theta10000); `qk<G>` (the
 QK-norm gain at init, e.g. qk1.5: see `legorl.models.apply_init`); `swa<W>` (the first layer
-a W-token sliding window).
+a W-token sliding window); `L<N>` (N layers).
 
     .venv/bin/python bench/harness_sft.py --run RUN_DIR [--variants base,qk1.5+theta10000]
         [--steps 60] [--train 200]
@@ -24,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -57,13 +64,77 @@ def variant_config(variant: str) -> tuple[dict[str, Any], float | None]:
             gain = float(part[2:])
         elif part.startswith("swa"):
             cfg.update(use_sliding_window=True, sliding_window=int(part[3:]))
-            cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (cfg["num_hidden_layers"] - 1)
+        elif part.startswith("L"):
+            cfg["num_hidden_layers"] = int(part[1:])
         else:
-            raise SystemExit(f"--variants: unknown part {part!r} (base, theta<N>, qk<G>, swa<W>)")
+            raise SystemExit(f"--variants: unknown part {part!r} (base, theta<N>, qk<G>, swa<W>, L<N>)")
+    if cfg.get("use_sliding_window"):  # the first layer windowed, the rest full
+        cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (cfg["num_hidden_layers"] - 1)
     return cfg, gain
 
 
-def run_variant(variant: str, train: list[Any], held: list[Any], steps: int, lr: float) -> dict[str, Any]:
+_FIX = re.compile(r"sed -i 's\|\^def (\w+)\.\*\|def (\w+)\(a, b\): return a (\S+) b\|")
+
+
+def fix_turns(demos: list[Any], tokenizer: Any) -> list[tuple[list[int], str, str | None]]:
+    """Each demonstration's fix turn as (prompt ids, the test output before it, the failing
+    function): the prompt is the segment up to the first sampled token of the turn whose
+    text holds `sed -i`."""
+    from legorl.quickstart.expert import failing_function
+
+    out = []
+    for t in demos:
+        for seg in t.segments:
+            mask, ids = seg.loss_mask, seg.token_ids
+            i = 0
+            while i < len(ids):
+                if not mask[i]:
+                    i += 1
+                    continue
+                j = i
+                while j < len(ids) and mask[j]:
+                    j += 1
+                if "sed -i" in tokenizer.decode(ids[i:j]):
+                    observation = tokenizer.decode(ids[max(0, i - 400) : i])
+                    out.append((ids[:i], observation, failing_function(observation)))
+                    break
+                i = j
+    return out
+
+
+def fix_rates(lm: Any, tokenizer: Any, turns: list[tuple[list[int], str, str | None]], seed: int = 0) -> dict[str, Any]:
+    """Sample each fix turn at temperature 1 and judge the line it writes."""
+    from legorl.quickstart.family import POOL
+
+    lm.set_attn_implementation("eager")
+    torch.manual_seed(seed)
+    counts = {"has_fix_line": 0, "names_agree": 0, "operator_fits": 0, "name_listed": 0, "name_failing": 0}
+    examples = []
+    with torch.no_grad():
+        for prompt, observation, failing in turns:
+            out = lm.generate(
+                torch.tensor([prompt]), max_new_tokens=72, do_sample=True, temperature=1.0, top_k=0, top_p=1.0
+            )
+            text = tokenizer.decode(out[0, len(prompt) :])
+            m = _FIX.search(text)
+            if len(examples) < 3:
+                examples.append(text[:160])
+            if not m:
+                continue
+            a, b, op = m.groups()
+            counts["has_fix_line"] += 1
+            ok = a == b and POOL.get(a) == op
+            counts["names_agree"] += a == b
+            counts["operator_fits"] += POOL.get(a) == op
+            counts["name_listed"] += ok and re.search(rf"(PASS|FAIL) {a}\b", observation) is not None
+            counts["name_failing"] += ok and a == failing
+    n = max(1, len(turns))
+    return {"fix_turns": len(turns), **{k: round(v / n, 3) for k, v in counts.items()}, "samples": examples}
+
+
+def run_variant(
+    variant: str, train: list[Any], held: list[Any], steps: int, lr: float, tokenizer: Any
+) -> dict[str, Any]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from legorl.models import apply_init
@@ -105,9 +176,11 @@ def run_variant(variant: str, train: list[Any], held: list[Any], steps: int, lr:
                     if bool(sel.any()):
                         sums.append(float(lp_N[sel].sum()))
                         tokens += float(mb.mask_N[sel].sum())
+    rates = fix_rates(lm, tokenizer, fix_turns(held, tokenizer))
     return {
         "variant": variant,
         "steps": steps,
+        "fix_turn": rates,
         "sft_loss": curve,
         "sft_s": round(seconds, 1),
         "heldout_loss_per_token": round(-sum(sums) / tokens, 4),
@@ -131,10 +204,15 @@ def main() -> None:
     if len(demos) <= args.train:
         raise SystemExit(f"--run {args.run}: {len(demos)} demonstrations, need more than --train {args.train}")
     torch.set_num_threads(args.threads)
+    from transformers import AutoTokenizer
+
+    from legorl.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("harness-qwen3"))
     load_before = os.getloadavg()
     rows = []
     for variant in args.variants.split(","):
-        rows.append(run_variant(variant, demos[: args.train], demos[args.train :], args.steps, args.lr))
+        rows.append(run_variant(variant, demos[: args.train], demos[args.train :], args.steps, args.lr, tokenizer))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(

@@ -1,5 +1,6 @@
 """The `hf` engine on each supported architecture family: hybrid linear/full attention
-(Qwen3.5, dense and MoE), sliding-window attention with sinks (gpt-oss, eager), grouped
+(Qwen3.5, dense and MoE), sliding-window attention with sinks (gpt-oss, eager) and without
+(Qwen3 with a windowed first layer, sdpa), grouped
 routers with shared experts (GLM-4.5, DeepSeek-V3). Batched, left-padded, chunk-prefilled
 and regrouped generations must equal a fresh unpadded forward: logprobs and routing."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -24,9 +26,14 @@ MOE = {"qwen3_5_moe": 4, "gpt_oss": 2, "glm4_moe": 2, "deepseek_v3": 2, "qwen2_m
 PROMPTS = [torch.randint(3, 4096, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 17, 3, 30)]
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "glm4_moe", "deepseek_v3", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "qwen3_windowed", "glm4_moe", "deepseek_v3", "qwen2_moe"])
 async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) -> None:
-    engine = HFEngine(str(save(family, tmp_path / family)), seed=0, prefill_chunk=5)
+    path = save(family.removesuffix("_windowed"), tmp_path / family)
+    if family == "qwen3_windowed":  # harness-qwen3's shape: layer 0 sees 8 tokens back, layer 1 all
+        cfg = json.loads((path / "config.json").read_text())
+        cfg.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+        (path / "config.json").write_text(json.dumps(cfg))
+    engine = HFEngine(str(path), seed=0, prefill_chunk=5)
     try:
         with torch.no_grad():  # padding is id 0: make it a real embedding, so a leak would show
             engine.model.get_input_embeddings().weight[0].normal_(generator=torch.Generator().manual_seed(0))
