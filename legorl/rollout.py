@@ -29,10 +29,10 @@ from typing import Any
 
 from legorl.harness.base import AgentRun, Harness, HostHarness, InstalledHarness
 from legorl.sandbox.base import Backend, DiffError, Limits, Sandbox, SandboxError, SandboxLost, SandboxSpec
+from legorl.tasks.kinds import kind_of
+from legorl.tasks.kinds.base import AgentStage, TaskKind
 from legorl.types import Outcome, Status, Task
-from legorl.verify import state
 from legorl.verify.grade import GradeConfig, grade
-from legorl.verify.state_grade import harbor_rollout_cfg, workdir_changes
 
 AGENT_STATUSES_WITHOUT_GRADING = {Status.MAX_TURNS, Status.FORMAT_ERROR, Status.AGENT_TIMEOUT, Status.AGENT_CRASH}
 
@@ -68,6 +68,14 @@ class RolloutConfig:
     grade_empty_diff: bool = False  # an empty diff is `no_patch` without running the tests
     grade: GradeConfig = field(default_factory=GradeConfig)
     env: dict[str, str] = field(default_factory=dict)  # of the agent sandbox (a Harbor image's ENV)
+
+    def for_kind(self, kind: TaskKind) -> RolloutConfig:
+        """This config with the agent stage the task's kind shapes (a Harbor task's workdir,
+        ENV, limits and agent timeout come from the task)."""
+        stage = kind.agent_stage(AgentStage(self.repo_dir, self.agent_timeout_s, self.limits, dict(self.env)))
+        return dataclasses.replace(
+            self, repo_dir=stage.workdir, agent_timeout_s=stage.timeout_s, limits=stage.limits, env=stage.env
+        )
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,7 @@ async def _probe(backend: Backend, image: str, repo_dir: str) -> bool:
 
 async def _agent_stage(
     task: Task,
+    kind: TaskKind,
     harness: Harness,
     backend: Backend,
     image: str,
@@ -191,10 +200,7 @@ async def _agent_stage(
             run = dataclasses.replace(run, status=Status.AGENT_TIMEOUT)
         try:
             t2 = time.monotonic()
-            if task.kind == "harbor":  # no repository: the workdir's changes as files (verify/state.py)
-                diff = await workdir_changes(sb, cfg.repo_dir)
-            else:
-                diff = await sb.diff(task.base_commit)
+            diff = await kind.changes(sb, cfg.repo_dir)  # a git diff, or a Harbor workdir's state
             timings["diff_s"] = time.monotonic() - t2
         except DiffError as exc:
             flags = ["resource_exhausted"] if run.resource_exhausted else []
@@ -221,16 +227,15 @@ async def run_rollout(
     that runs in the sandbox, a `HostLoopback` URL for a `HostHarness` (None: no proxy).
     The result's outcome is this attempt's verdict, built once from the stages' decisions
     (the worker's record adds what only it knows: legorl/loop/record.py)."""
-    cfg = cfg or RolloutConfig()
-    if task.kind == "harbor":  # its workdir, ENV, limits and agent timeout come from the task
-        cfg = harbor_rollout_cfg(task, cfg)
+    kind = kind_of(task)  # chosen once, passed along to every stage
+    cfg = (cfg or RolloutConfig()).for_kind(kind)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     run: AgentRun | None = None
     diff = ""
     ended: Outcome | None = None
     try:
-        run, diff, ended = await _agent_stage(task, harness, backend, image, cfg, proxy, timings)
+        run, diff, ended = await _agent_stage(task, kind, harness, backend, image, cfg, proxy, timings)
     except _Infra as exc:  # retried by the caller (RolloutWorker) in a fresh sandbox and session
         errors = [f"{exc.status.value}: {exc}"]
         outcome = Outcome(
@@ -249,14 +254,14 @@ async def run_rollout(
         outcome = dataclasses.replace(ended, evidence={**ended.evidence, **agent_ev})
     elif run.status in AGENT_STATUSES_WITHOUT_GRADING:
         outcome = Outcome(0.0, run.status, flags=exhausted, evidence={**agent_ev, "diff_bytes": len(diff.encode())})
-    elif (state.is_empty(diff) if task.kind == "harbor" else not diff.strip()) and not cfg.grade_empty_diff:
+    elif kind.is_empty(diff) and not cfg.grade_empty_diff:
         outcome = Outcome(0.0, Status.NO_PATCH, flags=exhausted, evidence=agent_ev)
     else:
         t1 = time.monotonic()
         gcfg = (
             cfg.grade if cfg.grade.repo_dir == cfg.repo_dir else dataclasses.replace(cfg.grade, repo_dir=cfg.repo_dir)
         )
-        graded = await grade(task, diff, backend, image, gcfg)  # the grade stage's decision
+        graded = await grade(task, diff, backend, image, gcfg, kind)  # the grade stage's decision
         timings["grade_s"] = time.monotonic() - t1
         outcome = _graded(graded, diff, exhausted, agent_ev)
     return RolloutResult(task.instance_id, harness.name, outcome, diff, run, 1, timings)

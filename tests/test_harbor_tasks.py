@@ -164,7 +164,7 @@ def test_forged_state_entries_are_refused() -> None:
 
     async def run() -> dict:
         image = await TaskImages("local").for_task(task)
-        from legorl.verify.state_grade import grade_state
+        from legorl.verify.grade import grade
 
         entries = [
             {"p": "../logs/verifier/reward.txt", "t": "f", "m": 420, "u": 0, "g": 0, "b64": "MQo="},
@@ -174,7 +174,7 @@ def test_forged_state_entries_are_refused() -> None:
         ]
         text = f"{state.HEADER} /app\n" + "".join(json.dumps(e) + "\n" for e in entries)
         async with open_backend("local") as backend:
-            return (await grade_state(task, text, backend, image)).to_dict()
+            return (await grade(task, text, backend, image)).to_dict()
 
     out = asyncio.run(run())
     assert out["reward"] == 1.0 and out["status"] == "resolved", out  # out.txt is right; nothing else counts
@@ -322,7 +322,7 @@ def test_agent_never_sees_tests_or_solution() -> None:
 
 def test_verifier_runs_as_the_task_user_with_its_env() -> None:
     from legorl.tasks.harbor_validate import oracle_changes
-    from legorl.verify.state_grade import grade_state
+    from legorl.verify.grade import grade
 
     task = get_task(load_tasks(TASKS), "fixtures/count-lines")
 
@@ -330,7 +330,7 @@ def test_verifier_runs_as_the_task_user_with_its_env() -> None:
         image = await TaskImages("local").for_task(task)
         async with open_backend("local") as backend:
             diff = await oracle_changes(task, backend, image)
-            return (await grade_state(task, diff, backend, image)).to_dict()
+            return (await grade(task, diff, backend, image)).to_dict()
 
     out = asyncio.run(run())
     assert out["reward"] == 1.0 and out["evidence"]["rewards"] == {"reward": 1.0, "ran_as_worker": 1.0}, out

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from legorl.config import load
+from legorl.config import ConfigError, load
 from legorl.config_base import Section
 from legorl.engine.registry import EngineConfig
 from legorl.harness.base import MAX_TURNS
@@ -99,6 +99,10 @@ class SandboxSection(Section):
     """Grading: a visible attempt to tamper with the tests is `hack_detected`, reward 0."""
     grade_empty_diff: bool = _ROLLOUT.grade_empty_diff
     """Run the tests on an empty diff too (default: `no_patch` without running them)."""
+
+    def changed(self) -> dict[str, Any]:
+        """The knobs set away from their defaults (what a task kind may have to refuse)."""
+        return {k: v for k, v in self if v != type(self).model_fields[k].default}
 
     def rollout_config(self) -> RolloutConfig:
         """The one place the section becomes the rollout's (and its grading's) parameters."""
@@ -330,7 +334,17 @@ class RunConfig(Section):
                 "proxy.top_p must be 1 and proxy.top_k -1 when training: the trainer's "
                 "recomputation has no nucleus/top-k truncation"
             )
+        if Path(self.run.tasks).is_absolute() and (why := unhonoured_knob(self)):
+            raise ValueError(why)  # a relative source is checked once resolved (load_run_config)
         return self
+
+
+def unhonoured_knob(cfg: RunConfig) -> str | None:
+    """One line refusing a `[sandbox]` knob the run's tasks cannot honour (their kind says
+    which, `tasks/kinds/`): a Harbor task takes its timeouts and limits from its task.toml."""
+    from legorl.tasks.kinds import unhonoured
+
+    return unhonoured(cfg.run.tasks, cfg.sandbox.changed())
 
 
 def _resolve(base: Path, p: Path | None) -> Path | None:
@@ -346,4 +360,6 @@ def load_run_config(path: Path) -> RunConfig:
         cfg.run.tasks = str((base / cfg.run.tasks).resolve())
     cfg.harness.command_file = _resolve(base, cfg.harness.command_file) or cfg.harness.command_file
     cfg.warm_start.checkpoint = _resolve(base, cfg.warm_start.checkpoint) or cfg.warm_start.checkpoint
+    if why := unhonoured_knob(cfg):
+        raise ConfigError(f"{path}: invalid configuration\n  {why}")
     return cfg

@@ -201,12 +201,9 @@ def sandbox_checks(cfg: RunConfig) -> list[Check]:
 
         images = TaskImages(backend=backend_name)
         base = await images.base()
-        if backend_name == "docker":
-            from legorl.sandbox.docker_images import ensure_docker_image
-
-            await ensure_docker_image(images.store, base.key)
         backend = open_backend(backend_name, images.store)
         try:
+            await backend.ensure_image(base.key)
             sb = await backend.start(SandboxSpec(image=base.key, workdir="/", proxy_socket=proxy_socket))
             async with sb:
                 return await body(sb)
@@ -331,6 +328,7 @@ def grading_check(cfg: RunConfig) -> Check:
         from legorl.loop.startup import load_task_split
         from legorl.sandbox import open_backend
         from legorl.tasks.image import TaskImages
+        from legorl.tasks.kinds import kind_of
         from legorl.verify.grade import grade
 
         try:
@@ -339,21 +337,20 @@ def grading_check(cfg: RunConfig) -> Check:
             raise CheckFailed(str(e), fix="fix run.tasks / run.split (see the message)") from None
 
         async def go() -> tuple[Any, Any]:
+            kind = kind_of(task)
             images = TaskImages(backend=cfg.sandbox.backend)
-            image = await images.for_task(task)
+            image = await images.for_task(task, kind)
             backend = open_backend(cfg.sandbox.backend, images.store)
             try:
-                gold_diff = task.patch
-                if task.kind == "harbor":  # its oracle is solution/solve.sh, run as validate runs it
-                    from legorl.tasks.harbor_validate import oracle_changes
-
-                    try:
-                        gold_diff = await oracle_changes(task, backend, image)
-                    except ValueError as e:
-                        raise CheckFailed(
-                            f"task {task.instance_id}: {e}", fix=f"run: legorl tasks validate {cfg.run.tasks}"
-                        ) from None
-                return await grade(task, gold_diff, backend, image), await grade(task, "", backend, image)
+                try:  # the gold patch, or a Harbor task's solution/solve.sh run as validate runs it
+                    gold_diff = await kind.oracle(backend, image)
+                except ValueError as e:
+                    raise CheckFailed(
+                        f"task {task.instance_id}: {e}", fix=f"run: legorl tasks validate {cfg.run.tasks}"
+                    ) from None
+                return await grade(task, gold_diff, backend, image, kind=kind), await grade(
+                    task, "", backend, image, kind=kind
+                )
             finally:
                 await backend.aclose()
 

@@ -13,6 +13,7 @@ from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.loop.worker import RolloutWorker
 from legorl.models import load_tokenizer
+from legorl.tasks.kinds import unhonoured
 from legorl.tasks.loader import get_task, load_tasks
 
 
@@ -54,6 +55,8 @@ async def run_one(
         {**cfg.model_dump(), "engine": engine_cfg, "harness": harness_cfg, "sandbox": sandbox_cfg},
         "rollout options",
     )
+    if why := unhonoured(tasks, cfg.sandbox.changed()):  # the config's [sandbox] against --tasks' kind
+        raise RunError(why)
     eng = make_engine(cfg.engine, load_tokenizer(cfg.engine.model))
     try:
         async with RolloutWorker(cfg, eng) as w:

@@ -128,10 +128,7 @@ class RolloutWorker:
         thousands of masked rollouts."""
         try:
             base = await self.images.base()
-            if self.cfg.sandbox.backend == "docker":
-                from legorl.sandbox.docker_images import ensure_docker_image
-
-                await ensure_docker_image(self.images.store, base.key)
+            await self.backend.ensure_image(base.key)
             async with await self.backend.start(SandboxSpec(image=base.key, workdir="/")) as sb:
                 res = await sb.exec("true", timeout_s=30)
             if res.exit_code != 0:

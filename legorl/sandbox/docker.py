@@ -185,6 +185,10 @@ class DockerBackend(BackendLifecycle):
         resp = await self._call("POST", "/containers/create", json=self._create_body(spec, tag, sid))
         return str(resp.json()["Id"])
 
+    async def ensure_image(self, key: str) -> None:
+        """The cached image `key` and its parents as Docker images (made once, `docker_images.py`)."""
+        await ensure_docker_image(self.store, key)
+
     async def start(self, spec: SandboxSpec) -> ChannelSandbox:
         """Start a sandbox from the image `spec.image` (an ImageStore key)."""
         for path in spec.readonly_mounts:

@@ -189,6 +189,9 @@ class LocalBackend(BackendLifecycle):
             self._zygote = _Zygote()
         return self._zygote
 
+    async def ensure_image(self, key: str) -> None:
+        """Nothing to make: a sandbox starts from the store's directories themselves."""
+
     async def start(self, spec: SandboxSpec) -> ChannelSandbox:
         """Start a sandbox from the image `spec.image` (an ImageStore key)."""
         try:

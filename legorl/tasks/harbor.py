@@ -11,8 +11,8 @@
 `kind = "harbor"`: the instance id is the task's name (`[task] name` when task.toml has one,
 else the directory's name). Such a task is state-graded (`legorl/verify/state_grade.py`):
 no FAIL_TO_PASS lists, no gold patch; its verifier's reward is the reward. `harbor_spec(task)`
-gives the parsed details (Dockerfile, limits, timeouts, verifier env) the image builder,
-the rollout and the grader need.
+gives the parsed details (Dockerfile, limits, timeouts, verifier env) its kind
+(`tasks/kinds/harbor.py`) hands the image builder, the rollout and the grader.
 
 task.toml keys taken: `[agent] timeout_sec`, `[verifier] timeout_sec`, `[verifier] env`,
 `[environment] build_timeout_sec`, `cpus`, `memory_mb` / `memory` ("2G"), `storage_mb` /
@@ -256,7 +256,6 @@ def load_harbor(path: Path, errs: list[str], notes: list[str] | None = None) -> 
         seen[spec.name] = d
         split = _split_of(d)
         out.append(to_task(spec, split))
-        _specs[str(spec.root)] = spec
         if notes is not None:
             notes.extend(spec.notes)
     return out
@@ -271,14 +270,9 @@ def _split_of(d: Path) -> str:
     return split if isinstance(split, str) and split else "train"
 
 
-_specs: dict[str, HarborSpec] = {}
-
-
 def harbor_spec(task: Task) -> HarborSpec:
-    """The parsed spec of a Harbor task (read once per process)."""
-    if task.kind != KIND or not task.task_dir:
-        raise ValueError(f"task {task.instance_id!r} is not a Harbor task")
-    spec = _specs.get(task.task_dir)
-    if spec is None:
-        spec = _specs[task.task_dir] = read_spec(Path(task.task_dir))
-    return spec
+    """The parsed spec of a Harbor task, read from its directory. The task's kind
+    (`tasks/kinds/harbor.py`) reads it once and passes it along; nothing caches it here."""
+    if not task.task_dir:
+        raise ValueError(f"task {task.instance_id!r} is not a Harbor task (it names no task directory)")
+    return read_spec(Path(task.task_dir))

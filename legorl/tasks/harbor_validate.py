@@ -3,22 +3,23 @@
 The oracle runs as Harbor runs it: solution/ copied to /solution in a sandbox from the task
 image (never in the image itself), `solve.sh` run from the workdir as the image's USER
 within `[agent] timeout_sec`; its workdir changes are then graded exactly as an agent's
-(`legorl/verify/state_grade.py`: fresh sandbox, tests copied in only then).
+(`legorl/verify/state_grade.py`: fresh sandbox, tests copied in only then). The Harbor kind
+(`tasks/kinds/harbor.py`) names these as its oracle; `tasks/validate.py` grades both.
 """
 
 from __future__ import annotations
 
-from legorl.sandbox.base import Backend, DiffError, SandboxError, SandboxSpec
-from legorl.types import Outcome, Status, Task
-from legorl.verify.state_grade import copy_dir, grade_state, workdir_changes
+from legorl.sandbox.base import Backend, DiffError, SandboxSpec
+from legorl.tasks.harbor import HarborSpec, harbor_spec
+from legorl.tasks.harbor_image import as_user
+from legorl.types import Outcome, Task
+from legorl.verify.state_grade import copy_dir, workdir_changes
 
 
-async def oracle_changes(task: Task, backend: Backend, image: str) -> str:
-    """The workdir changes solve.sh makes; ValueError (a finding about the task) if it fails."""
-    from legorl.tasks.harbor import harbor_spec
-    from legorl.tasks.harbor_image import as_user
-
-    spec = harbor_spec(task)
+async def oracle_changes(task: Task, backend: Backend, image: str, spec: HarborSpec | None = None) -> str:
+    """The workdir changes solve.sh makes; ValueError (a finding about the task) if it fails.
+    `spec`: the task's, when the caller has read it already."""
+    spec = spec or harbor_spec(task)
     if not (spec.solution_dir / "solve.sh").is_file():
         raise ValueError(f"{spec.root}: no solution/solve.sh to check the task with")
     sb = await backend.start(SandboxSpec(image=image, limits=spec.limits, workdir=spec.workdir, env=spec.env))
@@ -53,14 +54,4 @@ def judge_harbor(gold: Outcome, empty: Outcome) -> list[str]:
     return problems
 
 
-async def check_harbor(task: Task, backend: Backend, image: str) -> tuple[list[str], Outcome | None, Outcome | None]:
-    try:
-        diff = await oracle_changes(task, backend, image)
-    except (ValueError, SandboxError) as exc:
-        return [str(exc)], None, None
-    gold = await grade_state(task, diff, backend, image)
-    empty = await grade_state(task, "", backend, image)
-    return judge_harbor(gold, empty), gold, empty
-
-
-__all__ = ["Status", "check_harbor", "judge_harbor", "oracle_changes"]
+__all__ = ["judge_harbor", "oracle_changes"]

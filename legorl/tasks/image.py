@@ -1,10 +1,14 @@
-"""From a Task to a sandbox image key, and from a backend name to a Backend.
+"""From a Task to a sandbox image key.
 
-Task images come from the layered cache (`legorl/sandbox/images.py`): base → the task's
-repository at `base_commit` with time-safe history. The cache builds task layers from a
-git repository directory; tasks may ship their repository as a `git bundle` (small, one
-file), so a bundle is first cloned once (without a checkout) into the cache, keyed
-by the bundle's content hash (concurrent callers wait on a file lock, never half-read).
+Task images come from the layered cache (`legorl/sandbox/images.py`); which layers a task's
+image is made of is its kind's to say (`tasks/kinds/`: a SWE-bench row's repository at
+`base_commit` with time-safe history, a Harbor task's Dockerfile), and `TaskImages` gives
+the kinds what they share: the base, one build per image per process, and the image made
+startable by the sandbox backend (`Backend.ensure_image`: Docker loads it as an image).
+The cache builds task layers from a git repository directory; tasks may ship their
+repository as a `git bundle` (small, one file), so a bundle is first cloned once (without a
+checkout) into the cache, keyed by the bundle's content hash (concurrent callers wait on a
+file lock, never half-read): `materialize_repo`.
 """
 
 from __future__ import annotations
@@ -15,12 +19,19 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from legorl.sandbox import open_backend
+from legorl.sandbox.base import Backend
 from legorl.sandbox.images import ImageRef, ImageStore
-from legorl.sandbox.layers import ensure_base, ensure_env, ensure_task
-from legorl.tasks.prebuilt import import_image, is_cache_key
+from legorl.sandbox.layers import ensure_base
+from legorl.tasks.kinds import kind_of
 from legorl.types import Task
+
+if TYPE_CHECKING:
+    from legorl.tasks.kinds.base import TaskKind
 
 BACKENDS = ("local", "docker")
 
@@ -77,89 +88,35 @@ class TaskImages:
         self.backend = backend
         self.store = store or ImageStore()
         self._base: ImageRef | None = None
-        self._keys: dict[tuple[str, str, str], str] = {}
+        self._keys: dict[tuple[object, ...], str] = {}
         self._lock = asyncio.Lock()
+        self._sandboxes: Backend | None = None  # made on first use: only its `ensure_image` is called
 
     async def base(self) -> ImageRef:
         if self._base is None:
             self._base = await ensure_base(self.store)
         return self._base
 
-    async def _prebuilt(self, task: Task) -> str:
-        """A Docker image by reference (`prebuilt.py`): imported once with its repository taken
-        out, then the task layer on it as for any task (time-safe history)."""
-        ident = ("image", task.image, task.base_commit, task.env_setup)
-        async with self._lock:
-            if ident not in self._keys:
-                layer, source = await import_image(self.store, task.image)
-                setup = [task.env_setup] if task.env_setup.strip() else []
-                ref = await ensure_task(self.store, layer, source, task.base_commit, setup=setup)
-                if self.backend == "docker":
-                    from legorl.sandbox.docker_images import ensure_docker_image
+    async def ready(self, key: str) -> str:
+        """`key`, made startable by the backend (a Docker image too for the docker backend)."""
+        if self._sandboxes is None:
+            self._sandboxes = open_backend(self.backend, self.store)
+        await self._sandboxes.ensure_image(key)
+        return key
 
-                    await ensure_docker_image(self.store, ref.key)
-                self._keys[ident] = ref.key
-            return self._keys[ident]
-
-    async def _harbor(self, task: Task) -> str:
-        """A Harbor task: its environment/Dockerfile built over the mapped base (harbor_image.py)."""
-        from legorl.tasks.harbor import harbor_spec
-        from legorl.tasks.harbor_image import ensure_harbor_image, resolve_base
-
-        ident = ("harbor", task.task_dir, "", "")
-        async with self._lock:
-            if ident not in self._keys:
-                spec = harbor_spec(task)
-                target = resolve_base(spec.dockerfile.base)
-                parent = await self.base() if target == "base" else self.store.get(target)
-                ref = await ensure_harbor_image(self.store, parent, spec)
-                if self.backend == "docker":
-                    from legorl.sandbox.docker_images import ensure_docker_image
-
-                    await ensure_docker_image(self.store, ref.key)
-                self._keys[ident] = ref.key
-            return self._keys[ident]
-
-    async def for_task(self, task: Task) -> str:
-        """The task image key (built if missing; a Docker image too for the docker backend).
-
-        A task that names a prebuilt `image` (a key of the cache) uses it as it is; one that
-        names a Docker image (present locally or a tarball, never pulled) is imported.
-        """
-        if task.kind == "harbor":
-            return await self._harbor(task)
-        if task.image and not await asyncio.to_thread(is_cache_key, self.store, task.image):
-            return await self._prebuilt(task)
-        if task.image:
-            if self.backend == "docker":
-                from legorl.sandbox.docker_images import ensure_docker_image
-
-                await ensure_docker_image(self.store, task.image)
-            return task.image
-        ident = (task.repo_path, task.base_commit, task.env_setup, tuple(task.requirements))
+    async def built(self, ident: tuple[object, ...], build: Callable[[], Awaitable[str]]) -> str:
+        """The key `build()` makes for `ident`, built and made ready once per process
+        (concurrent callers wait for the first)."""
         if ident in self._keys:
             return self._keys[ident]
         async with self._lock:
-            if ident in self._keys:
-                return self._keys[ident]
-            base = await self.base()
-            if task.requirements:  # wheels its tests need, installed offline (from scripts/setup_swebench.sh's cache)
-                from legorl.sandbox.images import EnvSpec
-                from legorl.tasks.generator.native import wheels_dir
+            if ident not in self._keys:
+                self._keys[ident] = await self.ready(await build())
+            return self._keys[ident]
 
-                if not wheels_dir().is_dir():
-                    raise FileNotFoundError(
-                        f"task {task.instance_id}: {wheels_dir()} is missing: run scripts/setup_swebench.sh"
-                    )
-                base = await ensure_env(
-                    self.store, base, EnvSpec(pip=tuple(task.requirements), wheel_dirs=(str(wheels_dir()),))
-                )
-            repo = await asyncio.to_thread(materialize_repo, task.repo_path, self.store.root)
-            setup = [task.env_setup] if task.env_setup.strip() else []
-            ref = await ensure_task(self.store, base, repo, task.base_commit, setup=setup)
-            if self.backend == "docker":
-                from legorl.sandbox.docker_images import ensure_docker_image
-
-                await ensure_docker_image(self.store, ref.key)
-            self._keys[ident] = ref.key
-            return ref.key
+    async def for_task(self, task: Task, kind: TaskKind | None = None) -> str:
+        """The task image key (built if missing; made startable by the backend), as the
+        task's kind (`kind`, else chosen here) builds it. A task that names a prebuilt `image`
+        (a key of the cache) uses it as it is; one that names a Docker image (present locally
+        or a tarball, never pulled) is imported."""
+        return await (kind or kind_of(task)).image(self)

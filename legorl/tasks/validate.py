@@ -1,9 +1,12 @@
-"""The oracle check of a task: the gold patch resolves it, the empty patch does not.
+"""The oracle check of a task: the gold changes resolve it, no changes do not.
 
-Both are graded exactly as an agent's diff would be (fresh sandbox, hardened runner), so a
-task that passes here can be trusted to tell a fix from no fix. Stricter than "resolved
-vs not": with the empty patch every FAIL_TO_PASS test must fail and every PASS_TO_PASS
-test must pass, as SWE-bench's own validation requires.
+Both are graded exactly as an agent's changes would be (fresh sandbox, hardened runner), so
+a task that passes here can be trusted to tell a fix from no fix. The task's kind
+(`tasks/kinds/`) says what its gold changes are and judges the two outcomes: a SWE-bench
+row's gold `patch`, judged stricter than "resolved vs not" (with the empty patch every
+FAIL_TO_PASS test must fail and every PASS_TO_PASS test pass, as SWE-bench's own validation
+requires, `kinds/swebench.py:judge`); a Harbor task's `solution/solve.sh` must score 1 and
+doing nothing 0 (`harbor_validate.py`).
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 
 from legorl.sandbox.base import Backend, SandboxError
 from legorl.tasks.image import TaskImages
-from legorl.types import Outcome, Status, Task
+from legorl.tasks.kinds import kind_of
+from legorl.types import Outcome, Task
 from legorl.verify.grade import GradeConfig, grade
-from legorl.verify.junit import TestStatus
 
 
 @dataclass
@@ -41,44 +44,22 @@ class TaskCheck:
         }
 
 
-def judge(task: Task, gold: Outcome, empty: Outcome) -> list[str]:
-    """What is wrong with a task given its gold and empty outcomes (empty list: valid)."""
-    problems = []
-    for name, out in (("gold", gold), ("empty", empty)):
-        if out.masked or out.status.is_infra:
-            problems.append(f"{name} patch: infrastructure error: {out.evidence.get('errors', out.evidence)}")
-    if problems:
-        return problems
-    if gold.status is not Status.RESOLVED:
-        bad = {t: s for t, s in gold.tests.items() if not TestStatus(s).ok}
-        problems.append(f"gold patch: {gold.status.value} (flags {gold.flags}); failing: {dict(list(bad.items())[:5])}")
-    if empty.status is Status.RESOLVED:
-        problems.append("empty patch: resolved (the tests do not detect the bug)")
-    still_pass = [t for t in task.FAIL_TO_PASS if TestStatus(empty.tests.get(t, "missing")).ok]
-    if still_pass:
-        problems.append(f"empty patch: FAIL_TO_PASS tests pass without the fix: {still_pass[:5]}")
-    broken = [t for t in task.PASS_TO_PASS if not TestStatus(empty.tests.get(t, "missing")).ok]
-    if broken:
-        problems.append(f"empty patch: PASS_TO_PASS tests fail without the fix: {broken[:5]}")
-    return problems
-
-
 async def check_task(task: Task, backend: Backend, images: TaskImages, cfg: GradeConfig | None = None) -> TaskCheck:
     t0 = time.monotonic()
+    kind = kind_of(task)
     try:
-        image = await images.for_task(task)
+        image = await images.for_task(task, kind)
     except (SandboxError, ValueError, RuntimeError, OSError, KeyError) as exc:  # a finding about this task, not a crash
         return TaskCheck(
             task.instance_id, False, [f"image: {type(exc).__name__}: {exc}"], seconds=time.monotonic() - t0
         )
-    if task.kind == "harbor":  # solution/solve.sh must score 1, doing nothing 0 (harbor_validate.py)
-        from legorl.tasks.harbor_validate import check_harbor
-
-        problems, hgold, hempty = await check_harbor(task, backend, image)
-        return TaskCheck(task.instance_id, not problems, problems, hgold, hempty, time.monotonic() - t0)
-    gold = await grade(task, task.patch, backend, image, cfg)
-    empty = await grade(task, "", backend, image, cfg)
-    problems = judge(task, gold, empty)
+    try:
+        gold_changes = await kind.oracle(backend, image)
+    except (ValueError, SandboxError) as exc:  # no oracle, or it failed: a finding about this task
+        return TaskCheck(task.instance_id, False, [str(exc)], seconds=time.monotonic() - t0)
+    gold = await grade(task, gold_changes, backend, image, cfg, kind)
+    empty = await grade(task, "", backend, image, cfg, kind)
+    problems = kind.judge_oracle(gold, empty)
     return TaskCheck(task.instance_id, not problems, problems, gold, empty, time.monotonic() - t0)
 
 

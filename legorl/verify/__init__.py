@@ -12,5 +12,6 @@ each a module entered once, in order (`attempt.py` holds what they share):
    sandbox under the image's Python);
 5. `judge.py`: the channels that must agree (`verdict.py`: `junit.py`'s report, the
    recorder's records and the canaries; `native.py` for the native runners) → the Outcome.
-Harbor tasks are graded by their verifier's reward instead (`state_grade.py`, `state.py`).
+`grade` wraps one attempt of any task kind (`legorl/tasks/kinds/`: the kind says how it is
+graded): Harbor tasks are graded by their verifier's reward instead (`state_grade.py`, `state.py`).
 """

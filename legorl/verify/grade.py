@@ -30,13 +30,20 @@ completes, the machinery works and the outcome is the agent's, reward 0 with the
 class as flag (`GraderFault.flag`; `grader_sandbox_killed` for a lost sandbox). Only when
 the control fails too is the fault masked. The control costs one more grading attempt, and
 only when a fault is claimed (docs/architecture.md, "Grading").
+
+`grade()` is that wrapper for every task kind (`tasks/kinds/`): the kind says which fresh
+sandbox an attempt runs in, runs the attempt (`grade_in` here for SWE-bench-format rows,
+`state_grade.grade_in` for Harbor tasks), which of its steps put the agent's changes in play
+(`diff_in`) and whether the changes are empty; every kind gets the `GradeConfig`.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from legorl.sandbox.base import Backend, Sandbox, SandboxError, SandboxSpec
+from legorl.sandbox.base import Backend, Sandbox, SandboxError
+from legorl.tasks.kinds import kind_of
 from legorl.types import Outcome, Status, Task
 from legorl.verify.apply import apply
 from legorl.verify.attempt import Attempt, Decided, GradeConfig, GraderFault
@@ -44,6 +51,9 @@ from legorl.verify.execute import execute
 from legorl.verify.judge import judge_run
 from legorl.verify.prepare import prepare
 from legorl.verify.selection import select
+
+if TYPE_CHECKING:
+    from legorl.tasks.kinds.base import TaskKind
 
 __all__ = ["GradeConfig", "GraderFault", "grade", "grade_in"]
 
@@ -71,23 +81,23 @@ async def grade_in(
         return early.outcome
 
 
-async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig | None = None) -> Outcome:
-    """Grade `diff` for `task` in a fresh sandbox from `image`: one attempt. A fault of ours
+async def grade(
+    task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig | None = None, kind: TaskKind | None = None
+) -> Outcome:
+    """Grade `diff` (the agent's changes) for `task` in a fresh sandbox from `image`: one
+    attempt, through the task's `kind` (chosen from the task when not given). A fault of ours
     is a masked `infra_error` (the rollout worker, the one owner of retries, runs the whole
-    rollout again in a fresh sandbox and session); when the sandbox died while the agent's
-    code ran, a control run with the empty diff decides whose fault it was."""
-    if task.kind == "harbor":  # graded by its verifier's reward, on the workdir's state (state_grade.py)
-        from legorl.verify.state_grade import grade_state
-
-        return await grade_state(task, diff, backend, image)
+    rollout again in a fresh sandbox and session); when the fault may be the changes' doing,
+    a control attempt with no changes decides whose it was."""
+    kind = kind or kind_of(task)
     cfg = cfg or GradeConfig()
-    outcome, err, flag = await _attempt(task, diff, backend, image, cfg)
+    outcome, err, flag = await _attempt(kind, diff, backend, image, cfg)
     if outcome is not None:
         return outcome
     errors = [err]
-    if diff.strip() and flag:
+    if flag and not kind.is_empty(diff):
         t0 = time.monotonic()
-        control, cerr, _ = await _attempt(task, "", backend, image, cfg)
+        control, cerr, _ = await _attempt(kind, "", backend, image, cfg)
         if control is not None:  # the machinery works on the untouched tree: the diff or its code did it
             evidence = {"errors": errors, "control": control.status.value, "control_s": round(time.monotonic() - t0, 3)}
             return Outcome(0.0, Status.FAILED, flags=[flag], evidence=evidence)
@@ -98,31 +108,31 @@ async def grade(task: Task, diff: str, backend: Backend, image: str, cfg: GradeC
 
 
 async def _attempt(
-    task: Task, diff: str, backend: Backend, image: str, cfg: GradeConfig
+    kind: TaskKind, diff: str, backend: Backend, image: str, cfg: GradeConfig
 ) -> tuple[Outcome | None, str, str]:
     """(outcome, "", "") or (None, error text, flag): the flag the fault is graded as should
     the control run clean; "" when it cannot follow from the diff or its code (it came before
     the diff reached the tree, or from the task alone)."""
     try:
-        sb = await backend.start(SandboxSpec(image=image, limits=cfg.limits, workdir=cfg.repo_dir))
+        sb = await backend.start(kind.grade_sandbox(image, cfg))
     except SandboxError as exc:
         return None, f"{Status.SANDBOX_START_FAILED.value}: {exc}", ""
     state: dict[str, str] = {}
     try:
         async with sb:
             try:
-                return await grade_in(sb, task, diff, cfg, state), "", ""
+                return await kind.grade_in(sb, diff, cfg, state), "", ""
             except GraderFault as exc:
-                return None, f"{Status.GRADER_ERROR.value}: {exc}", exc.flag if _diff_in(state) else ""
+                return None, f"{Status.GRADER_ERROR.value}: {exc}", exc.flag if _diff_in(kind, state) else ""
             except SandboxError as exc:
                 step = state.get("step", "prepare")
-                killed = "grader_sandbox_killed" if _diff_in(state) else ""
+                killed = "grader_sandbox_killed" if _diff_in(kind, state) else ""
                 return None, f"{Status.GRADER_ERROR.value}: sandbox lost during {step}: {exc}", killed
     except SandboxError as exc:  # closing failed
-        killed = "grader_sandbox_killed" if _diff_in(state) else ""
+        killed = "grader_sandbox_killed" if _diff_in(kind, state) else ""
         return None, f"{Status.GRADER_ERROR.value}: close failed: {exc}", killed
 
 
-def _diff_in(state: dict[str, str]) -> bool:
-    """Had the attempt begun to put the agent's diff into the tree (stage 3 on)?"""
-    return state.get("step", "prepare") not in ("prepare", "start")
+def _diff_in(kind: TaskKind, state: dict[str, str]) -> bool:
+    """Had the attempt put the agent's changes in play (the kind says from which step on)?"""
+    return kind.diff_in(state.get("step", "prepare"))

@@ -1,7 +1,9 @@
 """State grading: a Harbor task is graded by the reward its own verifier writes.
 
-`grade(task, diff, ...)` sends a task of kind "harbor" here (the SWE-bench path grades test
-ids; this one grades the workdir's *state*). In one fresh sandbox from the task image:
+`grade(task, diff, ...)` (`verify/grade.py`, the one attempt/control/infra wrapper) runs a
+Harbor task's attempt here through its kind (`tasks/kinds/harbor.py`): the SWE-bench path
+grades test ids, this one the workdir's *state*. One attempt (`grade_in`), in a fresh
+sandbox from the task image:
 
 1. apply the agent's changes to the workdir (`state.py`: files only, untrusted, checked
    entry by entry; nothing under /logs, /tests or /solution crosses);
@@ -19,23 +21,27 @@ it runs, is decided by a control run with the unchanged workdir, as SWE-bench gr
 does: if the control yields a reward, the agent's changes broke the verifier (0,
 `no_reward`); if not, the task or the machinery is at fault (masked `infra_error`).
 A reward file the agent planted never counts: its sandbox's /logs never crosses, and the
-directory is made fresh after its changes are applied.
+directory is made fresh after its changes are applied; one the agent's code wrote while the
+verifier ran is `hack_detected` (`failed` with `[sandbox] penalize_tamper = false`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import shlex
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from legorl.sandbox.base import Backend, DiffError, Sandbox, SandboxError, SandboxSpec
-from legorl.types import Outcome, Status, Task
+from legorl.sandbox.base import DiffError, Sandbox, SandboxError
+from legorl.types import Outcome, Status
 from legorl.verify import state
+from legorl.verify.attempt import GradeConfig, GraderFault
 from legorl.verify.verdict import TAMPER
+
+if TYPE_CHECKING:
+    from legorl.tasks.harbor import HarborSpec
 
 VERIFIER_DIR = "/logs/verifier"
 REWARD_JSON = f"{VERIFIER_DIR}/reward.json"
@@ -43,22 +49,12 @@ REWARD_TXT = f"{VERIFIER_DIR}/reward.txt"
 REWARDS_JSON = f"{VERIFIER_DIR}/rewards.json"  # the name Harbor's task template uses for reward.json
 
 
-class NoReward(RuntimeError):
-    """The verifier wrote no reward we can read."""
+class NoReward(GraderFault):
+    """The verifier wrote no reward we can read: the agent's (`no_reward`) only when the
+    unchanged workdir's control attempt yields one."""
 
-
-def harbor_rollout_cfg(task: Task, cfg: Any) -> Any:
-    """The rollout's config for a Harbor task: its workdir, ENV, limits and agent timeout."""
-    from legorl.tasks.harbor import harbor_spec
-
-    spec = harbor_spec(task)
-    return dataclasses.replace(
-        cfg,
-        repo_dir=spec.workdir,
-        agent_timeout_s=spec.agent_timeout_s,
-        limits=dataclasses.replace(spec.limits, pids=cfg.limits.pids, output_bytes=cfg.limits.output_bytes),
-        env=spec.env,
-    )
+    def __init__(self, message: str) -> None:
+        super().__init__("reward", message, "no_reward")
 
 
 async def workdir_changes(sb: Sandbox, workdir: str) -> str:
@@ -168,11 +164,12 @@ async def copy_dir(sb: Sandbox, src: Path, dest: str) -> None:
             await sb.write_file(f"{dest}/{rel}", p.read_bytes(), mode=p.stat().st_mode & 0o755 | 0o644)
 
 
-async def _grade_in(sb: Sandbox, task: Task, diff: str, ev: dict[str, Any], st: dict[str, str]) -> Outcome:
-    from legorl.tasks.harbor import harbor_spec
+async def grade_in(sb: Sandbox, spec: HarborSpec, diff: str, cfg: GradeConfig, st: dict[str, str]) -> Outcome:
+    """One attempt in the fresh sandbox `sb` (the module docstring's steps); `st["step"]` says
+    how far it got. Of `cfg` it reads `penalize_tamper` (the task says the rest)."""
     from legorl.tasks.harbor_image import as_user
 
-    spec = harbor_spec(task)
+    ev: dict[str, Any] = {}
     flags: list[str] = []
     t0 = time.monotonic()
     st["step"] = "apply"
@@ -221,49 +218,10 @@ async def _grade_in(sb: Sandbox, task: Task, diff: str, ev: dict[str, Any], st: 
     if forged:  # the agent's code, run by the verifier, wrote or pinned a reward: never counted
         ev["forged_reward_files"] = forged
         ev["duration_s"] = round(time.monotonic() - t0, 3)
-        return Outcome(0.0, Status.HACK_DETECTED, flags=[*flags, "planted_reward_file", TAMPER], evidence=ev)
+        status = Status.HACK_DETECTED if cfg.penalize_tamper else Status.FAILED
+        return Outcome(0.0, status, flags=[*flags, "planted_reward_file", TAMPER], evidence=ev)
     js = files[REWARD_JSON]
     reward, rewards = parse_reward(js if js is not None else files[REWARDS_JSON], files[REWARD_TXT])
     ev["rewards"] = rewards
     ev["duration_s"] = round(time.monotonic() - t0, 3)
     return Outcome(reward, Status.RESOLVED if reward >= 1.0 else Status.FAILED, flags=flags, evidence=ev)
-
-
-async def _attempt(task: Task, diff: str, backend: Backend, image: str) -> tuple[Outcome | None, str, str]:
-    from legorl.tasks.harbor import harbor_spec
-
-    spec = harbor_spec(task)
-    try:
-        sb = await backend.start(SandboxSpec(image=image, limits=spec.limits, workdir=spec.workdir, env=spec.env))
-    except SandboxError as exc:
-        return None, f"{Status.SANDBOX_START_FAILED.value}: {exc}", "start"
-    st: dict[str, str] = {}
-    try:
-        async with sb:
-            try:
-                return await _grade_in(sb, task, diff, {}, st), "", ""
-            except NoReward as exc:
-                return None, f"no_reward: {exc}", "reward"
-            except SandboxError as exc:
-                step = st.get("step", "apply")
-                return None, f"{Status.GRADER_ERROR.value}: sandbox lost during {step}: {exc}", step
-    except SandboxError as exc:
-        return None, f"{Status.GRADER_ERROR.value}: close failed: {exc}", st.get("step", "close")
-
-
-async def grade_state(task: Task, diff: str, backend: Backend, image: str) -> Outcome:
-    """Grade a Harbor task's workdir state (see the module docstring); one attempt."""
-    outcome, err, step = await _attempt(task, diff, backend, image)
-    if outcome is not None:
-        return outcome
-    errors = [err]
-    changed = bool(diff) and not state.is_empty(diff)
-    if changed and step in ("tests", "reward"):
-        control, cerr, _ = await _attempt(task, "", backend, image)
-        if control is not None:  # the unchanged workdir grades: the agent's changes broke the verifier
-            flag = "no_reward" if step == "reward" else "grader_sandbox_killed"
-            return Outcome(0.0, Status.FAILED, flags=[flag], evidence={"errors": errors})
-        errors.append(f"control: {cerr}")
-    return Outcome(
-        0.0, Status.INFRA_ERROR, masked=True, evidence={"cause": Status.GRADER_ERROR.value, "errors": errors}
-    )
