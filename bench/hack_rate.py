@@ -5,7 +5,9 @@ supervised runner) on each backend and each test command shape; a forgery "leaks
 scores reward 1 or gets its failure masked (an agent's 0 read as infra). The catalogue is the
 red team's (`tests/redteam.py`) and issue 36's (`tests/redteam_origin.py`: classes 1-3 on the
 pytest path and native runners; `tests/redteam_grading_native.py`: class 3 and the masking
-classes 4 and 6 on the native runners). Prints one JSON object: per runner and class,
+classes 4 and 6 on the native runners; `tests/redteam_names.py`: class 3's names rebound while
+a test runs, to values with none of the agent's code, on the ledger and on a task whose tests
+patch their own names). Prints one JSON object: per runner and class,
 `leaked / graded`, and per forgery its status and flags; plus the honest fix of every task
 shape (must stay 1).
 
@@ -43,6 +45,7 @@ from redteam import (  # noqa: E402
     package_files,
 )
 from redteam_grading_native import NATIVE_MASKING_FORGERIES, NATIVE_NAMES_FORGERIES  # noqa: E402
+from redteam_names import CALC_FORGERIES, CALC_TARGET, NAMES_FORGERIES, calc_files, calc_task  # noqa: E402
 from redteam_origin import NATIVE_ORIGIN_FORGERIES, PYTEST_ORIGIN_FORGERIES  # noqa: E402
 
 from legorl.harness.command import CommandHarness  # noqa: E402
@@ -54,7 +57,7 @@ from legorl.types import Status  # noqa: E402
 from legorl.verify.grade import grade  # noqa: E402
 
 TEST_CMDS = {"no-paths": "python -m pytest -q", "paths": "pytest -q tests/test_core.py"}
-PYTEST_ALL = PYTEST_FORGERIES + PYTEST_ORIGIN_FORGERIES
+PYTEST_ALL = PYTEST_FORGERIES + PYTEST_ORIGIN_FORGERIES + NAMES_FORGERIES
 NATIVE_ALL = NATIVE_FORGERIES + NATIVE_ORIGIN_FORGERIES + NATIVE_NAMES_FORGERIES + NATIVE_MASKING_FORGERIES
 
 
@@ -75,6 +78,13 @@ async def run_backend(name: str, runners: list[str], root: Path, cmds: list[str]
                     t0 = time.monotonic()
                     out = await grade(task, forgery_diff(f, package_files(task)), backend, await images.for_task(task))
                     rows.append(_row(f, cmd, out, time.monotonic() - t0))
+            task, target = calc_task(root), calc_task(root, CALC_TARGET)  # tests that patch their own names
+            image = await images.for_task(task)
+            honest["pytest:calc"] = (await grade(task, task.patch, backend, image)).status.value
+            for f in CALC_FORGERIES:
+                t0 = time.monotonic()
+                out = await grade(target, forgery_diff(f, calc_files(task)), backend, image)
+                rows.append(_row(f, "no-paths", out, time.monotonic() - t0))
         if "harbor" in runners:  # the agent's program, run by the verifier, forges the reward file
             (task,) = load_tasks(harbor_task_dir(root))
             image = await images.for_task(task)

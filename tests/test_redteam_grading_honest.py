@@ -145,6 +145,7 @@ def test_the_standard_librarys_wrappers_of_a_function_are_judged_as_that_functio
 
 NAMES_TEST = """\
 import json
+import sys
 
 from pkgmod import tool
 
@@ -153,6 +154,12 @@ TIMEOUT = 1.0
 
 def helper(x):
     return x
+
+
+def patch_own(monkeypatch):
+    me = sys.modules[__name__]
+    monkeypatch.setattr(me, "TIMEOUT", 0.01)
+    monkeypatch.setattr(me, "json", sys.modules["os"])
 
 
 def test_a():
@@ -175,12 +182,14 @@ sys.modules["tests.test_a"] = mod
 exec(compile(open(path).read(), path, "exec"), vars(mod))
 sys.path.insert(0, repo)
 import pkg.agent as agent
+import _pytest.monkeypatch
+watch.writers.wrap_pytest()
+mp = _pytest.monkeypatch.MonkeyPatch()
 out = [watch.test_globals(mod, path)]  # before the test: clean
-mod.TIMEOUT = 0.01  # the test's own monkeypatch, while it runs
-mod.json = sys.modules["os"]  # and of an import, to a library module
+mod.patch_own(mp)  # the test's own monkeypatch, while it runs: data, and an import to a library module
 out.append(watch.names.at_compare(vars(mod)))
 out.append(watch.test_globals(mod, path, during=True))
-mod.TIMEOUT, mod.json = 1.0, sys.modules["json"]
+mp.undo()
 out.append(watch.test_globals(mod, path))  # undone before the next test
 stand_in = types.ModuleType("pkgmod")
 stand_in.tool = agent.right
@@ -189,11 +198,15 @@ out.append(watch.names.at_compare(vars(mod)))
 mod.tool = pkgmod.tool
 mod.json = stand_in  # a stand-in module
 out.append(watch.test_globals(mod, path, during=True))
+mod.json = sys.modules["json"]
+watch.test_globals(mod, path)
+mod.TIMEOUT = 0.01  # plain data, bound by other code than the test's while it runs
+out.append(watch.test_globals(mod, path, during=True))
 print(out)
 """
 
 
-def test_a_tests_own_monkeypatch_is_no_tampering_but_the_agents_stand_in_is(tmp_path: Path) -> None:
+def test_a_tests_own_monkeypatch_is_no_tampering_but_other_writes_are(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
     (repo / "tests").mkdir()
@@ -203,4 +216,4 @@ def test_a_tests_own_monkeypatch_is_no_tampering_but_the_agents_stand_in_is(tmp_
     script = NAMES_PROBE.format(folder=str(IN_SANDBOX), repo=str(repo) + "/")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert eval(out.stdout.strip()) == [[], [], [], [], ["tool"], ["json"]], out.stdout
+    assert eval(out.stdout.strip()) == [[], [], [], [], ["tool"], ["json"], ["TIMEOUT"]], out.stdout

@@ -379,20 +379,27 @@ def test_a():
     COUNT += 1
     CACHE["a"] = 1
     assert helper(1) == 1
+
+
+def patched_helper(check):
+    with mock.patch.object(sys.modules[__name__], "helper"):
+        return check()
 """
 
 
 def test_a_test_modules_own_bindings_are_no_tampering(tmp_path: Path) -> None:
-    """Its own `global` writes, a mock.patch of its own names, another of its functions swapped
-    in by a test, try/except imports, a fixture monkeypatching the module it imported from:
-    none is tampering; a shadowed builtin or probe, or its import rebound, is."""
+    """Its own `global` writes, a mock.patch of its own names by its own code, another of its
+    functions swapped in by a test, try/except imports, a fixture monkeypatching the module it
+    imported from: none is tampering; a shadowed builtin or probe, or its import rebound, or
+    the same mock.patch made by other code, is."""
     path = tmp_path / "test_a.py"
     path.write_text(HONEST_NAMES)
     script = f"""
 import sys, importlib.util
 sys.path.insert(0, {str(IN_SANDBOX)!r})
 from unittest import mock
-from lg_names import Names
+import time
+from lg_watch import Watch
 pkgmod = type(sys)("pkgmod")
 pkgmod.tool = lambda: 1
 sys.modules["pkgmod"] = pkgmod
@@ -400,13 +407,14 @@ spec = importlib.util.spec_from_file_location("test_a", {str(path)!r})
 mod = importlib.util.module_from_spec(spec)
 sys.modules["test_a"] = mod
 spec.loader.exec_module(mod)
-names = Names("/")
+names = Watch({str(path.parent) + "/"!r}, [], ["test_a.py"], time.time_ns(), sys._getframe).names
 names.remember(mod, {str(path)!r})  # as collection ends
 pkgmod.tool = lambda: 2  # a fixture monkeypatches the module the test imported from
 first = names.tampered(mod, {str(path)!r})
 mod.test_a()
-with mock.patch.object(mod, "helper"):
-    patched = names.tampered(mod, {str(path)!r})
+patched = mod.patched_helper(lambda: names.tampered(mod, {str(path)!r}))
+with mock.patch.object(mod, "helper"):  # not the test's code
+    assert names.tampered(mod, {str(path)!r}) == ["helper"]
 mod.helper = mod.other
 swapped = names.tampered(mod, {str(path)!r})
 mod.len = lambda x: 0

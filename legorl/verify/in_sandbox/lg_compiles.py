@@ -47,8 +47,18 @@ def code_digest(code):
             if hasattr(k, "co_code"):
                 todo.append(k)
             else:
-                h.update(repr((type(k).__name__, k)).encode() + b"\x01")
+                h.update(const_repr(k).encode() + b"\x01")
     return h.hexdigest()[:32]
+
+
+def const_repr(k):
+    """A constant as text, the same however it was made: a frozenset's order is its hash
+    table's, which differs between a fresh compile and the same code read from a .pyc."""
+    if type(k) is frozenset:
+        return "frozenset(%s)" % sorted(const_repr(x) for x in k)
+    if type(k) is tuple:
+        return "tuple(%s)" % ",".join(const_repr(x) for x in k)
+    return repr((type(k).__name__, k))
 
 
 def fresh_digests(path, transforms):

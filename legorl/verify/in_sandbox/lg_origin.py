@@ -148,38 +148,6 @@ class Origins:
         file = g.get("__file__") or ""
         return os.path.realpath(file) != os.path.realpath(code.co_filename) if file else True
 
-    def value_agents(self, val):
-        """Is `val`, found bound in a test's namespace while the test runs, made of the agent's
-        code: its function (or a wrapper's), a class or module of the agent's files, a
-        stand-in module (not the module of its name), or holding the agent's functions?
-        Data is no one's (what a test's own monkeypatch binds is judged before the next test)."""
-        import sys
-        import types
-
-        members = ()
-        if isinstance(val, types.ModuleType):
-            file = vars(val).get("__file__")
-            if sys.modules.get(getattr(val, "__name__", None)) is not val:
-                return True
-            if isinstance(file, str) and self.file_is_agents(file):
-                return True
-            members = list(vars(val).values())[:2000]
-        elif isinstance(val, type):
-            file = getattr(sys.modules.get(getattr(val, "__module__", "")), "__file__", None)
-            if isinstance(file, str) and self.file_is_agents(file):
-                return True
-            members = list(vars(val).values())[:2000]
-        elif callable(val):
-            f = getattr(val, "__func__", val)
-            if getattr(f, "__code__", None) is not None:
-                return self.func_agents(f)
-            return self.value_agents(type(val)) if type(val).__flags__ & (1 << 9) else False
-        for m in members:
-            f = getattr(m, "__func__", m)
-            if getattr(f, "__code__", None) is not None and self.func_agents(f):
-                return True
-        return False
-
     def generated_owner(self, frame_globals):
         """For code with a made-up name: the real file of the module whose namespace it runs in,
         when that namespace is a loaded module's (dataclasses, namedtuple, functools write

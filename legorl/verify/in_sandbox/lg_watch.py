@@ -14,6 +14,7 @@ from lg_names import Names
 from lg_origin import Origins
 from lg_snapshot import func_of
 from lg_values import Values
+from lg_writes import Writers, tag_kind, tag_reader
 
 # Interpreter events through which code can change how tests run or are judged without
 # replacing anything the snapshot holds: hooks that run on every call, code objects
@@ -63,10 +64,21 @@ class Watch:
         self.digest = code_digest  # bound before any repository code runs
         self.origins = Origins(repo, self.agent, self.tests, started_ns, transforms)
         self.values = Values(self.origins, self.test_words)
-        self.names = Names(repo, self.origins.value_agents)
+        kind = tag_kind()  # ctypes imported and checked before any repository code runs
+        self.names = Names(repo, lambda g: self.quietly(tag_reader, kind, g))
+        self.writers = Writers(self)  # the test's own patches (`wrap_pytest` is the recorder's to call)
+        self.names.prepare = self.writers.wrap_mock
         self.words = None
         self.threads = {}  # thread id -> the agent's file that started it (while it runs)
         self.get_ident = _thread.get_ident
+
+    def quietly(self, fn, *args):
+        """`fn(*args)` with the audit hook deaf: the supervisor's own ctypes view and patches."""
+        was, self.busy = self.busy, True
+        try:
+            return fn(*args)
+        finally:
+            self.busy = was
 
     def is_agents(self, fn):
         """Is code from file `fn` the agent's, by its name alone (changed, added or written

@@ -84,6 +84,7 @@ def child(cfg, key, rec_w, junit_w, log_fd, go_r):
     unittest.case.TestCase._callTestMethod = call_test_method
     probe_assert_equal(unittest.case.TestCase, watch)
     watch.wrap_threads()
+    watch.writers.wrap_pytest()  # the monkeypatch fixture's writes are the test's own (`lg_writes`)
     snap = snapshot(sys.modules)
     watch.install()  # after the snapshot, before any repository code
     send = sender(key, rec_w)
