@@ -51,6 +51,23 @@ def demonstrations(run_dir: Path) -> list[Any]:
     return [t for t in (store.load_trajectory(s) for s in sessions) if t is not None]
 
 
+def tail(demos: list[Any], n: int) -> list[Any]:
+    """A diagnosis, not a policy: each segment cut to its last `n` tokens (the harness's
+    prompt dropped), to tell a context too long to learn in from too few steps."""
+    import dataclasses
+
+    def cut(seg: Any) -> Any:
+        return dataclasses.replace(
+            seg,
+            token_ids=seg.token_ids[-n:],
+            loss_mask=seg.loss_mask[-n:],
+            logprobs=seg.logprobs[-n:],
+            policy_versions=seg.policy_versions[-n:],
+        )
+
+    return [dataclasses.replace(t, segments=[cut(s) for s in t.segments]) for t in demos]
+
+
 def variant_config(variant: str) -> tuple[dict[str, Any], float | None]:
     """harness-qwen3's committed config with the variant's changes, and its QK-norm gain."""
     cfg = json.loads((ROOT / "legorl/assets/models/harness-qwen3/config.json").read_text())
@@ -62,13 +79,16 @@ def variant_config(variant: str) -> tuple[dict[str, Any], float | None]:
             cfg["rope_theta"] = float(part[5:])
         elif part.startswith("qk"):
             gain = float(part[2:])
+        elif part.startswith("swaall"):  # every layer windowed: a local-attention policy
+            cfg.update(use_sliding_window=True, sliding_window=int(part[6:]))
+            cfg["layer_types"] = ["sliding_attention"] * cfg["num_hidden_layers"]
         elif part.startswith("swa"):
             cfg.update(use_sliding_window=True, sliding_window=int(part[3:]))
         elif part.startswith("L"):
             cfg["num_hidden_layers"] = int(part[1:])
         else:
             raise SystemExit(f"--variants: unknown part {part!r} (base, theta<N>, qk<G>, swa<W>, L<N>)")
-    if cfg.get("use_sliding_window"):  # the first layer windowed, the rest full
+    if cfg.get("use_sliding_window") and "layer_types" not in cfg:  # the first layer windowed, the rest full
         cfg["layer_types"] = ["sliding_attention"] + ["full_attention"] * (cfg["num_hidden_layers"] - 1)
     return cfg, gain
 
@@ -133,7 +153,7 @@ def fix_rates(lm: Any, tokenizer: Any, turns: list[tuple[list[int], str, str | N
 
 
 def run_variant(
-    variant: str, train: list[Any], held: list[Any], steps: int, lr: float, tokenizer: Any
+    variant: str, train: list[Any], held: list[Any], steps: int, lr: float, tokenizer: Any, batch_size: int = 16
 ) -> dict[str, Any]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -156,7 +176,7 @@ def run_variant(
     sft(
         policy,
         train,
-        SFTConfig(steps=steps, batch_size=16, lr=lr, warmup_steps=min(20, steps // 5)),
+        SFTConfig(steps=steps, batch_size=batch_size, lr=lr, warmup_steps=min(20, steps // 5)),
         opt,
         log=lambda step, m: curve.__setitem__(step, round(m["sft/loss"], 4)),
         log_every=10,
@@ -180,6 +200,7 @@ def run_variant(
     return {
         "variant": variant,
         "steps": steps,
+        "batch_size": batch_size,
         "fix_turn": rates,
         "sft_loss": curve,
         "sft_s": round(seconds, 1),
@@ -196,6 +217,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--train", type=int, default=200, help="demonstrations trained on; the rest are held out")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--tail", type=int, default=0, help="diagnosis: keep each segment's last N tokens only")
+    ap.add_argument("--batch-size", type=int, default=16, help="demonstrations per SFT step")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     if not (args.run / "run.sqlite").exists():
@@ -204,6 +227,8 @@ def main() -> None:
     if len(demos) <= args.train:
         raise SystemExit(f"--run {args.run}: {len(demos)} demonstrations, need more than --train {args.train}")
     torch.set_num_threads(args.threads)
+    if args.tail:
+        demos = tail(demos, args.tail)
     from transformers import AutoTokenizer
 
     from legorl.models import resolve_model
@@ -212,7 +237,10 @@ def main() -> None:
     load_before = os.getloadavg()
     rows = []
     for variant in args.variants.split(","):
-        rows.append(run_variant(variant, demos[: args.train], demos[args.train :], args.steps, args.lr, tokenizer))
+        row = run_variant(
+            variant, demos[: args.train], demos[args.train :], args.steps, args.lr, tokenizer, args.batch_size
+        )
+        rows.append({"tail": args.tail, **row} if args.tail else row)
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(
         json.dumps(

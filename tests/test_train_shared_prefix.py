@@ -159,3 +159,21 @@ def test_a_windowed_qwen3_shares_exactly_and_only_under_its_masking_attention() 
     _same_step(policy, mb)
     why = _windowed_qwen3("sdpa").sharing
     assert why is not None and "'sdpa'" in why and "packed instead" in why
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(37, 37), (11, 40)])  # a whole segment; a branch after a prefix
+def test_windowed_attention_in_query_blocks_equals_one_full_mask(q_len: int, k_len: int) -> None:
+    """Blocks of 4 queries, each with only the keys a 5-token window reaches, compute what one
+    (q_len x k_len) windowed causal mask does: with a window the cost is linear, not quadratic."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, q_len, 8, generator=g)
+    k, v = (torch.randn(1, 2, k_len, 8, generator=g) for _ in range(2))
+    module = SimpleNamespace(num_key_value_groups=2, training=False)
+    whole = varlen.windowed(eager_attention_forward, module, q, k, v, 5, 0.0, 0.35, {}, block=q_len)
+    blocked = varlen.windowed(eager_attention_forward, module, q, k, v, 5, 0.0, 0.35, {}, block=4)
+    assert blocked.shape == (1, q_len, 4, 8)
+    torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
