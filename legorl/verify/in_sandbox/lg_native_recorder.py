@@ -11,9 +11,9 @@ import builtins
 import functools
 import sys
 
+from lg_origin import origin_of
 from lg_probes import probe_assert_equal, probe_comparisons
 from lg_supervise import tagged_sender
-from lg_watch import origin_of
 
 
 def kind_of(exc, skip_names=("SkipTest", "Skipped", "Skip")):

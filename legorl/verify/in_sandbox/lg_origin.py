@@ -9,7 +9,8 @@ pytest rewrites the modules it collects), or, for `<frozen …>` names, of the i
 frozen module of that name. Everything else that claims a file outside the repository's
 untouched files, and every code object with a made-up name (`<string>`, `<lg>`), was made at
 run time: the agent's, unless its globals are those of a real module that is not the agent's
-(dataclasses' and functools' generated methods run in their class's module).
+(dataclasses' and functools' generated methods run in their class's module). `origin_of`
+says by the same rule where a skip or xfail was raised.
 
 Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
 them, copied into the grading sandbox together): stdlib only, run by the image's Python, never
@@ -24,6 +25,8 @@ FROZEN_NAMES = {
     "importlib._bootstrap": "_frozen_importlib",
     "importlib._bootstrap_external": "_frozen_importlib_external",
 }
+
+MACHINERY = ("_pytest", "pytest", "pluggy", "unittest")
 
 
 class Origins:
@@ -160,3 +163,24 @@ class Origins:
             return None
         file = getattr(mod, "__file__", None)
         return file if isinstance(file, str) and os.path.isabs(file) else None
+
+
+def origin_of(exc, watch, test_file):
+    """Where a skip or xfail was raised: "test" (the test file, a conftest, the task's test
+    files), "agent" (code the agent wrote, or made at run time under any name) or "package"
+    (other repository code, a library)."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        mod = tb.tb_frame.f_globals.get("__name__", "") or ""
+        if mod.split(".")[0] not in MACHINERY or watch.origins.agents(code):
+            last = code
+        tb = tb.tb_next
+    if last is None:
+        return "package"
+    fn = last.co_filename
+    if fn == test_file or fn in watch.tests or (fn.endswith("/conftest.py") and not watch.origins.agents(last)):
+        return "test"
+    if fn.startswith("<") and not fn.startswith("<frozen") or watch.origins.agents(last):
+        return "agent"
+    return "package"

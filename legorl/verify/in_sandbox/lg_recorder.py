@@ -13,9 +13,9 @@ imports legorl.
 import json
 import sys
 
+from lg_origin import origin_of
 from lg_snapshot import foreign_hooks, func_of, import_hooks, place_of
 from lg_supervise import tagged_sender
-from lg_watch import origin_of
 
 
 def kinds(skipped_exc, xfailed_exc, skip_test):

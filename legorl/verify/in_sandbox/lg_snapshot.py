@@ -25,6 +25,7 @@ SUPERVISOR_MODULES = (
     "lg_supervise",
     "lg_values",
     "lg_watch",
+    "lg_writes",
 )
 WATCH_PREFIXES = ("_pytest.", "pluggy.")
 WATCH_MODULES = (

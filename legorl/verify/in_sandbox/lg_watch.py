@@ -1,6 +1,6 @@
 """Whose code did what, for the recorder: `Watch` (the audit hook, a test's code traced to the
 file it claims, the test's classes and module checked, the equality probe, interpreter-wide
-hooks) and where a skip or xfail came from (`origin_of`).
+hooks).
 
 Part of the grading supervisor (`pytest_main.py`, `native_main.py` and the `lg_*` modules beside
 them, copied into the grading sandbox together): stdlib only, run by the image's Python, never
@@ -11,7 +11,7 @@ import os
 
 from lg_compiles import code_digest
 from lg_names import Names
-from lg_origin import Origins
+from lg_origin import MACHINERY, Origins
 from lg_snapshot import func_of
 from lg_values import Values
 from lg_writes import Writers, tag_kind, tag_reader
@@ -37,7 +37,6 @@ AUDITED = frozenset(
     }
 )
 SWAPPED_ATTRS = frozenset({"__code__", "__class__", "__defaults__", "__kwdefaults__", "__globals__", "__closure__"})
-MACHINERY = ("_pytest", "pytest", "pluggy", "unittest")
 
 
 class Watch:
@@ -383,24 +382,3 @@ class Watch:
 
 _PLAIN = frozenset({int, float, complex, str, bytes, bool, type(None), list, tuple, dict, set, frozenset})
 _CONTAINERS = frozenset({list, tuple, dict, set, frozenset})
-
-
-def origin_of(exc, watch, test_file):
-    """Where a skip or xfail was raised: "test" (the test file, a conftest, the task's test
-    files), "agent" (code the agent wrote, or made at run time under any name) or "package"
-    (other repository code, a library)."""
-    tb, last = exc.__traceback__, None
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        mod = tb.tb_frame.f_globals.get("__name__", "") or ""
-        if mod.split(".")[0] not in MACHINERY or watch.origins.agents(code):
-            last = code
-        tb = tb.tb_next
-    if last is None:
-        return "package"
-    fn = last.co_filename
-    if fn == test_file or fn in watch.tests or (fn.endswith("/conftest.py") and not watch.origins.agents(last)):
-        return "test"
-    if fn.startswith("<") and not fn.startswith("<frozen") or watch.origins.agents(last):
-        return "agent"
-    return "package"
