@@ -29,7 +29,7 @@ PROMPTS = [torch.randint(3, 4096, (n,), generator=torch.Generator().manual_seed(
 @pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "qwen3_windowed", "glm4_moe", "deepseek_v3", "qwen2_moe"])
 async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) -> None:
     path = save(family.removesuffix("_windowed"), tmp_path / family)
-    if family == "qwen3_windowed":  # harness-qwen3's shape: layer 0 sees 8 tokens back, layer 1 all
+    if family == "qwen3_windowed":  # a windowed first layer (8 tokens back), then full attention
         cfg = json.loads((path / "config.json").read_text())
         cfg.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
         (path / "config.json").write_text(json.dumps(cfg))
