@@ -6,7 +6,8 @@ in local sandboxes, SFT, held-out evaluation, GSPO, held-out evaluation, the con
 SFT instead of GSPO) and its evaluation — every episode a real rollout, graded by
 legorl.verify. Prints one JSON object: the held-out table (resolved rates, graded and
 masked counts, 95% Wilson intervals), the gains with Newcombe's 95% intervals, wall time
-per phase, the total wall time from process start (imports included), the CPU seconds
+per phase, peak resident memory per phase and per GSPO step (and the process's own peak:
+`legorl/loop/memory.py`), the total wall time from process start (imports included), the CPU seconds
 this run used (its own and its children's: sandboxes, the harness driver, grading) and
 the machine's load average before and after (a loaded machine makes the same run slower,
 not different).
@@ -80,9 +81,12 @@ def main() -> None:
                         "resolved_rate": round(m.get("resolved_rate", 0.0), 4),
                         "parse_failure_rate": round(m.get("rollout/parse_failure_rate", 0.0), 4),
                         "step_s": round(m.get("time/step_s", 0.0), 1),
+                        "peak_rss_gb": round(m.get("mem/peak_rss_gb", 0.0), 2),
                     }
                     for i, m in enumerate(summary["steps"])
                 ],
+                "peak_rss_gb": rep.get("peak_rss_gb"),  # each phase's peak resident memory, this process
+                "peak_rss_gb_process": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
                 "wall_s_total": round(total, 1),
                 "budget_s": budget,
                 "within_budget": total <= budget,

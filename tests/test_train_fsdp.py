@@ -59,11 +59,16 @@ def worker(out_dir: str) -> None:
             model=model, lr=1e-2, max_grad_norm=1.0, max_tokens_per_microbatch=90, seed=0, loss="gspo", correction="tis"
         )
         trainer = Trainer(cfg)
-        metrics = trainer.step(batch(model))
         grads = {}
-        for name, p in trainer.policy.named_parameters():
-            grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            grads[name] = grad.detach().cpu().clone()
+
+        def keep(*_: object) -> None:  # the step frees its gradients after AdamW: read them just before
+            for name, p in trainer.policy.named_parameters():
+                grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                grads[name] = grad.detach().cpu().clone()
+
+        hook = trainer.optimizer.register_step_pre_hook(keep)
+        metrics = trainer.step(batch(model))
+        hook.remove()
         params = trainer.state_dict_for_engines()
         resumed_equal = None
         if dist.is_initialized():  # sharded checkpoint round trip: the next step is identical

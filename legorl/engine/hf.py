@@ -29,9 +29,10 @@ loads with eager attention for its sinks) and hybrid models whose linear-attenti
 (`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`).
 
 Prefixes: an agent's next turn re-sends its transcript, so the KV columns of a finished
-request are kept (`kv_prefix.py`, at most `prefix_cache_tokens` columns, least recently used
-out first) and a new request that starts with the same tokens copies them in and prefills
-only the rest. Requests that reuse are prefilled apart from those that do not (one forward
+request are kept (`kv_prefix.py`, at most `prefix_cache_tokens` columns and `prefix_cache_mb`
+of memory, least recently used out first: 32k columns of SmolLM2-135M in fp32 are 1.5 GB) and
+a new request that starts with the same tokens copies them in and prefills only the rest.
+Requests that reuse are prefilled apart from those that do not (one forward
 covers every row from the longest remaining suffix on). A prompt is kept as soon as it is
 prefilled, not only when its request finishes: the sessions of one harness start at once and
 share its system prompt and tool list (~7k tokens for Claude Code), and a GSPO group's
@@ -127,6 +128,7 @@ class HFEngine:
         record_routing: bool = True,
         attn_implementation: str = "sdpa",
         prefix_cache_tokens: int = 32768,
+        prefix_cache_mb: float = 512.0,
     ) -> None:
         if dtype != "auto" and dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r}: expected one of auto, {', '.join(DTYPES)}")
@@ -149,7 +151,7 @@ class HFEngine:
         self.is_moe = bool(moe_gates(self.model))
         self._fwd = BatchedForward(self.model)
         reuse = prefix_cache_tokens > 0 and self._fwd.reusable() and self.routing is None
-        self._prefixes = PrefixStore(prefix_cache_tokens) if reuse else None
+        self._prefixes = PrefixStore(prefix_cache_tokens, max_bytes=int(prefix_cache_mb * 2**20)) if reuse else None
         self._prefixes_version = 0  # the weights the stored columns were computed by
         self._generator = torch.Generator(device=self.device)
         if seed is not None:
@@ -184,6 +186,7 @@ class HFEngine:
             record_routing=cfg.record_routing,
             attn_implementation=cfg.attn_implementation,
             prefix_cache_tokens=cfg.prefix_cache_tokens,
+            prefix_cache_mb=cfg.prefix_cache_mb,
         )
 
     # ---- asyncio side -------------------------------------------------------------------

@@ -32,6 +32,10 @@ class Prefix:
     keys_H_L_D: list[torch.Tensor]
     values_H_L_D: list[torch.Tensor]
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.keys_H_L_D) + sum(t.nbytes for t in self.values_H_L_D)
+
 
 def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
     """How many leading ids `a` and `b` share (compared a block at a time, not an id at a time)."""
@@ -44,16 +48,22 @@ def common_prefix(a: tuple[int, ...], b: list[int]) -> int:
 
 
 class PrefixStore:
-    """At most `max_tokens` cached columns, least recently used evicted first.
+    """At most `max_tokens` cached columns and `max_bytes` of them, least recently used evicted first.
+
+    Both bounds, because a column's size differs by four orders of magnitude between models:
+    32k columns of the quickstart's model are ~30 MB, of SmolLM2-135M (30 layers, fp32) 1.5 GB,
+    held on top of the trainer's memory for as long as the weights do not change.
 
     A match is only worth its copy from `min_reuse` tokens on, and it never covers a whole
     prompt: the prompt's last token must still be forwarded to give the next token's logits."""
 
-    def __init__(self, max_tokens: int, min_reuse: int = 16) -> None:
+    def __init__(self, max_tokens: int, min_reuse: int = 16, max_bytes: int | None = None) -> None:
         self.max_tokens = max_tokens
+        self.max_bytes = max_bytes if max_bytes is not None else 1 << 62
         self.min_reuse = min_reuse
         self._entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
         self._tokens = 0
+        self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -62,20 +72,25 @@ class PrefixStore:
     def tokens(self) -> int:
         return self._tokens
 
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
     def clear(self) -> None:
         self._entries.clear()
-        self._tokens = 0
+        self._tokens = self._bytes = 0
 
     def put(self, prefix: Prefix) -> None:
         """Keep `prefix`; drop entries it extends (they hold nothing it does not)."""
-        n = len(prefix.ids)
-        if n < self.min_reuse or n > self.max_tokens:
+        n, size = len(prefix.ids), prefix.nbytes
+        if n < self.min_reuse or n > self.max_tokens or size > self.max_bytes:
             return
         for ids in [k for k in self._entries if len(k) <= n and prefix.ids[: len(k)] == k]:
             self._drop(ids)
         self._entries[prefix.ids] = prefix
         self._tokens += n
-        while self._tokens > self.max_tokens:
+        self._bytes += size
+        while self._tokens > self.max_tokens or self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def match(self, prompt: list[int]) -> tuple[Prefix, int] | None:
@@ -90,4 +105,6 @@ class PrefixStore:
         return best
 
     def _drop(self, ids: tuple[int, ...]) -> None:
-        self._tokens -= len(self._entries.pop(ids).ids)
+        gone = self._entries.pop(ids)
+        self._tokens -= len(gone.ids)
+        self._bytes -= gone.nbytes

@@ -62,6 +62,9 @@ class EngineConfig(Section):
     prefix_cache_tokens: int = Field(32768, ge=0)
     """`hf`: KV columns of finished requests kept for the next request that starts with the same tokens (an agent's
     next turn re-sends its transcript); cleared when the weights change; 0 turns reuse off."""
+    prefix_cache_mb: float = Field(512.0, gt=0)
+    """`hf`: the most memory those kept columns may take, in MiB (whichever bound is reached first evicts the
+    least recently used); a column of SmolLM2-135M in fp32 is 45 kB, of the quickstart's model 1 kB."""
     record_routing: bool = True
     """`hf`: record routed experts of MoE models (costs one extra forward of each request's last token)."""
     url: str | None = None

@@ -26,6 +26,7 @@ import torch
 
 from legorl.engine.base import EngineError
 from legorl.engine.registry import make_engine
+from legorl.loop import memory
 from legorl.loop.errors import RunError
 from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
@@ -101,10 +102,10 @@ async def _evaluate_in(run: Run, label: str, harness: str | None) -> None:
     )
 
 
-async def warm_start(run: Run) -> ControlStart | None:
+async def warm_start(run: Run) -> list[Trajectory] | None:
     """Record demonstrations through a worker of the demonstrator, SFT on them, sync the
-    engine; or load `[warm_start] checkpoint`. Returns where the control starts (None
-    without a control)."""
+    engine; or load `[warm_start] checkpoint`. Returns the demonstrations the control trains
+    on (None without a control); the control's weights are the trainer's as this returns."""
     cfg, trainer, ws = run.cfg, run.trainer, run.cfg.warm_start
     if ws.checkpoint is not None:
         try:
@@ -151,21 +152,29 @@ async def warm_start(run: Run) -> ControlStart | None:
     await asyncio.to_thread(trainer.sft, demos, ws.sft_config(cfg.run.seed), log)
     trainer.bump_version()  # new weights: turns sampled from now on say so
     await trainer.sync_weights()
-    return ControlStart(trainer.snapshot(), demos) if ws.control_steps else None
+    return demos if ws.control_steps else None
 
 
-def keep_control_start(run: Run, start: ControlStart) -> None:
-    """Write where the control begins to `RUN_DIR/control_start.pt`: GSPO moves the weights
-    on and checkpoints are pruned, so without it a `--resume` after the warm start would
-    have no warm-start weights to run the control from (it used to drop the control)."""
+def keep_control_start(run: Run, demos: list[Trajectory]) -> None:
+    """Write where the control begins (the trainer's weights and AdamW state now, and the
+    demonstrations) to `RUN_DIR/control_start.pt`: GSPO moves the weights on and checkpoints
+    are pruned, so without it a `--resume` after the warm start would have no warm-start
+    weights to run the control from. The file is the only copy: held in memory through GSPO,
+    a model and its optimizer state (1.6 GB for SmolLM2-135M in fp32) would sit unused."""
     path = run.cfg.run.dir / CONTROL_START_FILE
     tmp = path.with_suffix(".tmp")
+    trainer = run.trainer
     try:
-        torch.save({"lm": start.weights.lm, "optimizer": start.weights.optimizer, "demos": start.demos}, tmp)
+        torch.save({"lm": trainer.lm.state_dict(), "optimizer": trainer.optimizer.state_dict(), "demos": demos}, tmp)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise RunError(f"cannot write {path} ({e.strerror or e}): free space there, then start again") from None
+
+
+def control_start_kept(run: Run) -> bool:
+    """Whether the warm start wrote where the control begins (an older legorl did not)."""
+    return (run.cfg.run.dir / CONTROL_START_FILE).exists()
 
 
 def load_control_start(run: Run) -> ControlStart | None:
@@ -177,12 +186,18 @@ def load_control_start(run: Run) -> ControlStart | None:
     return ControlStart(WeightsSnapshot(lm=data["lm"], optimizer=data["optimizer"]), list(data["demos"]))
 
 
-async def control(run: Run, start: ControlStart) -> None:
-    """The same budget spent on more SFT: back to the warm-start weights and optimizer,
-    `control_steps` more SFT steps at the final SFT learning rate, sync the engine."""
+async def control(run: Run) -> None:
+    """The same budget spent on more SFT: back to the warm-start weights and optimizer (read
+    from `control_start.pt`, then dropped), `control_steps` more SFT steps at the final SFT
+    learning rate, sync the engine."""
     trainer = run.trainer
+    start = load_control_start(run)
+    if start is None:
+        raise RunError(f"no {CONTROL_START_FILE} in {run.cfg.run.dir}: the control cannot start")
     trainer.restore(start.weights)
-    await asyncio.to_thread(trainer.sft, start.demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
+    demos = start.demos
+    del start  # the loaded copy of the weights and AdamW state: not kept through the control's SFT
+    await asyncio.to_thread(trainer.sft, demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
     trainer.bump_version()
     await trainer.sync_weights()
 
@@ -272,7 +287,7 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
             f"Restart the engine, then `legorl train CONFIG --resume` continues at step {step + 1}"
         ) from None
     t3 = time.monotonic()
-    timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0}
+    timing = {"time/train_sync_s": t3 - t2, "time/step_s": t3 - t0, **memory.step_memory()}
     store.log_metrics(step, timing)
     metrics.update(timing)
     return metrics

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from legorl.loop import memory
 from legorl.loop.stats import Evaluation, gain, table
 
 RESULTS_FILE = "heldout_results.json"
@@ -32,6 +33,7 @@ class Report:
         self.rows: dict[str, Evaluation] = {}
         self.steps: dict[str, int] = {}
         self.phases: dict[str, float] = {}
+        self.peak_rss_gb: dict[str, float] = {}  # each phase's peak resident memory (memory.py)
         self.wall_s: float | None = None
         self.budget_s: float | None = None
 
@@ -52,6 +54,7 @@ class Report:
                 )
                 rep.steps[label] = row.get("policy_version", 0)
             rep.phases = dict(data.get("phases_s", {}))
+            rep.peak_rss_gb = dict(data.get("peak_rss_gb", {}))
         return rep
 
     def keep_only(self, phases: set[str]) -> None:
@@ -70,12 +73,21 @@ class Report:
     def phase(self, name: str, seconds: float) -> None:
         self.phases[name] = round(self.phases.get(name, 0.0) + seconds, 1)
 
+    def peak(self, name: str, gb: float) -> None:
+        """Phase `name` held up to `gb` resident (the most of its parts, for a resumed phase)."""
+        self.peak_rss_gb[name] = round(max(self.peak_rss_gb.get(name, 0.0), gb), 2)
+
     async def timed(self, name: str, work: Awaitable[T]) -> T:
+        """Await `work` as phase `name`: its wall time and its peak resident memory (what the
+        phase before it freed is handed back first, so each peak is the phase's own)."""
+        memory.release()
+        memory.reset_peak()
         t0 = time.monotonic()
         try:
             return await work
         finally:
             self.phase(name, time.monotonic() - t0)
+            self.peak(name, memory.peak_rss_gb())
 
     def finish(self, wall_s: float, *, budget_s: float | None) -> None:
         self.wall_s, self.budget_s = round(wall_s, 1), budget_s
@@ -96,6 +108,7 @@ class Report:
     def as_dict(self) -> dict[str, Any]:
         evals = {k: {**v.as_dict(), "policy_version": self.steps.get(k, 0)} for k, v in self.rows.items()}
         out: dict[str, Any] = {"evaluations": evals, "gains": self.gains(), "phases_s": dict(self.phases)}
+        out["peak_rss_gb"] = dict(self.peak_rss_gb)
         if self.wall_s is not None:
             out["wall_s"] = self.wall_s
             if self.budget_s is not None:

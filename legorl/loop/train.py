@@ -28,12 +28,13 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from rich.console import Console
 
 from legorl.engine.registry import make_engine
-from legorl.loop import phases
+from legorl.loop import memory, phases
 from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
@@ -62,11 +63,14 @@ from legorl.store.schema import db_path
 from legorl.train.checkpoint import check_weights_fit
 from legorl.types import Task
 
+T = TypeVar("T")
+
 
 async def train(
     cfg: RunConfig, *, resume: bool = False, overwrite: bool = False, console: Console | None = None
 ) -> dict[str, Any]:
     console = console or Console(stderr=True)
+    memory.tame_allocator()  # large tensors returned to the OS when freed, not kept in glibc's arenas
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 rolls out
         return await follow(cfg, resume=resume)
     t_run = time.monotonic()
@@ -196,16 +200,24 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
     if placed is not None:
         store.add_event("ray_placement", placed)
     at = set(cfg.heldout.at) if run.heldout else set()
-    control = None
+
+    async def timed(name: str, work: Awaitable[T]) -> T:
+        """A phase, timed; its peak resident memory also goes to the metrics (`mem/NAME/peak_rss_gb`)."""
+        out = await report.timed(name, work)
+        store.log_metrics(trainer.step_count, {f"mem/{name}/peak_rss_gb": report.peak_rss_gb[name]})
+        return out
+
+    control = False  # whether the control runs: its start is on disk (phases.keep_control_start)
     if start == 0 and not trainer.data_state.get("pre_gspo_done"):  # a resumed run has them in its checkpoint
         if "start" in at:
-            await report.timed("eval_start", phases.evaluate(run, "start"))
+            await timed("eval_start", phases.evaluate(run, "start"))
         if cfg.warm_start.enabled:
-            control = await report.timed("warm_start", phases.warm_start(run))
-            if control is not None and run.heldout:  # a resume still runs the control from it
-                phases.keep_control_start(run, control)
+            demos = await timed("warm_start", phases.warm_start(run))
+            if demos is not None and run.heldout:  # a resume still runs the control from it
+                phases.keep_control_start(run, demos)
+                control = True
             if "warm_start" in at:
-                await report.timed("eval_warm_start", phases.evaluate(run, "warm_start"))
+                await timed("eval_warm_start", phases.evaluate(run, "warm_start"))
         trainer.data_state = {
             **trainer.data_state,
             "pre_gspo_done": True,
@@ -218,13 +230,15 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
             after = "the warm start" if cfg.warm_start.enabled else "the held-out start evaluation"
             await asyncio.to_thread(phases.save_or_fail, trainer, after, None)
     elif run.heldout and cfg.warm_start.enabled and cfg.warm_start.control_steps:  # resumed after the warm start
-        control = phases.load_control_start(run)
-        if control is None:
+        control = phases.control_start_kept(run)
+        if not control:
             console.print(
                 f"[yellow]no {CONTROL_START_FILE} in {cfg.run.dir} (written by an older legorl): "
                 "the control is not run[/yellow]"
             )
     t_gspo = time.monotonic()
+    memory.release()  # each step's `mem/peak_rss_gb` is its own (memory.step_memory)
+    memory.reset_peak()
     step = start
     steps = phases.gspo_steps(run, start)
     async with contextlib.aclosing(steps):  # a stop cancels the later steps' rollouts now
@@ -246,16 +260,18 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
                 break
             step += 1
     report.phase("gspo", time.monotonic() - t_gspo)
+    report.peak("gspo", max([s.get("mem/peak_rss_gb", 0.0) for s in summary["steps"]] + [memory.peak_rss_gb()]))
+    store.log_metrics(trainer.step_count, {"mem/gspo/peak_rss_gb": report.peak_rss_gb["gspo"]})
     if placed is not None:  # and again after the steps: actors lost on the way, rollouts retried
         store.add_event("ray_placement", run.rollouts.placement)  # type: ignore[attr-defined]
     done = phases.evaluated(trainer.data_state)
     if "end" in at and "end" not in done:  # a resume during the control has it already
-        await report.timed("eval_end", phases.evaluate(run, "end"))
-    if run.heldout and control is not None:
+        await timed("eval_end", phases.evaluate(run, "end"))
+    if run.heldout and control:
         trainer.data_state = {**trainer.data_state, "evaluated": sorted(done | {"end"})}
         trainer.save_checkpoint()  # the trained policy is kept; the control then starts from the warm start
-        await report.timed("control", phases.control(run, control))
-        await report.timed("eval_control", phases.evaluate(run, "control"))
+        await timed("control", phases.control(run))
+        await timed("eval_control", phases.evaluate(run, "control"))
 
 
 def _finish(run: Run, trackers: Trackers | None, wall_s: float) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from legorl.config_base import Section
 
@@ -117,8 +117,14 @@ class TrainerConfig(Section):
     N×N block mask for packed rows), eager."""
     experts_implementation: str | None = None
     """transformers MoE experts kernel (eager, batched_mm, grouped_mm); None: its default."""
-    gradient_checkpointing: bool = False
-    """Recompute decoder layers in backward to save activation memory."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute decoder layers in backward to save activation memory (about one more forward
+    of compute). `auto`: on when one full micro-batch's activations would exceed
+    `activation_budget_gb` (legorl/train/activations.py: ~2 MB a token for SmolLM2-135M, so
+    ~8 GB at 4096 tokens; ~30 kB for the quickstart's model, which stays off)."""
+    activation_budget_gb: float = Field(1.0, gt=0)
+    """`gradient_checkpointing = "auto"`: the most activation memory one micro-batch may keep
+    for backward before checkpointing turns on."""
 
     lr: float = 1e-6
     """AdamW learning rate (peak)."""

@@ -52,9 +52,16 @@ def sft(
     log: Callable[[int, dict[str, float]], None] | None = None,
     log_every: int = 25,
     opts: LogprobOptions | None = None,
+    max_tokens: int = 1 << 30,
 ) -> dict[str, float]:
     """Train `policy` on `data` for `cfg.steps` steps of `optimizer`; returns the last
-    logged metrics. The optimizer's learning rates are restored at the end."""
+    logged metrics. The optimizer's learning rates are restored at the end.
+
+    `max_tokens` is the micro-batch budget (the trainer passes its own
+    `max_tokens_per_microbatch`): a batch of demonstrations is packed into as many
+    micro-batches as that takes, their gradients summed, so activation memory is bounded by
+    one micro-batch, as in a GSPO step, not by the whole batch. Gradients are freed after
+    the last step (set to None), not kept until the next phase zeroes them."""
     if not data:
         raise ValueError("SFT needs at least one demonstration trajectory")
     rng = random.Random(cfg.seed)
@@ -74,7 +81,7 @@ def sft(
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        mbs = pack([(i, data[i], 1.0) for i in batch], "trajectory", max_tokens=1 << 30)
+        mbs = pack([(i, data[i], 1.0) for i in batch], "trajectory", max_tokens=max_tokens)
         tokens = sum(float(mb.mask_N.sum()) for mb in mbs)
         loss_sum = 0.0
         for mb in mbs:
@@ -93,6 +100,7 @@ def sft(
             }
             if log is not None:
                 log(step, last)
+    opt.zero_grad(set_to_none=True)
     for g, lr in zip(opt.param_groups, saved_lrs, strict=True):
         g["lr"] = lr
     return last

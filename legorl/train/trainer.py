@@ -31,6 +31,7 @@ from torch import nn
 from legorl.config import ConfigError
 from legorl.packed_families import packing_refusal
 from legorl.train import checkpoint as ckpt
+from legorl.train.activations import wants_checkpointing
 from legorl.train.advantages import Advantages, compute_advantages
 from legorl.train.batch import MicroBatch, count_units, pack, split_balanced
 from legorl.train.config import TrainerConfig
@@ -39,7 +40,7 @@ from legorl.train.kept_logprobs import KeptLogprobs
 from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.losses import LOSSES, LossMetrics, Normalizer
 from legorl.train.mismatch import MismatchStats, correction_weights
-from legorl.train.routing import moe_routing, routing_mismatch
+from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sft import SFTConfig, sft
 from legorl.train.sync import WeightSync
@@ -104,7 +105,12 @@ class Trainer:
         self.lm = lm if lm is not None else load_lm(c, torch.float32 if sharded else None)
         if mixed and lm is not None:
             self.lm = self.lm.float()
-        if c.gradient_checkpointing:
+        setting = c.gradient_checkpointing
+        if setting == "auto" and c.packing == "per_segment" and moe_routers(self.lm):
+            setting = False  # "auto" never turns on what an MoE model cannot do per segment (below)
+        self.checkpointing = wants_checkpointing(setting, self.lm, c.max_tokens_per_microbatch, c.activation_budget_gb)
+        if self.checkpointing:
+            log.info("[trainer] gradient checkpointing on (%s)", c.gradient_checkpointing)
             enable = getattr(self.lm, "activation_checkpointing_enable", None)  # transformers >= 5.2x
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -115,7 +121,7 @@ class Trainer:
         self.policy = PolicyModel(self.lm).to(self.device)
         if c.packing == "shared_prefix" and self.policy.sharing is not None:
             log.warning("[trainer] %s", self.policy.sharing)
-        if self.policy.is_moe and c.gradient_checkpointing and c.packing == "per_segment":
+        if self.policy.is_moe and self.checkpointing and c.packing == "per_segment":
             raise ValueError(
                 "gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)"
             )
@@ -237,7 +243,15 @@ class Trainer:
         GSPO) and log-prob options (the same packing and head as a GSPO step). The caller
         bumps the version once the weights are to be served."""
         self.policy.train()
-        return sft(self.policy, demos, config, self.optimizer, log=log, opts=self.opts)
+        return sft(
+            self.policy,
+            demos,
+            config,
+            self.optimizer,
+            log=log,
+            opts=self.opts,
+            max_tokens=self.cfg.max_tokens_per_microbatch,
+        )
 
     def load_weights(self, path: str | Path) -> Path:
         """Only the model weights of a checkpoint or HF model directory (a warm start from
@@ -324,11 +338,12 @@ class Trainer:
         grad_norm = self._clip()
         self.optimizer.step()
         self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)  # a model's worth of memory, not held until the next step
         acc.grad_norms.append(grad_norm)
 
     def _backward(self, loss: torch.Tensor, mb: MicroBatch) -> None:
         ctx = nullcontext()
-        if self.policy.is_moe and self.cfg.gradient_checkpointing:  # recomputed layers must route the same
+        if self.policy.is_moe and self.checkpointing:  # recomputed layers must route the same
             replay = mb.replay_N_L_K if self.cfg.routing_replay else None
             ctx = moe_routing(self.lm, replay, router_fp32=self.cfg.router_fp32)
         with ctx:
