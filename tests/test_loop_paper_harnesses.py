@@ -59,7 +59,7 @@ def test_one_gspo_step_inside_the_harness(name: str, tmp_path: Path) -> None:
         pytest.skip(why)
     from legorl.loop.train import train
     from legorl.models import load_tokenizer
-    from legorl.store.phases import WARM_START_STEP
+    from legorl.store.phase_steps import WARM_START_STEP
     from legorl.store.run_store import RunStore
 
     cfg = shrunk(name, tmp_path / "run")

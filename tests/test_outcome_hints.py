@@ -16,7 +16,7 @@ from legorl.harness.actions import format_of
 from legorl.harness.base import AgentRun
 from legorl.loop.config import RunConfig
 from legorl.loop.evaluate import turn_summary
-from legorl.loop.record import CONTEXT_FLAG, SILENT_EXIT_FLAG, Attempt, outcome_of
+from legorl.loop.record import CONTEXT_FLAG, SILENT_EXIT_FLAG, RolloutAttempt, outcome_of
 from legorl.loop.worker import RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.rollout import RolloutResult
@@ -82,12 +82,12 @@ async def test_turn_summary_counts_the_policys_turns_by_the_harness_format(tmp_p
 def test_a_harness_that_exits_before_its_first_call_says_why() -> None:
     said = "Error: model 'legorl-policy' has no context window in the catalogue\n"
     result = RolloutResult("i", "codex", Outcome(0.0, Status.NO_PATCH), agent=AgentRun(1, stderr_tail=said))
-    out = outcome_of(Attempt("s", result, [], engine_errors=0), [])
+    out = outcome_of(RolloutAttempt("s", result, [], engine_errors=0), [])
     assert out.status is Status.NO_PATCH and SILENT_EXIT_FLAG in out.flags
     assert out.evidence["agent_output_tail"] == said.strip()
     quiet = dataclasses.replace(result, agent=AgentRun(2))
-    assert outcome_of(Attempt("s", quiet, [], 0), []).evidence["agent_output_tail"] == "exit status 2, no output"
+    assert outcome_of(RolloutAttempt("s", quiet, [], 0), []).evidence["agent_output_tail"] == "exit status 2, no output"
     clean = dataclasses.replace(result, agent=AgentRun(0, stderr_tail=said))  # exit 0: nothing to explain
-    assert SILENT_EXIT_FLAG not in outcome_of(Attempt("s", clean, [], 0), []).flags
-    refused = Attempt("s", result, [], 0, context_errors=1)  # the window explains it
+    assert SILENT_EXIT_FLAG not in outcome_of(RolloutAttempt("s", clean, [], 0), []).flags
+    refused = RolloutAttempt("s", result, [], 0, context_errors=1)  # the window explains it
     assert outcome_of(refused, []).flags == [CONTEXT_FLAG]

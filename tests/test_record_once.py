@@ -11,7 +11,7 @@ from test_loop_worker import AGENT, FailingFirst
 
 from legorl.harness.base import AgentRun
 from legorl.loop.config import RunConfig
-from legorl.loop.record import Attempt, outcome_of
+from legorl.loop.record import RolloutAttempt, outcome_of
 from legorl.loop.worker import RolloutWorker
 from legorl.models import load_tokenizer
 from legorl.rollout import HostLoopback, RolloutResult, SandboxSocket, run_rollout
@@ -38,7 +38,7 @@ def test_engine_errors_override_an_agent_verdict_in_the_one_outcome() -> None:
     verdict = Outcome(1.0, Status.RESOLVED, flags=["f"], tests={"t": "passed"}, evidence={"diff": "own"})
     result = RolloutResult("i", "command", verdict, diff="d", agent=AgentRun(0, details={"command_s": "1.5"}))
     result = dataclasses.replace(result, timings={"agent_s": 2.0})
-    attempt = Attempt("s", result, [], engine_errors=2)
+    attempt = RolloutAttempt("s", result, [], engine_errors=2)
     assert attempt.infra_cause == "engine_error"
     out = outcome_of(attempt, ["s0: engine_error"])
     assert (out.reward, out.status, out.masked, out.flags, out.tests) == (0.0, Status.INFRA_ERROR, True, ["f"], {})
@@ -47,7 +47,7 @@ def test_engine_errors_override_an_agent_verdict_in_the_one_outcome() -> None:
     assert out.evidence["timings"] == {"agent_s": 2.0, "command_s": 1.5}
     assert out.evidence["retried_after"] == ["s0: engine_error"]
     assert verdict.evidence == {"diff": "own"} and verdict.status is Status.RESOLVED  # the verdict is untouched
-    clean = outcome_of(Attempt("s", result, [], engine_errors=0), [])
+    clean = outcome_of(RolloutAttempt("s", result, [], engine_errors=0), [])
     assert clean.status is Status.RESOLVED and clean.tests == {"t": "passed"} and "retried_after" not in clean.evidence
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP, eval_phase, eval_session_tag
+from legorl.store.phase_steps import HELDOUT_STEP, WARM_START_STEP, eval_phase, eval_session_tag
 from legorl.store.run_store import RunStore
 
 

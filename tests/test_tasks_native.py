@@ -18,7 +18,7 @@ from legorl.tasks import official
 from legorl.tasks.generator.native import NATIVE_PROJECTS, build_native_tasks, swebench_cache
 from legorl.tasks.loader import TaskFileError, load_tasks
 from legorl.types import Status, Task
-from legorl.verify.test_cmd import native_command
+from legorl.verify.test_command import native_command
 
 CLI = [sys.executable, "-m", "legorl.tasks.cli"]
 EVAL_SCRIPT = """#!/bin/bash

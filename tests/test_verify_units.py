@@ -15,7 +15,7 @@ from legorl.verify.junit import ReportError, TestStatus, node_id, parse_junit
 from legorl.verify.patch import filter_diff, split_diff, unquote
 from legorl.verify.protect import Category, classify
 from legorl.verify.pytest_plan import parse_summary, plan_run
-from legorl.verify.test_cmd import TestCmdError, parse_test_cmd
+from legorl.verify.test_command import TestCmdError, parse_test_cmd
 
 SAMPLE_TESTS = {
     "pkg/__init__.py": "",

@@ -143,7 +143,7 @@ class Launch:
 
 
 @dataclass
-class Verdict:
+class HarnessVerdict:
     """An adapter's reading of how its harness ended."""
 
     status: Status | None  # None: a normal end, to be graded
@@ -167,7 +167,7 @@ class NativeAdapter(abc.ABC):
         """The files to write and the command that runs the harness on `task` in `repo_dir`."""
 
     @abc.abstractmethod
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         """How the harness ended, from its exit (`res`) and the output files it left."""
 
     @property
@@ -178,8 +178,8 @@ class NativeAdapter(abc.ABC):
         return await run_native(self, sb, task, proxy_url, repo_dir, timeout_s)
 
 
-def infra(message: str, status: Status = Status.INFRA_ERROR) -> Verdict:
-    return Verdict(status, {"error": message[-2000:]})
+def infra(message: str, status: Status = Status.INFRA_ERROR) -> HarnessVerdict:
+    return HarnessVerdict(status, {"error": message[-2000:]})
 
 
 def jsonl(text: str) -> list[dict[str, Any]]:
@@ -243,9 +243,13 @@ async def run_native(
         except OSError:  # the harness never wrote it: its interpret() says what that means
             outputs[name] = ""
     if res.timed_out:
-        verdict = Verdict(Status.AGENT_TIMEOUT, {"error": f"{adapter.name} ran past {timeout_s:g} s and was killed"})
+        verdict = HarnessVerdict(
+            Status.AGENT_TIMEOUT, {"error": f"{adapter.name} ran past {timeout_s:g} s and was killed"}
+        )
     elif res.oom_killed:
-        verdict = Verdict(Status.AGENT_CRASH, {"error": f"{adapter.name} was killed by the out-of-memory killer"})
+        verdict = HarnessVerdict(
+            Status.AGENT_CRASH, {"error": f"{adapter.name} was killed by the out-of-memory killer"}
+        )
     else:
         verdict = adapter.interpret(res, outputs, launch)
     details = dict(verdict.details)
@@ -262,7 +266,7 @@ async def run_native(
     )
 
 
-def _run_of(verdict: Verdict) -> AgentRun:
+def _run_of(verdict: HarnessVerdict) -> AgentRun:
     return AgentRun(exit_code=-1, status=verdict.status, details=verdict.details)
 
 
@@ -279,7 +283,7 @@ __all__ = [
     "Launch",
     "NativeAdapter",
     "PROBLEM_FILE",
-    "Verdict",
+    "HarnessVerdict",
     "http_status_is_infra",
     "infra",
     "jsonl",

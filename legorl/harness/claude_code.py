@@ -39,9 +39,9 @@ from legorl.harness.base import (
     HOME,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     http_status_is_infra,
     infra,
     jsonl,
@@ -104,7 +104,7 @@ class ClaudeCode(NativeAdapter):
         )
         return Launch(cmd, env, outputs={"events": OUT, "stderr": ERR}, binary=binary)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         results = [e for e in events if e.get("type") == "result"]
         err_tail = outputs.get("stderr", "")[-1500:]
@@ -121,21 +121,21 @@ class ClaudeCode(NativeAdapter):
             "compactions": str(sum(1 for e in events if e.get("subtype") == "compact_boundary")),
         }
         if subtype == "success" and not r.get("is_error"):
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         if subtype == "error_max_turns" or reason == "max_turns":
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         if reason in ("prompt_too_long", "blocking_limit"):
             details["context_exhausted"] = "1"
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         details["error"] = str(r.get("result", ""))[:1500] or err_tail
         if "output token maximum" in details["error"]:  # the policy's answers kept hitting max_tokens
             details["output_token_limit"] = "1"
-            return Verdict(Status.FORMAT_ERROR, details)
+            return HarnessVerdict(Status.FORMAT_ERROR, details)
         if reason == "api_error" or "API Error" in details["error"]:
             status = r.get("api_error_status")
             if http_status_is_infra(status if isinstance(status, int) else None):
-                return Verdict(Status.ENGINE_ERROR, details)
-            return Verdict(Status.INFRA_ERROR, details)
+                return HarnessVerdict(Status.ENGINE_ERROR, details)
+            return HarnessVerdict(Status.INFRA_ERROR, details)
         if subtype.startswith("error"):  # error_during_execution and kin: the harness broke
-            return Verdict(Status.INFRA_ERROR, details)
-        return Verdict(None, details)
+            return HarnessVerdict(Status.INFRA_ERROR, details)
+        return HarnessVerdict(None, details)

@@ -61,9 +61,9 @@ from legorl.harness.base import (
     API_KEY,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     infra,
     jsonl,
 )
@@ -192,7 +192,7 @@ class Codex(NativeAdapter):
         outputs = {"events": OUT, "stderr": ERR, "limit": LIMIT}
         return Launch(cmd, env, files, outputs=outputs, binary=binary)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         items = [e.get("item") or {} for e in events if e.get("type") == "item.completed"]
@@ -202,7 +202,7 @@ class Codex(NativeAdapter):
         if spawned:
             details["sub_agents"] = str(spawned)
         if LIMIT_MARK in outputs.get("limit", ""):
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") in ("turn.completed", "turn.failed")]
         errors = [
             str((e.get("error") or {}).get("message") or e.get("message") or "")
@@ -212,15 +212,15 @@ class Codex(NativeAdapter):
         if not ends and not errors:
             return infra(f"codex exited {res.exit_code} without a turn event; stderr: {err_tail}")
         if ends and ends[-1].get("type") == "turn.completed":
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         details["error"] = (errors[-1] if errors else err_tail)[:1500]
         low = details["error"].lower()
         if "max_output_tokens" in low:  # "Incomplete response returned, reason: max_output_tokens"
             details["output_token_limit"] = "1"  # the policy's answer hit the proxy's max_tokens
-            return Verdict(Status.FORMAT_ERROR, details)
+            return HarnessVerdict(Status.FORMAT_ERROR, details)
         if any(h in low for h in CONTEXT_OVERFLOW):
             details["context_exhausted"] = "1"
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         if any(h in low for h in ("500", "502", "503", "504", "connection", "stream disconnected", "timed out")):
-            return Verdict(Status.ENGINE_ERROR, details)
-        return Verdict(Status.INFRA_ERROR, details)
+            return HarnessVerdict(Status.ENGINE_ERROR, details)
+        return HarnessVerdict(Status.INFRA_ERROR, details)

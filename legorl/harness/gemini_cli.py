@@ -45,9 +45,9 @@ from legorl.harness.base import (
     HOME,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     http_status_is_infra,
     infra,
     jsonl,
@@ -99,18 +99,18 @@ def quiet_settings(model: str, max_turns: int, compression_threshold: float) -> 
     }
 
 
-def error_verdict(message: str, details: dict[str, str]) -> Verdict:
+def error_verdict(message: str, details: dict[str, str]) -> HarnessVerdict:
     """An API error as a status: context overflow graded, 5xx/no status engine, else infra."""
     details["error"] = message[:1500]
     low = message.lower()
     if "exceeds the maximum number of tokens" in low or "maximum context length" in low:
         details["context_exhausted"] = "1"
-        return Verdict(None, details)
+        return HarnessVerdict(None, details)
     m = _STATUS.search(message)
     status = int(m.group(1) or m.group(2)) if m else None
     if status is None and not any(w in low for w in ("fetch failed", "econnrefused", "socket", "network")):
-        return Verdict(Status.INFRA_ERROR, details)
-    return Verdict(Status.ENGINE_ERROR if http_status_is_infra(status) else Status.INFRA_ERROR, details)
+        return HarnessVerdict(Status.INFRA_ERROR, details)
+    return HarnessVerdict(Status.ENGINE_ERROR if http_status_is_infra(status) else Status.INFRA_ERROR, details)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class GeminiCli(NativeAdapter):
         files = {SETTINGS: json.dumps(settings, indent=1).encode()}
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=node)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         results = [e for e in events if e.get("type") == "result"]
@@ -155,7 +155,7 @@ class GeminiCli(NativeAdapter):
             "exit_code": str(res.exit_code),
         }
         if res.exit_code == TURN_LIMIT_EXIT:
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         if not results:
             errors = [e for e in events if e.get("type") == "error"]
             if errors:
@@ -165,12 +165,12 @@ class GeminiCli(NativeAdapter):
         stats = r.get("stats") or {}
         details["turns"] = str(stats.get("tool_calls", stats.get("turns", "")))
         if r.get("status") == "success" and res.exit_code == 0:
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         err = r.get("error") or {}
         message = str(err.get("message") if isinstance(err, dict) else err) or err_tail
         if (
             "max_turns" in str(err.get("type", "") if isinstance(err, dict) else "")
             or "maximum session turns" in message.lower()
         ):
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         return error_verdict(message, details)

@@ -23,7 +23,17 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from legorl.harness.actions import MINI_BASH_TOOL, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, HOME, MAX_TURNS, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
+from legorl.harness.base import (
+    AGENT_DIR,
+    API_KEY,
+    HOME,
+    MAX_TURNS,
+    PROBLEM_FILE,
+    HarnessVerdict,
+    Launch,
+    NativeAdapter,
+    infra,
+)
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -85,7 +95,7 @@ class MiniSweAgent(NativeAdapter):
         }
         return Launch(cmd, env, outputs={"traj": TRAJ, "stdout": OUT}, binary=mini)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         tail = outputs.get("stdout", "")[-1500:]
         try:
             traj = json.loads(outputs.get("traj") or "")
@@ -99,21 +109,21 @@ class MiniSweAgent(NativeAdapter):
         return verdict_of_exit(exit_status, error, {"api_calls": str(stats.get("api_calls", ""))})
 
 
-def verdict_of_exit(exit_status: str, error: str = "", details: dict[str, str] | None = None) -> Verdict:
+def verdict_of_exit(exit_status: str, error: str = "", details: dict[str, str] | None = None) -> HarnessVerdict:
     """How a mini-swe-agent run ended (its `exit_status`), for the CLI and the warm driver alike."""
     details = {"exit_status": exit_status, **(details or {})}
     if exit_status == "Submitted":
-        return Verdict(None, details)
+        return HarnessVerdict(None, details)
     if exit_status == "LimitsExceeded":
-        return Verdict(Status.MAX_TURNS, details)
+        return HarnessVerdict(Status.MAX_TURNS, details)
     if exit_status == "TimeExceeded":
-        return Verdict(Status.AGENT_TIMEOUT, details)
+        return HarnessVerdict(Status.AGENT_TIMEOUT, details)
     if exit_status == "RepeatedFormatError":
-        return Verdict(Status.FORMAT_ERROR, details)
+        return HarnessVerdict(Status.FORMAT_ERROR, details)
     details["error"] = error[:1500]
     if "ContextWindowExceeded" in exit_status:
         details["context_exhausted"] = "1"
-        return Verdict(None, details)
+        return HarnessVerdict(None, details)
     if any(e in exit_status for e in _ENGINE):
-        return Verdict(Status.ENGINE_ERROR, details)
-    return Verdict(Status.INFRA_ERROR, details)
+        return HarnessVerdict(Status.ENGINE_ERROR, details)
+    return HarnessVerdict(Status.INFRA_ERROR, details)

@@ -19,7 +19,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from legorl.harness.base import AGENT_DIR, Launch, NativeAdapter, Verdict
+from legorl.harness.base import AGENT_DIR, HarnessVerdict, Launch, NativeAdapter
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Task
@@ -85,7 +85,7 @@ class NetTraced(NativeAdapter):
             proxy=(host.strip("[]"), int(port or 80)),
         )
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         """The adapter's verdict, plus `net_attempts` (how many IP destinations were tried,
         the proxy included) and `net_foreign` (`addr:port,...` of the others: anything but the
         proxy's address, loopback or not) in its details;
@@ -99,4 +99,4 @@ class NetTraced(NativeAdapter):
             "net_attempts": str(len(attempts(log))),
             "net_foreign": ",".join(f"{a}:{p}" for a, p in foreign(log, allow)),
         }
-        return Verdict(verdict.status, details)
+        return HarnessVerdict(verdict.status, details)

@@ -35,9 +35,9 @@ from legorl.harness.base import (
     HOME,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     http_status_is_infra,
     infra,
     jsonl,
@@ -117,7 +117,7 @@ class OpenCode(NativeAdapter):
         }
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=binary)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         steps = sum(1 for e in events if e.get("type") == "step_start")
@@ -132,14 +132,14 @@ class OpenCode(NativeAdapter):
             details["error"] = (str(data.get("message") or err.get("message") or name))[:1500]
             if name == "ContextOverflowError":
                 details["context_exhausted"] = "1"
-                return Verdict(None, details)
+                return HarnessVerdict(None, details)
             if name == "APIError" or "statusCode" in data:
                 code = data.get("statusCode")
                 infra_fault = http_status_is_infra(code if isinstance(code, int) else None)
-                return Verdict(Status.ENGINE_ERROR if infra_fault else Status.INFRA_ERROR, details)
-            return Verdict(Status.INFRA_ERROR, details)
+                return HarnessVerdict(Status.ENGINE_ERROR if infra_fault else Status.INFRA_ERROR, details)
+            return HarnessVerdict(Status.INFRA_ERROR, details)
         if res.exit_code != 0:
             return infra(f"opencode exited {res.exit_code}; stderr: {err_tail}")
         if steps >= self.max_turns:
-            return Verdict(Status.MAX_TURNS, details)
-        return Verdict(None, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
+        return HarnessVerdict(None, details)

@@ -30,7 +30,16 @@ from pathlib import Path
 from typing import ClassVar
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
-from legorl.harness.base import AGENT_DIR, API_KEY, MAX_TURNS, PROBLEM_FILE, Launch, NativeAdapter, Verdict, infra
+from legorl.harness.base import (
+    AGENT_DIR,
+    API_KEY,
+    MAX_TURNS,
+    PROBLEM_FILE,
+    HarnessVerdict,
+    Launch,
+    NativeAdapter,
+    infra,
+)
 from legorl.harness.install import require
 from legorl.sandbox.base import ExecResult
 from legorl.types import Status, Task
@@ -112,7 +121,7 @@ class OpenHands(NativeAdapter):
         files = {DRIVER: DRIVER_SOURCE.read_bytes()}
         return Launch(cmd, env, files, outputs={"result": RESULT, "stdout": OUT, "stderr": ERR}, binary=python)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         err_tail = outputs.get("stderr", "")[-1500:]
         try:
             r = json.loads(outputs.get("result") or "")
@@ -121,8 +130,8 @@ class OpenHands(NativeAdapter):
         return verdict_of_result(r)
 
 
-def verdict_of_result(r: dict) -> Verdict:
-    """How a conversation ended (the driver's result JSON, in the sandbox or warm) → Verdict."""
+def verdict_of_result(r: dict) -> HarnessVerdict:
+    """How a conversation ended (the driver's result JSON, in the sandbox or warm) → HarnessVerdict."""
     status = str(r.get("status", ""))
     code = str(r.get("error_code") or "")
     error = str(r.get("error") or "")
@@ -139,17 +148,17 @@ def verdict_of_result(r: dict) -> Verdict:
         details["error"] = error[:1500]
     if status == "crashed":
         details["error"] = (error + "\n" + str(r.get("traceback", ""))[-1000:])[:2500]
-        return Verdict(Status.INFRA_ERROR, details)
+        return HarnessVerdict(Status.INFRA_ERROR, details)
     if code == "MaxIterationsReached":
-        return Verdict(Status.MAX_TURNS, details)
+        return HarnessVerdict(Status.MAX_TURNS, details)
     if status in ("finished", "stuck") and not code:
-        return Verdict(None, details)
+        return HarnessVerdict(None, details)
     blob = f"{code} {error}"
     if any(s in blob for s in _CONTEXT_ERRORS):
         details["context_exhausted"] = "1"
-        return Verdict(None, details)
+        return HarnessVerdict(None, details)
     if any(s in blob for s in _INFRA_ERRORS):
-        return Verdict(Status.ENGINE_ERROR, details)
+        return HarnessVerdict(Status.ENGINE_ERROR, details)
     if status == "error":
-        return Verdict(Status.INFRA_ERROR, details)
-    return Verdict(None, details)
+        return HarnessVerdict(Status.INFRA_ERROR, details)
+    return HarnessVerdict(None, details)

@@ -46,9 +46,9 @@ from legorl.harness.base import (
     HOME,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     http_status_is_infra,
     infra,
     jsonl,
@@ -172,14 +172,14 @@ class Pi(NativeAdapter):
         }
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR, "limit": LIMIT}, binary=node)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         calls = sum(1 for e in events if e.get("type") == "tool_execution_end")
         compactions = sum(1 for e in events if e.get("type") == "compaction_end" and e.get("result"))
         details = {"tool_calls": str(calls), "compactions": str(compactions)}
         if LIMIT_MARK in outputs.get("limit", ""):
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         ends = [e for e in events if e.get("type") == "agent_end"]
         if not ends:
             return infra(f"pi exited {res.exit_code} without an agent_end event; stderr: {err_tail}")
@@ -194,13 +194,13 @@ class Pi(NativeAdapter):
         reason = str(last.get("stopReason") or "")
         details["stop_reason"] = reason
         if reason not in ("error", "aborted"):
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         details["error"] = str(last.get("errorMessage") or err_tail)[:1500]
         low = details["error"].lower()
         if any(h in low for h in CONTEXT_OVERFLOW):
             details["context_exhausted"] = "1"
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         m = _STATUS.search(details["error"])
         if http_status_is_infra(int(m.group(1)) if m else None):
-            return Verdict(Status.ENGINE_ERROR, details)
-        return Verdict(Status.INFRA_ERROR, details)
+            return HarnessVerdict(Status.ENGINE_ERROR, details)
+        return HarnessVerdict(Status.INFRA_ERROR, details)

@@ -37,9 +37,9 @@ from legorl.harness.base import (
     HOME,
     MAX_TURNS,
     PROBLEM_FILE,
+    HarnessVerdict,
     Launch,
     NativeAdapter,
-    Verdict,
     infra,
     jsonl,
 )
@@ -98,24 +98,24 @@ class QwenCode(NativeAdapter):
         files = {SETTINGS: json.dumps(self.settings(), indent=1).encode()}
         return Launch(cmd, env, files, outputs={"events": OUT, "stderr": ERR}, binary=node)
 
-    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> Verdict:
+    def interpret(self, res: ExecResult, outputs: dict[str, str], launch: Launch) -> HarnessVerdict:
         events = jsonl(outputs.get("events", ""))
         err_tail = outputs.get("stderr", "")[-1500:]
         results = [e for e in events if e.get("type") == "result"]
         details = {"exit_code": str(res.exit_code)}
         if not results:
             if res.exit_code == TURN_LIMIT_EXIT:
-                return Verdict(Status.MAX_TURNS, details)
+                return HarnessVerdict(Status.MAX_TURNS, details)
             return infra(f"qwen exited {res.exit_code} without a result event; stderr: {err_tail}")
         r = results[-1]
         subtype = str(r.get("subtype") or "")
         details.update({"num_turns": str(r.get("num_turns", "")), "subtype": subtype})
         if subtype == "success" and not r.get("is_error"):
-            return Verdict(None, details)
+            return HarnessVerdict(None, details)
         if subtype == "error_max_turns" or res.exit_code == TURN_LIMIT_EXIT:
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         err = r.get("error")
         message = str((err.get("message") if isinstance(err, dict) else err) or r.get("result") or err_tail)
         if "turn" in message.lower() and "maximum" in message.lower():
-            return Verdict(Status.MAX_TURNS, details)
+            return HarnessVerdict(Status.MAX_TURNS, details)
         return error_verdict(message, details)

@@ -16,7 +16,7 @@ import time
 
 from legorl.loop.stats import Evaluation, summarize
 from legorl.loop.worker import OnRecord, RolloutBackend
-from legorl.store.phases import HELDOUT_STEP, eval_session_tag
+from legorl.store.phase_steps import HELDOUT_STEP, eval_session_tag
 from legorl.types import Status, Task
 
 
@@ -29,7 +29,7 @@ async def evaluate_heldout(
     harness: str | None = None,
 ) -> Evaluation:
     t0 = time.monotonic()
-    tag = eval_session_tag(label)  # a resume tells the phases apart by it (store/phases.py)
+    tag = eval_session_tag(label)  # a resume tells the phases apart by it (store/phase_steps.py)
     groups = await asyncio.gather(
         *(
             worker.group(t, 1, step=HELDOUT_STEP, limit=limit, on_record=on_record, tag=tag, harness=harness)

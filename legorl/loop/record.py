@@ -46,7 +46,7 @@ class RolloutRecord:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class RolloutAttempt:
     """One attempt's decisions, before any record is built from them."""
 
     session_id: str
@@ -77,7 +77,7 @@ class Attempt:
         return timings
 
 
-def silent_exit(attempt: Attempt) -> str | None:
+def silent_exit(attempt: RolloutAttempt) -> str | None:
     """The harness's last words when it failed before its first model call (exit status not 0,
     no turn recorded, no context refusal to explain it): a `no_patch` alone would not say why."""
     run = attempt.result.agent
@@ -89,7 +89,7 @@ def silent_exit(attempt: Attempt) -> str | None:
     return tail[-HINT_CHARS:] or f"exit status {run.exit_code}, no output"
 
 
-def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
+def outcome_of(attempt: RolloutAttempt, retried_after: list[str]) -> Outcome:
     """The final outcome of a rollout whose last attempt is `attempt`: its verdict (turned
     into `engine_error` when the engine failed under an agent-caused one), the diff and the
     timings as evidence (unless the verdict has its own), and the attempts retried before."""
@@ -122,7 +122,7 @@ def outcome_of(attempt: Attempt, retried_after: list[str]) -> Outcome:
     return Outcome(reward, status, masked=masked, flags=flags, tests=tests, evidence=evidence)
 
 
-def record_of(task: Task, step: int, attempt: Attempt, retried_after: list[str]) -> RolloutRecord:
+def record_of(task: Task, step: int, attempt: RolloutAttempt, retried_after: list[str]) -> RolloutRecord:
     """The rollout's record: its final outcome and trajectory, each constructed once."""
     outcome = outcome_of(attempt, retried_after)
     result = attempt.result

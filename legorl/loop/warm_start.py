@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 
 from legorl.loop.worker import RolloutBackend, RolloutRecord
-from legorl.store.phases import WARM_START_STEP
+from legorl.store.phase_steps import WARM_START_STEP
 from legorl.types import Status, Task, Trajectory
 
 

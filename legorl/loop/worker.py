@@ -26,7 +26,7 @@ from legorl.harness.registry import make_harness
 from legorl.http_auth import new_token
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
-from legorl.loop.record import Attempt, RolloutRecord, masked_record, record_of
+from legorl.loop.record import RolloutAttempt, RolloutRecord, masked_record, record_of
 from legorl.models import load_tokenizer
 from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.server import ProxyServer
@@ -204,7 +204,7 @@ class RolloutWorker:
         async with SessionSocket(self.proxy.app if self.proxy is not None else self.relay, sid, sock):
             yield SandboxSocket(str(sock))
 
-    async def _attempt(self, task: Task, image: str, step: int, sid: str, agent: Any) -> Attempt:
+    async def _attempt(self, task: Task, image: str, step: int, sid: str, agent: Any) -> RolloutAttempt:
         """One attempt in a fresh proxy session: the rollout's decisions, not yet a record."""
         session = None
         if self.proxy is not None:
@@ -219,8 +219,8 @@ class RolloutWorker:
                 # attempt is ours (retried, then masked), and the run goes on
                 turns = session.sorted_turns() if session.closed else self.proxy.close_session(sid)  # type: ignore[union-attr]
         if session is None:  # an external endpoint, relayed: its errors are its own
-            return Attempt(sid, result, turns, 0)
-        return Attempt(
+            return RolloutAttempt(sid, result, turns, 0)
+        return RolloutAttempt(
             sid,
             result,
             turns,

@@ -23,7 +23,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from legorl.harness.actions import MINI_BASH_TOOL, TOOL_CALLS
-from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP
+from legorl.store.phase_steps import HELDOUT_STEP, WARM_START_STEP
 from legorl.store.run_store import RunStore
 from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
 

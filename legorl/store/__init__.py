@@ -15,7 +15,7 @@ Start here:
 Modules: run_store.py (`RunStore`, the write side, and the transaction rule), schema.py (its
 SQLite tables, `db_path`), codec.py (token arrays as bytes), rebuild.py (delta rows -> full
 turns), queries.py (the read side, `StoreQueries`), messages.py (raw requests of the three
-API dialects -> the display messages the store indexes), phases.py (the steps that are
+API dialects -> the display messages the store indexes), phase_steps.py (the steps that are
 phases of a run, not GSPO steps). Nothing here imports `legorl.monitor`: the monitors, the
 exports and the UI read the store, never the other way round.
 """

@@ -21,7 +21,7 @@ import numpy as np
 from legorl.harness.actions import ActionFormat
 from legorl.store import codec
 from legorl.store import messages as msgs
-from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP, phase_name
+from legorl.store.phase_steps import HELDOUT_STEP, WARM_START_STEP, phase_name
 from legorl.store.rebuild import RebuiltTurn, loads, rebuild_turns
 from legorl.store.schema import TURN_ROW_BITS
 from legorl.types import (

@@ -40,7 +40,7 @@ import numpy as np
 from legorl.harness.actions import ActionFormat
 from legorl.store import codec
 from legorl.store import messages as msgs
-from legorl.store.phases import HELDOUT_STEP, WARM_START_STEP, eval_phase
+from legorl.store.phase_steps import HELDOUT_STEP, WARM_START_STEP, eval_phase
 from legorl.store.queries import StoreQueries
 from legorl.store.rebuild import TurnState, common_items, dumps, loads, rebuild_turns, state_of
 from legorl.store.schema import OUTCOME_FTS_SLOT, TURN_ROW_BITS, connect, db_path, init_schema, readable

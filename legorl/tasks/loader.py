@@ -33,7 +33,7 @@ from typing import Any
 from legorl.tasks.family import normalise
 from legorl.types import Task
 from legorl.verify.selection import selection_problems
-from legorl.verify.test_cmd import TestCmdError, django_label_covers, native_command
+from legorl.verify.test_command import TestCmdError, django_label_covers, native_command
 
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 _STR_FIELDS = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch")

@@ -2,7 +2,7 @@
 
 Start here: `grade.py` (`grade`, and `grade_in`: one attempt). An attempt is five stages,
 each a module entered once, in order (`attempt.py` holds what they share):
-1. `selection.py`: which tests run (SWE-bench's selection), by which runner (`test_cmd.py`:
+1. `selection.py`: which tests run (SWE-bench's selection), by which runner (`test_command.py`:
    pytest, or Django's/SymPy's own), which paths protect them, where the canaries go;
 2. `prepare.py`: the diff's size, its protected sections dropped (`protect.py`, `patch.py`),
    the grader's work directory;

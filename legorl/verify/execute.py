@@ -31,7 +31,7 @@ from legorl.verify.native import plan_native
 from legorl.verify.prepare import Workspace
 from legorl.verify.pytest_plan import RunnerPlan, parse_summary, plan_run, tagged_lines
 from legorl.verify.selection import Selection, guarded_files
-from legorl.verify.test_cmd import NativeCommand
+from legorl.verify.test_command import NativeCommand
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from legorl.verify.junit import TestStatus
 from legorl.verify.pytest_plan import IN_SANDBOX, SAFE_PATH, canary_candidates, canary_source, supervisor_files
-from legorl.verify.test_cmd import NativeCommand
+from legorl.verify.test_command import NativeCommand
 from legorl.verify.verdict import TAMPER, Verdict, agents_hooks, provenance_flags, recorded_status
 
 NATIVE_SUPERVISOR = IN_SANDBOX / "native_main.py"  # the grading supervisor's native main, in the grading sandbox

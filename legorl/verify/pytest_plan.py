@@ -1,5 +1,5 @@
 """The plan of a hardened, supervised pytest run: used to grade (and, when generating tasks,
-to label) tests. (Which runner a task's test_cmd names is `test_cmd.py`.)
+to label) tests. (Which runner a task's test_cmd names is `test_command.py`.)
 
 What the repository under test could otherwise do to the runner, and what stops it:
 - shadow pytest or its dependencies (`pytest.py`, `_pytest/` in the repo): the runner is

@@ -31,7 +31,7 @@ from legorl.types import Task
 from legorl.verify.attempt import GraderFault
 from legorl.verify.patch import split_diff
 from legorl.verify.protect import TEST_FILE_GLOBS, test_files_of
-from legorl.verify.test_cmd import (
+from legorl.verify.test_command import (
     RUNNER_FILES,
     NativeCommand,
     TestCmdError,
