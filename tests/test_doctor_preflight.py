@@ -9,10 +9,13 @@ import sys
 
 import pytest
 
+from legorl.harness.checks import harness_check
 from legorl.loop.config import RunConfig
-from legorl.loop.preflight import grading_check, harness_check, preflight_checks, sandbox_checks
+from legorl.loop.preflight import preflight_checks
 from legorl.monitor.doctor import evaluate_checks, run_one, store_check
+from legorl.sandbox.checks import sandbox_starts_check
 from legorl.tasks.loader import shipped_tasks_dir
+from legorl.verify.checks import grading_check
 
 
 def _cfg(**sections) -> RunConfig:
@@ -56,7 +59,7 @@ def test_unwritable_store(tmp_path) -> None:
 
 def test_unreachable_docker_daemon(monkeypatch) -> None:
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-    res = run_one(sandbox_checks(_cfg(sandbox={"backend": "docker"}))[0])
+    res = run_one(sandbox_starts_check(_cfg(sandbox={"backend": "docker"})))
     assert not res.ok and "did not start" in res.detail and "setup_sandbox.sh" in res.fix
 
 

@@ -27,11 +27,12 @@ from transformers import AutoModelForCausalLM
 
 from legorl.engine import registry
 from legorl.engine.base import ContextLengthExceeded, EngineError
+from legorl.engine.checks import logprobs_mode_check
 from legorl.engine.sampling import processed_logprobs
 from legorl.engine.vllm import VLLMEngine
 from legorl.engine.vllm_server import SETUP_HINT, VLLMServer, is_tied, served_copy, vllm_python
 from legorl.loop.config import RunConfig
-from legorl.loop.preflight import logprobs_mode_check, preflight_checks
+from legorl.loop.preflight import preflight_checks
 from legorl.loop.train import train
 from legorl.loop.worker import RolloutWorker
 from legorl.models import resolve_model

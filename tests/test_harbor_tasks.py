@@ -270,7 +270,7 @@ def test_harbor_itself_reads_the_fixtures_as_we_do() -> None:
 def test_preflight_grading_self_test_runs_the_oracle(tmp_path: Path) -> None:
     """`legorl train`'s self-test grades solve.sh's changes for a Harbor task set (not an empty patch)."""
     from legorl.loop.config import RunConfig
-    from legorl.loop.preflight import grading_check
+    from legorl.verify.checks import grading_check
 
     cfg = RunConfig.model_validate({"run": {"tasks": str(TASKS / "upper-case"), "split": "train"}})
     assert "upper-case: gold resolved, empty failed" in grading_check(cfg).fn()

@@ -197,8 +197,8 @@ def test_doctor_template_check_on_smollm2() -> None:
     """`legorl doctor`'s "chat template round trip" on the real model: parity with
     apply_chat_template, then a real generation and the next turn's rule."""
     from legorl.loop.config import RunConfig
-    from legorl.loop.preflight import template_check
     from legorl.monitor.doctor import run_one
+    from legorl.proxy.checks import template_check
 
     cfg = RunConfig.model_validate(
         {

@@ -372,8 +372,8 @@ def test_doctor_round_trip_refuses_an_unknown_shape() -> None:
 
 def test_doctor_refuses_an_unknown_template(tmp_path) -> None:
     from legorl.loop.config import RunConfig
-    from legorl.loop.preflight import template_check
     from legorl.monitor.doctor import run_one
+    from legorl.proxy.checks import template_check
 
     tok = load_tokenizer("tiny-qwen3")
     tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"

@@ -6,23 +6,27 @@ becomes a failure naming it, and a check that hangs fails after its timeout inst
 hanging the doctor. Checks can depend on others (`needs`): when a dependency failed they
 are skipped, so a missing Docker daemon is one red line, not ten.
 
-Checks are pluggable: each component contributes `Check`s (the CLI collects them), or
-registers them with the `@check(...)` decorator into `REGISTRY`. `run_checks` prints a
-rich table and returns the exit code (0 all passed, 1 otherwise); `checks_json` gives the
-same outcomes as one JSON object for a program (a coding agent's `/rl:check`), with each
-check's status (`ok`, `warn`: passed with something a person should read, or skipped
-behind a failed dependency; `fatal`) and the verdict `safe_to_run` (no fatal check).
+Checks are registered next to their code: each component decorates its checks of a run
+config with `@check(...)` (engine/checks.py, proxy/checks.py, sandbox/checks.py,
+harness/checks.py, verify/checks.py, ops/, loop/preflight.py, the run store's here), and
+`loop/preflight.py` imports those modules when the doctor runs and takes the checks from
+`REGISTRY` in the chain's order. `run_checks` prints a rich table and returns the exit code
+(0 all passed, 1 otherwise); `checks_json` gives the same outcomes as one JSON object for a
+program (a coding agent's `/rl:check`), with each check's status (`ok`, `warn`: passed with
+something a person should read, or skipped behind a failed dependency; `fatal`) and the
+verdict `safe_to_run` (no fatal check).
 
-    @check("docker daemon", fix="start it: bash scripts/setup_sandbox.sh", timeout=20)
-    def docker_daemon() -> str:
+    @check("engine answers", timeout=120)
+    def engine_check(cfg: RunConfig) -> str:
         ...
-        return "Docker 27.3 (cgroup v2)"
+        return "hf:Qwen/Qwen3-0.6B generated 4 tokens"
 
-    raise SystemExit(run_checks(REGISTRY))
+    run_checks([engine_check(cfg)])
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sqlite3
@@ -86,17 +90,49 @@ class CheckOutcome:
     result: CheckResult = field(default_factory=lambda: CheckResult(ok=False))
 
 
-REGISTRY: list[Check] = []
+@dataclass(frozen=True)
+class Registered:
+    """A component's check, as `@check` registered it: called with the check's arguments (a
+    run config, unless `args` says otherwise) it is the `Check` the doctor runs."""
+
+    name: str
+    fn: Callable[..., Any]
+    fix: str = ""
+    timeout: float = 60.0
+    needs: tuple[str, ...] = ()
+    args: Callable[[Any], tuple[Any, ...]] | None = None  # a run config → fn's arguments (default: the config)
+    when: Callable[[Any], bool] | None = None  # whether a run config asks for this check (default: always)
+
+    def __call__(self, *args: Any) -> Check:
+        return Check(self.name, functools.partial(self.fn, *args), self.fix, self.timeout, self.needs)
+
+    def for_config(self, cfg: Any) -> Check | None:
+        """The check of run config `cfg`, or None when the config does not ask for it."""
+        if self.when is not None and not self.when(cfg):
+            return None
+        return self(*(self.args(cfg) if self.args is not None else (cfg,)))
 
 
-def check(name: str, *, fix: str = "", timeout: float = 60.0, needs: Sequence[str] = ()) -> Callable:
-    """Decorator: register a check function in `REGISTRY`."""
+REGISTRY: dict[str, Registered] = {}  # name → check, in registration order
 
-    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
-        if any(c.name == name for c in REGISTRY):
+
+def check(
+    name: str,
+    *,
+    fix: str = "",
+    timeout: float = 60.0,
+    needs: Sequence[str] = (),
+    args: Callable[[Any], tuple[Any, ...]] | None = None,
+    when: Callable[[Any], bool] | None = None,
+) -> Callable[[Callable[..., Any]], Registered]:
+    """Decorator: register a component's check in `REGISTRY` under `name`. The decorated name
+    becomes the `Registered` check: `engine_check(cfg)` is the `Check` of that config."""
+
+    def deco(fn: Callable[..., Any]) -> Registered:
+        if name in REGISTRY and REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"a check named {name!r} is already registered")
-        REGISTRY.append(Check(name, fn, fix, timeout, tuple(needs)))
-        return fn
+        REGISTRY[name] = Registered(name, fn, fix, timeout, tuple(needs), args, when)
+        return REGISTRY[name]
 
     return deco
 
@@ -226,45 +262,40 @@ def checks_json(build: Callable[[], Sequence[Check]]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- checks of this package
-def store_check(run_dir: Path | str | None = None) -> Check:
+@check("run store", fix="see the message", timeout=30, args=lambda cfg: (cfg.run.dir,))
+def store_check(run_dir: Path | str | None = None) -> str:
     """The run store works here: SQLite has FTS5 and WAL, and the run directory is writable."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+    except sqlite3.OperationalError as e:
+        raise CheckFailed(
+            f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
+            fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)",
+        ) from None
+    from legorl.store.run_store import RunStore
 
-    def fn() -> str:
-        conn = sqlite3.connect(":memory:")
-        try:
-            conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
-        except sqlite3.OperationalError as e:
-            raise CheckFailed(
-                f"SQLite {sqlite3.sqlite_version} lacks FTS5 ({e})",
-                fix="use a Python built against SQLite with FTS5 (python.org / pyenv builds have it)",
-            ) from None
-        from legorl.store.run_store import RunStore
-
-        target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
-        db = target / "doctor.sqlite"
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            with RunStore(db, durable=False) as s:
-                s.log_metrics(0, {"doctor/ok": 1.0})
-                mode = s._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        except (OSError, sqlite3.Error) as e:
-            raise CheckFailed(
-                f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory"
-            ) from None
-        finally:
-            for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
-                try:
-                    p.unlink(missing_ok=True)
-                except OSError:
-                    pass
-        if mode != "wal":
-            raise CheckFailed(
-                f"journal mode is {mode!r}, not WAL, on {target}",
-                fix="put the run directory on a local filesystem (WAL needs shared memory)",
-            )
-        return f"SQLite {sqlite3.sqlite_version}, FTS5, WAL in {target}"
-
-    return Check("run store", fn, fix="see the message", timeout=30)
+    target = Path(run_dir) if run_dir is not None else Path(tempfile.mkdtemp(prefix="legorl-doctor-"))
+    db = target / "doctor.sqlite"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with RunStore(db, durable=False) as s:
+            s.log_metrics(0, {"doctor/ok": 1.0})
+            mode = s._conn.execute("PRAGMA journal_mode").fetchone()[0]
+    except (OSError, sqlite3.Error) as e:
+        raise CheckFailed(f"cannot write a run store in {target}: {e}", fix="pick a writable --run directory") from None
+    finally:
+        for p in (db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")):
+            try:
+                p.unlink(missing_ok=True)
+            except OSError:
+                pass
+    if mode != "wal":
+        raise CheckFailed(
+            f"journal mode is {mode!r}, not WAL, on {target}",
+            fix="put the run directory on a local filesystem (WAL needs shared memory)",
+        )
+    return f"SQLite {sqlite3.sqlite_version}, FTS5, WAL in {target}"
 
 
 def port_check(host: str, port: int, what: str = "UI") -> Check:

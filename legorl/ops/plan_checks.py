@@ -19,7 +19,7 @@ import asyncio
 from types import SimpleNamespace
 
 from legorl.loop.config import RunConfig
-from legorl.monitor.doctor import Check, CheckFailed
+from legorl.monitor.doctor import CheckFailed, check
 
 
 def planned_lrs(cfg: RunConfig) -> list[float]:
@@ -32,66 +32,59 @@ def planned_lrs(cfg: RunConfig) -> list[float]:
     return [tc.lr * factor(shim, k) for k in range(cfg.run.steps * tc.minibatches)]  # type: ignore[arg-type]
 
 
-def lr_check(cfg: RunConfig) -> Check:
+@check("learning rate non-zero", timeout=30)
+def lr_check(cfg: RunConfig) -> str:
     """`learning rate non-zero`: fatal when any planned optimizer step has lr 0."""
-
-    def fn() -> str:
-        lrs = planned_lrs(cfg)
-        if not lrs:
-            raise CheckFailed("the run plans no optimizer step ([run] steps = 0)", fix="set [run] steps > 0")
-        zero = [k for k, lr in enumerate(lrs) if not lr > 0.0]
-        tc = cfg.trainer
-        if zero:
-            why = (
-                "[trainer] lr = 0"
-                if not tc.lr > 0
-                else f"the {tc.schedule} schedule reaches 0 at total_steps = {tc.total_steps}"
-            )
-            raise CheckFailed(
-                f"the learning rate is 0 on {len(zero)} of {len(lrs)} planned optimizer steps "
-                f"(from step {zero[0]}): {why}; those steps train nothing",
-                fix="set [trainer] lr > 0 and total_steps ≥ run.steps × minibatches "
-                f"({cfg.run.steps * tc.minibatches})",
-            )
-        return f"lr {min(lrs):.3g}..{max(lrs):.3g} over {len(lrs)} optimizer steps ({tc.schedule})"
-
-    return Check("learning rate non-zero", fn, timeout=30)
+    lrs = planned_lrs(cfg)
+    if not lrs:
+        raise CheckFailed("the run plans no optimizer step ([run] steps = 0)", fix="set [run] steps > 0")
+    zero = [k for k, lr in enumerate(lrs) if not lr > 0.0]
+    tc = cfg.trainer
+    if zero:
+        why = (
+            "[trainer] lr = 0"
+            if not tc.lr > 0
+            else f"the {tc.schedule} schedule reaches 0 at total_steps = {tc.total_steps}"
+        )
+        raise CheckFailed(
+            f"the learning rate is 0 on {len(zero)} of {len(lrs)} planned optimizer steps "
+            f"(from step {zero[0]}): {why}; those steps train nothing",
+            fix=f"set [trainer] lr > 0 and total_steps ≥ run.steps × minibatches ({cfg.run.steps * tc.minibatches})",
+        )
+    return f"lr {min(lrs):.3g}..{max(lrs):.3g} over {len(lrs)} optimizer steps ({tc.schedule})"
 
 
-def window_check(cfg: RunConfig) -> Check:
+@check("first prompt fits the window", needs=("sandbox starts", "harness installed"), timeout=600)
+def window_check(cfg: RunConfig) -> str:
     """`first prompt fits the window`: each harness plays one task against a probe engine
     (`check_windows`, as `legorl train` does at start-up)."""
+    from legorl.engine.registry import make_engine
+    from legorl.loop.errors import RunError
+    from legorl.loop.startup import load_task_split
+    from legorl.loop.window import check_windows
+    from legorl.models import load_tokenizer
 
-    def fn() -> str:
-        from legorl.engine.registry import make_engine
-        from legorl.loop.errors import RunError
-        from legorl.loop.startup import load_task_split
-        from legorl.loop.window import check_windows
-        from legorl.models import load_tokenizer
+    names = [n for n in cfg.harness.names() if n != "command"]
+    if not names:
+        return "command harness only: the script's prompts are its own"
+    tok = load_tokenizer(cfg.engine.model)
+    task = load_task_split(cfg, cfg.run.split)[0]
 
-        names = [n for n in cfg.harness.names() if n != "command"]
-        if not names:
-            return "command harness only: the script's prompts are its own"
-        tok = load_tokenizer(cfg.engine.model)
-        task = load_task_split(cfg, cfg.run.split)[0]
+    async def go() -> tuple[int, dict[str, int]]:
+        engine = make_engine(cfg.engine, tok)
+        try:  # the window `legorl train` uses (loop/train.py)
+            window = min(cfg.proxy.max_context, int(getattr(engine, "max_context", 0) or cfg.proxy.max_context))
+            return window, await check_windows(cfg, tok, task, window)
+        finally:
+            await engine.close()
 
-        async def go() -> tuple[int, dict[str, int]]:
-            engine = make_engine(cfg.engine, tok)
-            try:  # the window `legorl train` uses (loop/train.py)
-                window = min(cfg.proxy.max_context, int(getattr(engine, "max_context", 0) or cfg.proxy.max_context))
-                return window, await check_windows(cfg, tok, task, window)
-            finally:
-                await engine.close()
-
-        try:
-            window, firsts = asyncio.run(go())
-        except RunError as e:
-            raise CheckFailed(
-                str(e).removeprefix("pre-flight: "),
-                fix="raise [proxy] max_context (within the model's window), lower [proxy] max_tokens, "
-                "or serve a policy with a longer window",
-            ) from None
-        said = ", ".join(f"{n} {k}" for n, k in firsts.items())
-        return f"first prompts (tokens): {said}; + max_tokens {cfg.proxy.max_tokens} ≤ window {window}"
-
-    return Check("first prompt fits the window", fn, needs=("sandbox starts", "harness installed"), timeout=600)
+    try:
+        window, firsts = asyncio.run(go())
+    except RunError as e:
+        raise CheckFailed(
+            str(e).removeprefix("pre-flight: "),
+            fix="raise [proxy] max_context (within the model's window), lower [proxy] max_tokens, "
+            "or serve a policy with a longer window",
+        ) from None
+    said = ", ".join(f"{n} {k}" for n, k in firsts.items())
+    return f"first prompts (tokens): {said}; + max_tokens {cfg.proxy.max_tokens} ≤ window {window}"

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from legorl.loop.config import RunConfig
-from legorl.monitor.doctor import Check, CheckFailed
+from legorl.monitor.doctor import CheckFailed, check
 from legorl.types import SamplingParams
 
 PEARSON_MIN = 0.99  # the mismatch monitor's warning threshold (MonitorConfig.mismatch_pearson_warn)
@@ -97,35 +97,32 @@ def dry_step(cfg: RunConfig, factory: EngineFactory | None = None) -> dict[str, 
     return m
 
 
-def routing_replay_check(cfg: RunConfig, factory: EngineFactory | None = None) -> Check:
+@check("routing replay wired", needs=("engine answers",), timeout=300)
+def routing_replay_check(cfg: RunConfig, factory: EngineFactory | None = None) -> str:
     """`routing replay wired`: fatal below `PEARSON_MIN`, or with replay off for an MoE
     model. `factory` builds the engine from a tokenizer (default: the config's)."""
-
-    def fn() -> str:
-        m = dry_step(cfg, factory)
-        if m is None:
-            return f"{cfg.trainer.model} is dense: no routing to replay"
-        r = m.get("mismatch/pearson", float("nan"))
-        replayed = m.get("routing/replayed_share", 0.0)
-        natural = m.get("routing/natural_disagreement", 0.0)
-        said = (
-            f"rollout/trainer Pearson {r:.4f} over {int(m['tokens'])} tokens; the trainer routed "
-            f"{replayed:.0%} of (token, layer) pairs as recorded, its router alone would differ on {natural:.0%}"
+    m = dry_step(cfg, factory)
+    if m is None:
+        return f"{cfg.trainer.model} is dense: no routing to replay"
+    r = m.get("mismatch/pearson", float("nan"))
+    replayed = m.get("routing/replayed_share", 0.0)
+    natural = m.get("routing/natural_disagreement", 0.0)
+    said = (
+        f"rollout/trainer Pearson {r:.4f} over {int(m['tokens'])} tokens; the trainer routed "
+        f"{replayed:.0%} of (token, layer) pairs as recorded, its router alone would differ on {natural:.0%}"
+    )
+    if not cfg.trainer.routing_replay:
+        raise CheckFailed(
+            f"routing replay is off ([trainer] routing_replay = false) for the MoE model {cfg.trainer.model}: "
+            f"{said}; any engine/trainer numerics difference re-routes tokens silently",
+            fix=REPLAY_FIX,
         )
-        if not cfg.trainer.routing_replay:
-            raise CheckFailed(
-                f"routing replay is off ([trainer] routing_replay = false) for the MoE model {cfg.trainer.model}: "
-                f"{said}; any engine/trainer numerics difference re-routes tokens silently",
-                fix=REPLAY_FIX,
-            )
-        if not r >= PEARSON_MIN:  # NaN included
-            raise CheckFailed(f"routing replay: {said}, below {PEARSON_MIN}", fix=REPLAY_FIX)
-        if natural > NATURAL_DISAGREEMENT_MAX:
-            raise CheckFailed(
-                f"routing replay: {said}: the recorded experts are not this model's routing "
-                f"(more than {NATURAL_DISAGREEMENT_MAX:.0%} disagree)",
-                fix=REPLAY_FIX,
-            )
-        return f"routing replay: {said}"
-
-    return Check("routing replay wired", fn, needs=("engine answers",), timeout=300)
+    if not r >= PEARSON_MIN:  # NaN included
+        raise CheckFailed(f"routing replay: {said}, below {PEARSON_MIN}", fix=REPLAY_FIX)
+    if natural > NATURAL_DISAGREEMENT_MAX:
+        raise CheckFailed(
+            f"routing replay: {said}: the recorded experts are not this model's routing "
+            f"(more than {NATURAL_DISAGREEMENT_MAX:.0%} disagree)",
+            fix=REPLAY_FIX,
+        )
+    return f"routing replay: {said}"

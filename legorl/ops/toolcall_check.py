@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from legorl.loop.config import RunConfig
-from legorl.monitor.doctor import Check, CheckFailed
+from legorl.monitor.doctor import CheckFailed, check
 from legorl.types import Dialect
 
 CALL = {"name": "bash", "arguments": {"command": "ls"}}
@@ -126,50 +126,47 @@ async def round_trip(cfg: RunConfig, tok: Any, renderer: Any, completion_ids: li
     return calls_in(dialect, r.json())
 
 
-def toolcall_check(cfg: RunConfig) -> Check:
+@check("tool calls round-trip", timeout=120)
+def toolcall_check(cfg: RunConfig) -> str:
     """`tool calls round-trip`: fatal when a configured harness receives no call."""
+    from legorl.harness.registry import COMMAND, action_format
+    from legorl.models import load_tokenizer
+    from legorl.proxy.renderer_choice import make_renderer
+    from legorl.proxy.template import TemplateError
 
-    def fn() -> str:
-        from legorl.harness.registry import COMMAND, action_format
-        from legorl.models import load_tokenizer
-        from legorl.proxy.renderer_choice import make_renderer
-        from legorl.proxy.template import TemplateError
-
-        tok = load_tokenizer(cfg.engine.model)
-        try:
-            renderer = make_renderer(tok)
-        except TemplateError as e:
-            raise CheckFailed(str(e), fix="serve a model whose chat template is a supported family") from None
-        fmt = renderer.tool_format if cfg.proxy.tool_format == "auto" else cfg.proxy.tool_format
-        eos = sorted(renderer.eos_ids)
-        text = template_call_text(tok, [tok.decode([i], skip_special_tokens=False) for i in eos])
-        ids = tok.encode(text, add_special_tokens=False) + eos[:1]
-        found: list[str] = []
-        for name in cfg.harness.names():
-            if name == COMMAND:
-                found.append("command: the script's calls are its own")
-                continue
-            if len(ids) > cfg.proxy.max_tokens:
-                raise CheckFailed(
-                    f"[proxy] max_tokens = {cfg.proxy.max_tokens} cannot hold one tool call: {name} would never "
-                    f"receive one (the model's template writes it in {len(ids)} tokens)",
-                    fix="raise [proxy] max_tokens",
-                )
-            options = cfg.harness.harness_options(cfg.proxy.served_model)
-            acts = action_format(name, **options)
-            if acts.kind != "tool_calls":
-                found.append(f"{name}: acts through {acts.label}, not tool calls")
-                continue
-            dialect = dialect_of(name, cfg.harness.options)
-            calls = asyncio.run(round_trip(cfg, tok, renderer, ids, dialect))
-            if not any(n == CALL["name"] and a == CALL["arguments"] for n, a in calls):
-                raise CheckFailed(
-                    f"0 of 1 tool calls came back to {name} ({dialect.value}): the model's template writes "
-                    f"{text.strip()[:120]!r}, the proxy parses {fmt!r} and returned {calls or 'none'}",
-                    fix=f"set [proxy] tool_format to the model's family (now {cfg.proxy.tool_format!r}; 'auto' "
-                    "takes the template's) or serve a model whose template the proxy knows",
-                )
-            found.append(f"{name}: 1 of 1 ({dialect.value})")
-        return f"{fmt} tool calls; " + "; ".join(found)
-
-    return Check("tool calls round-trip", fn, timeout=120)
+    tok = load_tokenizer(cfg.engine.model)
+    try:
+        renderer = make_renderer(tok)
+    except TemplateError as e:
+        raise CheckFailed(str(e), fix="serve a model whose chat template is a supported family") from None
+    fmt = renderer.tool_format if cfg.proxy.tool_format == "auto" else cfg.proxy.tool_format
+    eos = sorted(renderer.eos_ids)
+    text = template_call_text(tok, [tok.decode([i], skip_special_tokens=False) for i in eos])
+    ids = tok.encode(text, add_special_tokens=False) + eos[:1]
+    found: list[str] = []
+    for name in cfg.harness.names():
+        if name == COMMAND:
+            found.append("command: the script's calls are its own")
+            continue
+        if len(ids) > cfg.proxy.max_tokens:
+            raise CheckFailed(
+                f"[proxy] max_tokens = {cfg.proxy.max_tokens} cannot hold one tool call: {name} would never "
+                f"receive one (the model's template writes it in {len(ids)} tokens)",
+                fix="raise [proxy] max_tokens",
+            )
+        options = cfg.harness.harness_options(cfg.proxy.served_model)
+        acts = action_format(name, **options)
+        if acts.kind != "tool_calls":
+            found.append(f"{name}: acts through {acts.label}, not tool calls")
+            continue
+        dialect = dialect_of(name, cfg.harness.options)
+        calls = asyncio.run(round_trip(cfg, tok, renderer, ids, dialect))
+        if not any(n == CALL["name"] and a == CALL["arguments"] for n, a in calls):
+            raise CheckFailed(
+                f"0 of 1 tool calls came back to {name} ({dialect.value}): the model's template writes "
+                f"{text.strip()[:120]!r}, the proxy parses {fmt!r} and returned {calls or 'none'}",
+                fix=f"set [proxy] tool_format to the model's family (now {cfg.proxy.tool_format!r}; 'auto' "
+                "takes the template's) or serve a model whose template the proxy knows",
+            )
+        found.append(f"{name}: 1 of 1 ({dialect.value})")
+    return f"{fmt} tool calls; " + "; ".join(found)
