@@ -88,6 +88,8 @@ class Report:
         finally:
             self.phase(name, time.monotonic() - t0)
             self.peak(name, memory.peak_rss_gb())
+            if self.path.parent.is_dir():
+                self.save()  # the phase's figures on disk now, not at the next evaluation's row
 
     def finish(self, wall_s: float, *, budget_s: float | None) -> None:
         self.wall_s, self.budget_s = round(wall_s, 1), budget_s
