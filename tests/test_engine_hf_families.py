@@ -26,7 +26,9 @@ MOE = {"qwen3_5_moe": 4, "gpt_oss": 2, "glm4_moe": 2, "deepseek_v3": 2, "qwen2_m
 PROMPTS = [torch.randint(3, 4096, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (9, 17, 3, 30)]
 
 
-@pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "qwen3_windowed", "glm4_moe", "deepseek_v3", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "family", ["qwen3_5_moe", "qwen3_5", "gpt_oss", "qwen3_windowed", "glm4_moe", "deepseek_v3", "qwen2_moe"]
+)
 async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) -> None:
     path = save(family.removesuffix("_windowed"), tmp_path / family)
     if family == "qwen3_windowed":  # a windowed first layer (8 tokens back), then full attention
