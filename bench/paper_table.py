@@ -122,8 +122,8 @@ def store_figures(run_dir: Path) -> dict[str, Any]:
         "pearson_min": round(min(pearson), 4) if pearson else None,
         "rollouts_per_min": mean(values("rollout/rollouts_per_min")),
         "parse_failure_rate": mean(values("rollout/parse_failure_rate")),
-        "delivered_fraction_min": round(min(values("train/delivered_fraction")), 4)
-        if values("train/delivered_fraction")
+        "delivered_fraction_min": round(min(values("rollout/delivered_fraction_min")), 4)
+        if values("rollout/delivered_fraction_min")
         else None,
         "per_harness": {
             h: {

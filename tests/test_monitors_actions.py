@@ -4,6 +4,7 @@ harness, per step), the `parse_failures` monitor and its `[monitor]` thresholds,
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from legorl.loop.startup import record_action_format
 from legorl.monitor.monitors import MonitorConfig, RunFacts, evaluate, run_monitors
 from legorl.quickstart.expert import FENCE, SUBMIT
 from legorl.store.run_store import RunStore
-from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Status, Trajectory, Turn
+from legorl.types import AlignmentStats, Dialect, FinishReason, Outcome, Segment, Status, Trajectory, Turn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MINI = "mini-swe-agent-warm"
@@ -144,3 +145,15 @@ def test_tool_collapse_names_the_action_format_of_the_drop() -> None:
     assert alert.message == (
         "the harness acted on 20% of turns (one ```mswea_bash_command block), 78% below its baseline 90%"
     )
+
+
+def test_the_delivered_fraction_is_the_worst_trajectorys() -> None:
+    """A trajectory whose segment holds its turn's sampled tokens at loss positions delivers
+    all of them (1.0); one whose segment lost a sampled position to the mask delivers less,
+    and the step reports the worst."""
+    good, bad = record("claude-code", [turn(0)]), record("claude-code", [turn(0)])
+    seg = Segment([0], [1, 2, 3], [0, 1, 1], [0.0, -0.1, -0.2], [0, 0, 0])
+    good.trajectory = dataclasses.replace(good.trajectory, segments=[seg])
+    bad.trajectory = dataclasses.replace(bad.trajectory, segments=[dataclasses.replace(seg, loss_mask=[0, 1, 0])])
+    assert rollout_metrics([good], 0, None)["rollout/delivered_fraction_min"] == 1.0
+    assert rollout_metrics([good, bad], 0, None)["rollout/delivered_fraction_min"] == 0.0

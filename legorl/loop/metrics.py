@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
+from legorl.trajectory import delivered
 from legorl.types import Status
 
 TAMPER_FLAGS = ("tamper_attempt", "hack_detected")
@@ -40,6 +41,10 @@ def rollout_metrics(
     out["rollout/turns_mean"] = sum(sum(1 for t in r.turns if not t.side_call) for r in records) / n
     out["rollout/segments_mean"] = sum(r.trajectory.stats.segments for r in records) / n
     out["rollout/side_calls_mean"] = sum(len(r.trajectory.side_turns) for r in records) / n
+    # the worst trajectory's share of its policy tokens that reach the loss (1.0: none lost)
+    fractions = [float(delivered(r.turns, r.trajectory)["fraction"]) for r in valid]
+    if fractions:
+        out["rollout/delivered_fraction_min"] = min(fractions)
     out["rollout/tamper_flags"] = float(
         sum(1 for r in records if any(f in TAMPER_FLAGS for f in r.trajectory.outcome.flags))
     )

@@ -34,6 +34,7 @@ Metric keys (emitted by the rollout loop and the trainer, one value per step):
 | `rollout/response_tokens_mean` | mean completion tokens per trajectory |
 | `rollout/turns_mean` | mean policy turns per trajectory |
 | `rollout/tamper_flags` | number of trajectories flagged for tampering (test edits, ...) |
+| `rollout/delivered_fraction_min` | the worst unmasked trajectory's share of sampled tokens that reach the loss |
 | `groups/zero_variance_share` | share of groups whose rewards are all equal (no signal) |
 | `policy/staleness_mean` | mean (trainer version - version that sampled) over trained tokens |
 | `async/dropped_stale` | trajectories of the step left out as older than `run.max_staleness` |
