@@ -202,9 +202,11 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
     at = set(cfg.heldout.at) if run.heldout else set()
 
     async def timed(name: str, work: Awaitable[T]) -> T:
-        """A phase, timed; its peak resident memory also goes to the metrics (`mem/NAME/peak_rss_gb`)."""
+        """A phase, timed; its peak resident memory also goes to the metrics (`mem/NAME/peak_rss_gb`),
+        on the row of the last GSPO step so far (0 before any): never a row of its own, since
+        the monitors read one row a step."""
         out = await report.timed(name, work)
-        store.log_metrics(trainer.step_count, {f"mem/{name}/peak_rss_gb": report.peak_rss_gb[name]})
+        store.log_metrics(max(trainer.step_count - 1, 0), {f"mem/{name}/peak_rss_gb": report.peak_rss_gb[name]})
         return out
 
     control = False  # whether the control runs: its start is on disk (phases.keep_control_start)
@@ -261,7 +263,7 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
             step += 1
     report.phase("gspo", time.monotonic() - t_gspo)
     report.peak("gspo", max([s.get("mem/peak_rss_gb", 0.0) for s in summary["steps"]] + [memory.peak_rss_gb()]))
-    store.log_metrics(trainer.step_count, {"mem/gspo/peak_rss_gb": report.peak_rss_gb["gspo"]})
+    store.log_metrics(max(trainer.step_count - 1, 0), {"mem/gspo/peak_rss_gb": report.peak_rss_gb["gspo"]})
     if placed is not None:  # and again after the steps: actors lost on the way, rollouts retried
         store.add_event("ray_placement", run.rollouts.placement)  # type: ignore[attr-defined]
     done = phases.evaluated(trainer.data_state)
