@@ -11,6 +11,12 @@ Code's `Agent` tool, OpenCode's subagents) interleaves two conversations in one 
 and each keeps its own segment. `delivered` checks, from the turns' side, that every
 sampled token of a policy turn reached the loss.
 
+Side calls (titles, compaction summaries: `proxy.side_call_patterns`) are the policy's
+samples too. By default (`side_calls = "separate"`) they are listed apart and never trained;
+with `side_calls = "train"` they are chained among themselves by the same rule into segments
+of their own, placed after the main conversation's (whose chain and indices they never
+touch), so the trainer gives them the rollout's one advantage like any other segment.
+
 Loss masks are 1 exactly on completion tokens (what the policy sampled); prompt tokens,
 harness-inserted text and tool outputs are 0, even when they lie between two completions.
 
@@ -25,12 +31,17 @@ routing is dropped (None: the trainer's router decides) rather than misaligned.
 from __future__ import annotations
 
 import logging
+from typing import Literal, get_args
 
 import numpy as np
 
 from legorl.types import AlignmentStats, Outcome, Routing, Segment, Trajectory, Turn
 
 log = logging.getLogger(__name__)
+
+SideCalls = Literal["separate", "train"]  # what a trajectory does with its side calls (`[harness] side_calls`)
+SIDE_CALLS: tuple[str, ...] = get_args(SideCalls)
+SIDE_CALLS_DEFAULT: SideCalls = "separate"  # side calls are not policy actions: kept apart unless asked
 
 
 def extends(prompt: list[int], *parts: list[int]) -> bool:
@@ -125,34 +136,13 @@ def _segment_for(turn: Turn, segments: list[Segment], prev_seg: int | None) -> i
     return best
 
 
-def assemble(
-    turns: list[Turn],
-    session_id: str | None = None,
-    *,
-    instance_id: str = "",
-    harness: str = "",
-    step: int = 0,
-    outcome: Outcome | None = None,
-) -> Trajectory:
-    """Build one trajectory from a session's turns (in call order).
-
-    Each policy turn either continues a segment (its prompt begins with that segment's
-    tokens) or starts one; side calls are listed apart. A sub-agent's conversation thus
-    becomes its own segment(s) beside its parent's, and every sampled token is in exactly
-    one segment with mask 1 — all of them trained with the rollout's outcome. The identity
-    fields and the outcome are the caller's (the trajectory is frozen: they are given here,
-    never stamped on after)."""
-    turns = sorted(turns, key=lambda t: t.index)
-    sid = session_id if session_id is not None else (turns[0].session_id if turns else "")
-    stats = AlignmentStats()
+def _chain(turns: list[Turn], sid: str, stats: AlignmentStats) -> list[Segment]:
+    """Segments of `turns` (in call order): each continues a segment it extends or starts
+    one. `stats` gets the reused prompt tokens and the first divergence."""
     segments: list[Segment] = []
     routing: list[_SegmentRouting | None] = []  # per segment
-    side: list[int] = []
-    prev_seg: int | None = None  # the segment of the previous policy turn
+    prev_seg: int | None = None  # the segment of the previous turn
     for turn in turns:
-        if turn.side_call:
-            side.append(turn.index)
-            continue
         if len(turn.logprobs) != len(turn.completion_ids):
             raise ValueError(
                 f"turn {turn.index} of session {sid}: {len(turn.logprobs)} logprobs for "
@@ -174,6 +164,40 @@ def assemble(
         prev_seg = len(segments) - 1
     for seg, rows in zip(segments, routing, strict=True):
         seg.routed_experts = rows.join() if rows is not None else None
+    return segments
+
+
+def assemble(
+    turns: list[Turn],
+    session_id: str | None = None,
+    *,
+    instance_id: str = "",
+    harness: str = "",
+    step: int = 0,
+    outcome: Outcome | None = None,
+    side_calls: SideCalls = SIDE_CALLS_DEFAULT,
+) -> Trajectory:
+    """Build one trajectory from a session's turns (in call order).
+
+    Each policy turn either continues a segment (its prompt begins with that segment's
+    tokens) or starts one; side calls are listed apart (`side_turns`). A sub-agent's
+    conversation thus becomes its own segment(s) beside its parent's, and every sampled
+    token is in exactly one segment with mask 1 — all of them trained with the rollout's
+    outcome. `side_calls = "train"`: the side calls with sampled tokens become segments too,
+    chained among themselves, after the policy turns' (still listed in `side_turns`). The
+    identity fields and the outcome are the caller's (the trajectory is frozen: they are
+    given here, never stamped on after)."""
+    if side_calls not in SIDE_CALLS:
+        raise ValueError(f"side_calls must be one of {', '.join(SIDE_CALLS)}, got {side_calls!r}")
+    turns = sorted(turns, key=lambda t: t.index)
+    sid = session_id if session_id is not None else (turns[0].session_id if turns else "")
+    stats = AlignmentStats(side_calls=side_calls)
+    side = [t for t in turns if t.side_call]
+    segments = _chain([t for t in turns if not t.side_call], sid, stats)
+    if side_calls == "train":  # a side call's chain never joins or divides the main conversation's
+        side_segments = _chain([t for t in side if t.completion_ids], sid, AlignmentStats())
+        segments += side_segments
+        stats.side_segments = len(side_segments)
     stats.segments = len(segments)
     stats.tokens = sum(len(s.token_ids) for s in segments)
     stats.sampled_tokens = sum(sum(s.loss_mask) for s in segments)
@@ -185,17 +209,18 @@ def assemble(
         harness=harness,
         step=step,
         outcome=outcome,
-        side_turns=side,
+        side_turns=[t.index for t in side],
     )
 
 
 def delivered(turns: list[Turn], traj: Trajectory) -> dict[str, float | int]:
-    """How much of what the policy sampled reaches the loss, checked from the turns' side.
+    """How much of what the trajectory trains reaches the loss, checked from the turns' side.
 
-    `policy_tokens`: completion tokens of every policy (non-side) turn; `delivered_tokens`:
-    those found, token for token, at mask-1 positions of the segment that lists their turn
-    (so a turn dropped, mis-placed or masked out counts as lost); `side_tokens`: side calls'
-    completions (titles, summaries: kept apart on purpose). `fraction` should be 1.0."""
+    `policy_tokens`: completion tokens of every turn it trains (every policy turn; the side
+    calls too when `traj.stats.side_calls == "train"`); `delivered_tokens`: those found,
+    token for token, at mask-1 positions of the segment that lists their turn (so a turn
+    dropped, mis-placed or masked out counts as lost); `side_tokens`: side calls' completions
+    kept apart on purpose (titles, summaries; 0 when they are trained). `fraction` should be 1.0."""
     by_index = {t.index: t for t in turns}
     placed: dict[int, bool] = {}
     for seg in traj.segments:
@@ -209,12 +234,13 @@ def delivered(turns: list[Turn], traj: Trajectory) -> dict[str, float | int]:
                 and all(seg.loss_mask[n : n + m])
                 and seg.token_ids[:n] == list(t.prompt_ids)
             )
-    policy = [t for t in turns if not t.side_call]
+    trains_side = traj.stats.side_calls == "train"
+    policy = [t for t in turns if trains_side or not t.side_call]
     total = sum(len(t.completion_ids) for t in policy)
     got = sum(len(t.completion_ids) for t in policy if placed.get(t.index))
     return {
         "policy_tokens": total,
         "delivered_tokens": got,
-        "side_tokens": sum(len(t.completion_ids) for t in turns if t.side_call),
+        "side_tokens": sum(len(t.completion_ids) for t in turns if t.side_call and not trains_side),
         "fraction": round(got / total, 6) if total else 1.0,
     }

@@ -225,13 +225,18 @@ class Outcome:
 
 @dataclass
 class AlignmentStats:
-    """How well a session's turns chained token-for-token."""
+    """How a session's turns were assembled and how well they chained token-for-token."""
 
     tokens: int = 0  # total tokens over segments
-    sampled_tokens: int = 0
+    sampled_tokens: int = 0  # mask-1 tokens over segments: what the loss may see
     segments: int = 0
     reused_prompt_tokens: int = 0  # prompt tokens that were an exact prefix continuation
     first_divergence: dict[str, int] | None = None  # {"turn": i, "token": position}
+    # how side calls were assembled (`trajectory.SideCalls`): "separate" lists them apart, never
+    # trained; "train" makes them segments of their own, after the main conversation's, under the
+    # rollout's one advantage. Kept here so the stored record says what its segments hold.
+    side_calls: str = "separate"
+    side_segments: int = 0  # of `segments`, those built from side calls (the last ones)
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,7 @@ class Trajectory:
     harness: str = ""
     step: int = 0
     outcome: Outcome | None = None
-    side_turns: list[int] = field(default_factory=list)
+    side_turns: list[int] = field(default_factory=list)  # the side calls; segments too when stats.side_calls == "train"
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

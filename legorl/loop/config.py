@@ -27,6 +27,7 @@ from legorl.rollout import RolloutConfig
 from legorl.sandbox.base import Limits
 from legorl.train.config import TrainerConfig
 from legorl.train.sft import SFTConfig
+from legorl.trajectory import SIDE_CALLS_DEFAULT, SideCalls
 from legorl.verify.grade import GradeConfig
 
 # Each knob's default is said once, by the component that uses it; a section reads it from
@@ -143,6 +144,11 @@ class HarnessSection(Section):
     group runs in one harness drawn by these weights (every member the same harness, the draw
     recorded on the trajectory), one policy for all; held-out evaluations run once per harness.
     Empty: every rollout runs in `name`."""
+    side_calls: SideCalls = SIDE_CALLS_DEFAULT
+    """What a trajectory does with the side calls the harness makes with the policy (titles,
+    compaction summaries: `proxy.side_call_patterns`): "separate" records them apart, never
+    trained; "train" trains them as segments of their own under the rollout's one advantage
+    (legorl/trajectory.py). Either way the token ledger counts them."""
 
     @model_validator(mode="after")
     def _command(self) -> HarnessSection:

@@ -6,19 +6,25 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from legorl import ledger
 from legorl.harness.actions import TOOL_CALLS, ActionFormat
+from legorl.train.advantages import is_valid
 from legorl.trajectory import delivered
-from legorl.types import Status
+from legorl.types import Status, Trajectory
 
 TAMPER_FLAGS = ("tamper_attempt", "hack_detected")
 
 
 def rollout_metrics(
-    records: Sequence[Any], trainer_version: int, formats: Mapping[str, ActionFormat] | None = None
+    records: Sequence[Any],
+    trainer_version: int,
+    formats: Mapping[str, ActionFormat] | None = None,
+    advantages: Mapping[str, float | None] | None = None,
 ) -> dict[str, float]:
     """Rates over a step's rollouts (`records` are loop.worker.RolloutRecord). `formats`: each
     harness's action format (the run store's `action_formats()`); a harness missing there is
-    judged by the dialect's tool calls."""
+    judged by the dialect's tool calls. `advantages`: each trajectory the trainer was given
+    (by session id) with its advantage; with it, the step's token ledger per harness."""
     n = len(records)
     if n == 0:
         return {}
@@ -48,6 +54,33 @@ def rollout_metrics(
     out["rollout/tamper_flags"] = float(
         sum(1 for r in records if any(f in TAMPER_FLAGS for f in r.trajectory.outcome.flags))
     )
+    if advantages is not None:
+        out.update(ledger.to_metrics(step_ledgers(records, advantages)))
+    return out
+
+
+def fate(traj: Trajectory, advantages: Mapping[str, float | None]) -> ledger.Fate | None:
+    """Why the trainer left a whole trajectory out (None: it trained it): not given to it
+    (dropped as stale), no advantage for an infrastructure fault, or a skipped group."""
+    if traj.session_id not in advantages:
+        return "stale"
+    if advantages[traj.session_id] is not None:
+        return None
+    return "zero_variance" if is_valid(traj) else "infra_mask"
+
+
+def step_ledgers(records: Sequence[Any], advantages: Mapping[str, float | None]) -> dict[str, ledger.TokenLedger]:
+    """The step's token ledger per harness (legorl/ledger.py)."""
+    out: dict[str, ledger.TokenLedger] = {}
+    for r in records:
+        led = ledger.rollout_ledger(
+            r.turns,
+            r.trajectory,
+            aborted_tokens=r.aborted_tokens,
+            retried_tokens=r.retried_tokens,
+            fate=fate(r.trajectory, advantages),
+        )
+        out.setdefault(r.trajectory.harness or "unknown", ledger.TokenLedger()).add(led)
     return out
 
 

@@ -263,7 +263,8 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
         keep_logprobs=cfg.monitor.trainer_logprobs_max_tokens,
     )
     metrics.update(store_trainer_logprobs(store, trajs, trainer.kept_logprobs))  # the token view's trainer side
-    metrics.update(rollout_metrics(records, sampled_by, store.action_formats()))
+    given = {t.session_id: a for t, a in zip(trajs, adv.values, strict=True)}  # for the token ledger
+    metrics.update(rollout_metrics(records, sampled_by, store.action_formats(), given))
     metrics.update(
         {
             "time/rollout_s": t1 - t0,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from legorl.rollout import RolloutResult
-from legorl.trajectory import assemble
+from legorl.trajectory import SIDE_CALLS_DEFAULT, SideCalls, assemble
 from legorl.types import Outcome, Status, Task, Trajectory, Turn
 
 CONTEXT_FLAG = "context_exceeded"  # the harness's prompt reached the model's window (the proxy refused it)
@@ -43,6 +43,8 @@ class RolloutRecord:
     turns: list[Turn]
     result: RolloutResult
     timings: dict[str, float] = field(default_factory=dict)
+    aborted_tokens: int = 0  # sampled in calls that never reached the harness (the token ledger's `aborted`)
+    retried_tokens: int = 0  # sampled in the attempts retried for an infrastructure fault (its `infra_mask`)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,12 @@ class RolloutAttempt:
     context_errors: int = 0  # requests refused as over the context window (the agent's; graded)
     agent_faults: dict[str, int] = field(default_factory=dict)  # failed calls by agent-side cause (graded)
     closed_externally: bool = False  # its session was closed by someone else mid-rollout (ours)
+    aborted_tokens: int = 0  # completion tokens of its aborted calls (never in the trajectory)
+
+    @property
+    def sampled_tokens(self) -> int:
+        """Every completion token the policy sampled in this attempt, aborted calls included."""
+        return sum(len(t.completion_ids) for t in self.turns) + self.aborted_tokens
 
     @property
     def infra_cause(self) -> str | None:
@@ -122,8 +130,18 @@ def outcome_of(attempt: RolloutAttempt, retried_after: list[str]) -> Outcome:
     return Outcome(reward, status, masked=masked, flags=flags, tests=tests, evidence=evidence)
 
 
-def record_of(task: Task, step: int, attempt: RolloutAttempt, retried_after: list[str]) -> RolloutRecord:
-    """The rollout's record: its final outcome and trajectory, each constructed once."""
+def record_of(
+    task: Task,
+    step: int,
+    attempt: RolloutAttempt,
+    retried_after: list[str],
+    side_calls: SideCalls = SIDE_CALLS_DEFAULT,
+    *,
+    retried_tokens: int = 0,
+) -> RolloutRecord:
+    """The rollout's record: its final outcome and trajectory, each constructed once
+    (`side_calls`: the run's `[harness] side_calls`; `retried_tokens`: sampled in the attempts
+    before it, given up on)."""
     outcome = outcome_of(attempt, retried_after)
     result = attempt.result
     traj = assemble(
@@ -133,8 +151,17 @@ def record_of(task: Task, step: int, attempt: RolloutAttempt, retried_after: lis
         harness=result.harness,
         step=step,
         outcome=outcome,
+        side_calls=side_calls,
     )
-    return RolloutRecord(traj, attempt.turns, dataclasses.replace(result, outcome=outcome), attempt.timings)
+    replaced = dataclasses.replace(result, outcome=outcome)
+    return RolloutRecord(
+        traj,
+        attempt.turns,
+        replaced,
+        attempt.timings,
+        aborted_tokens=attempt.aborted_tokens,
+        retried_tokens=retried_tokens,
+    )
 
 
 def masked_record(task: Task, step: int, harness: str, session_id: str, outcome: Outcome) -> RolloutRecord:

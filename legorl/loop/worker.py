@@ -167,12 +167,14 @@ class RolloutWorker:
         except (ValueError, OSError, ImageBuildError, ImageNotFound) as e:  # the task's repository or image
             return self._unbuildable(task, step, sid, e, agent.name)
         failed: list[str] = []
+        lost = 0  # tokens sampled in the attempts given up on (the token ledger's infra_mask)
         for k in range(self.retries + 1):
             attempt = await self._attempt(task, image, step, sid if k == 0 else f"{sid}-retry{k}", agent)
             cause = attempt.infra_cause
             if cause is None or k == self.retries:
-                return record_of(task, step, attempt, failed)
+                return record_of(task, step, attempt, failed, self.cfg.harness.side_calls, retried_tokens=lost)
             failed.append(f"{attempt.session_id}: {cause}")
+            lost += attempt.sampled_tokens
             await asyncio.sleep(min(0.2 * 2**k, 2.0))
         raise AssertionError("unreachable")
 
@@ -228,6 +230,7 @@ class RolloutWorker:
             session.context_errors,
             agent_faults=dict(session.agent_faults),
             closed_externally=session.closed_externally,
+            aborted_tokens=sum(len(t.completion_ids) for t in session.aborted),
         )
 
     async def group(

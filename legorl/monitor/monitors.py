@@ -34,7 +34,10 @@ Metric keys (emitted by the rollout loop and the trainer, one value per step):
 | `rollout/response_tokens_mean` | mean completion tokens per trajectory |
 | `rollout/turns_mean` | mean policy turns per trajectory |
 | `rollout/tamper_flags` | number of trajectories flagged for tampering (test edits, ...) |
-| `rollout/delivered_fraction_min` | the worst unmasked trajectory's share of sampled tokens that reach the loss |
+| `rollout/delivered_fraction_min` | the worst unmasked trajectory's share of the tokens it trains that reach the loss |
+| `ledger/<harness>/sampled` | completion tokens sampled in the step's rollouts of that harness (legorl/ledger.py) |
+| `ledger/<harness>/trained` | of them, those that reached the loss |
+| `ledger/<harness>/<reason>` | of them, those not trained for `reason`; with `trained` they add up to `sampled` |
 | `groups/zero_variance_share` | share of groups whose rewards are all equal (no signal) |
 | `policy/staleness_mean` | mean (trainer version - version that sampled) over trained tokens |
 | `async/dropped_stale` | trajectories of the step left out as older than `run.max_staleness` |

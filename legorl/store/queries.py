@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from legorl import ledger
 from legorl.harness.actions import ActionFormat
 from legorl.store import codec
 from legorl.store import messages as msgs
@@ -458,6 +459,31 @@ class StoreQueries:
                     per_step.setdefault(step, {"step": step})[key] = value
         return [per_step[s] for s in sorted(per_step)]
 
+    def token_ledger(self, step: int | None = None) -> dict[str, Any]:
+        """Where the sampled tokens went (legorl/ledger.py), per harness and in total: of one
+        GSPO step, or summed over them all (the last value logged per step and key wins)."""
+        cond, args = ("AND step = ?", (int(step),)) if step is not None else ("", ())
+        with self._read() as c:
+            rows = c.execute(
+                f"SELECT step, key, value FROM metrics WHERE key LIKE 'ledger/%' {cond} ORDER BY id", args
+            ).fetchall()
+        per_step: dict[int, dict[str, float]] = {}
+        for r in rows:
+            per_step.setdefault(r["step"], {})[r["key"]] = r["value"] or 0.0
+        harnesses: dict[str, ledger.TokenLedger] = {}
+        total = ledger.TokenLedger()
+        for metrics in per_step.values():
+            for harness, led in ledger.from_metrics(metrics).items():
+                harnesses.setdefault(harness, ledger.TokenLedger()).add(led)
+                total.add(led)
+        return {
+            "step": step,
+            "steps": len(per_step),
+            "reasons": list(ledger.REASONS),
+            "harnesses": {h: _ledger_row(led) for h, led in sorted(harnesses.items())},
+            "total": _ledger_row(total),
+        }
+
     def alerts(self, since_id: int = 0, limit: int = 500) -> list[dict[str, Any]]:
         with self._read() as c:
             rows = c.execute("SELECT * FROM alerts WHERE id > ? ORDER BY id DESC LIMIT ?", (since_id, limit)).fetchall()
@@ -467,6 +493,10 @@ class StoreQueries:
         with self._read() as c:
             rows = c.execute("SELECT * FROM events WHERE id > ? ORDER BY id DESC LIMIT ?", (since_id, limit)).fetchall()
         return [{**dict(r), "data": loads(r["data"], {})} for r in reversed(rows)]
+
+
+def _ledger_row(led: ledger.TokenLedger) -> dict[str, Any]:
+    return {**led.as_dict(), "balanced": led.balanced}
 
 
 def turn_of(session_id: str, t: RebuiltTurn) -> Turn:

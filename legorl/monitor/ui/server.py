@@ -219,6 +219,12 @@ def make_ui_app(run_dir: Path | str, *, poll_interval: float = 0.5) -> FastAPI:
 
         return await call(step_outcomes, store, step)
 
+    @app.get("/api/ledger")
+    async def token_ledger(step: int | None = None) -> dict[str, Any]:
+        """Where the sampled tokens went, per harness: trained, or not and why (legorl/ledger.py);
+        of one step, or of the whole run."""
+        return await call(store.token_ledger, step)
+
     @app.get("/api/compare")
     async def compare(
         a_step: int | None = None, b_step: int | None = None, a_run: str | None = None, b_run: str | None = None

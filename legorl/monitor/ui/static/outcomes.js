@@ -1,6 +1,7 @@
 // The rollout-outcome view: one step's rollouts by what they gave the trainer (api/outcomes,
 // legorl/ops/outcomes.py): gradient, zero-variance group, advantage 0, masked (infrastructure),
-// filtered (stale, abandoned), each with why. Redrawn when the step's trajectories change.
+// filtered (stale, abandoned), each with why; then the step's token ledger (ledger.js). Redrawn
+// when the step's trajectories change.
 "use strict";
 
 const KIND_LABELS = { gradient: "gradient", zero_variance: "zero-variance", zero_advantage: "advantage 0",
@@ -20,7 +21,8 @@ const OutcomesPage = {
     return root;
   },
   async fill(root, step) {
-    const o = await api(`api/outcomes?step=${encodeURIComponent(step)}`);
+    const [o, led] = await Promise.all([api(`api/outcomes?step=${encodeURIComponent(step)}`),
+      api(`api/ledger?step=${encodeURIComponent(step)}`)]);
     const counts = h("div", { class: "cards" }, Object.entries(o.counts).filter(([k, n]) => n || k === "gradient").map(([k, n]) =>
       h("div", { class: `card kind-${k}`, "data-kind": k }, h("div", { class: "v" }, n), h("div", { class: "l" }, KIND_LABELS[k]))));
     const table = h("table", { class: "grid outcomes" },
@@ -29,7 +31,7 @@ const OutcomesPage = {
         h("td", {}, r.instance_id), h("td", {}, h("a", { href: `#/t/${encodeURIComponent(r.session_id)}` }, r.session_id.slice(-6))),
         h("td", {}, r.status || "—"), h("td", { class: "num" }, fmt(r.reward)), h("td", { class: "num" }, fmt(r.advantage)),
         h("td", {}, h("span", { class: `badge kind-${r.kind}` }, KIND_LABELS[r.kind])), h("td", { class: "why" }, r.why))));
-    root.querySelector(".body").replaceChildren(counts, table);
+    root.querySelector(".body").replaceChildren(counts, table, h("h2", {}, "Token ledger"), ledgerView(led));
   },
   refresh: debounce(() => {
     const root = document.getElementById("outcomes");

@@ -113,7 +113,8 @@ const OverviewPage = {
       return lineChart(def.title, keys.map((k) => ({ name: k, points: S.metrics[k] || [] })),
         { refs: chartRefs(def), zero: def.zero, marks, legend: def.legend, doc: keys.map((k) => `${k}: ${metricDoc(k)}`).join("\n") });
     }));
-    this.other.replaceChildren(...all.filter((k) => !used.has(k)).map((k) => lineChart(k, [{ name: k, points: S.metrics[k] }])));
+    // the token ledger's counts have their own table (the Outcomes view), not a chart each
+    this.other.replaceChildren(...all.filter((k) => !used.has(k) && !k.startsWith("ledger/")).map((k) => lineChart(k, [{ name: k, points: S.metrics[k] }])));
     const rows = S.alerts.slice().reverse().slice(0, 100);
     this.alertBox.replaceChildren(rows.length ? h("table", { class: "grid alerts" },
       h("tr", {}, h("th", {}, "step"), h("th", {}, "monitor"), h("th", {}, "severity"), h("th", {}, "message")),

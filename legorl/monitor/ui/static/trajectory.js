@@ -83,7 +83,7 @@ const TrajectoryPage = {
     window.scrollTo(0, y);
   },
   turnView(turn) {
-    const tags = [turn.side_call ? h("span", { class: "badge" }, "side call (not trained)") : "",
+    const tags = [turn.side_call ? h("span", { class: "badge" }, turn.segment == null ? "side call (not trained)" : "side call (trained)") : "",
       turn.format_error ? h("span", { class: "badge sev-critical" }, "format error") : "",
       turn.trainer_logprobs || turn.side_call ? "" : this.t.untrained
         ? h("span", { class: "badge muted", title: this.t.untrained }, "not trained: no trainer logprobs")
