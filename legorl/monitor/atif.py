@@ -17,8 +17,9 @@ turn, so the export is lossless where it matters:
   sub-agent: it becomes an embedded trajectory in `subagent_trajectories`, referenced
   from the parent's step that was current when it started. A segment that merely follows
   (a compaction) stays in the root's steps.
-- **Side calls are marked** (`extra.legorl.side_call: true`): answered, never trained on.
-  They sit in the root's steps at their call position.
+- **Side calls are marked** (`extra.legorl.side_call: true`): answered, trained only as
+  segments of their own under `[harness] side_calls = "train"` (the exported `stats.side_calls`
+  says which). They sit in the root's steps at their call position.
 
 `read_turns` is the way back: an exported file (root and sub-agents) → the session's
 `Turn`s, which `legorl.trajectory.assemble` turns into the same segments. MoE routing and
