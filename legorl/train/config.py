@@ -103,13 +103,14 @@ class TrainerConfig(Section):
     """Rows per chunk of the vocabulary projection; bounds fp32 logits memory."""
     max_tokens_per_microbatch: int = 8192
     """Token budget of one packed forward; a longer trajectory gets a micro-batch alone."""
-    packing: Literal["packed", "per_segment", "shared_prefix"] = "packed"
-    """One forward over concatenated segments (position ids reset per segment, attention
-    blocked across segments), one forward per segment (slower; for kernels that cannot
-    take packed sequences), or `shared_prefix`: packed, with the tokens that segments share
-    at their start (a harness's system prompt, a group's first prompt) computed once
-    (legorl/train/shared_prefix.py; a family it is not exact for falls back to packed, said
-    in one line at start-up). Packing is refused, in one line, for a model type or attention
+    packing: Literal["packed", "per_segment", "shared_prefix"] = "shared_prefix"
+    """`shared_prefix` (default): packed, with the tokens that segments share at their start
+    (a harness's system prompt, a group's first prompt) computed once, exactly
+    (legorl/train/shared_prefix.py; a family it is not exact for, or a run with gradient
+    checkpointing on, falls back to packed, said in one line at start-up); `packed`: one
+    forward over concatenated segments (position ids reset per segment, attention blocked
+    across segments); `per_segment`: one forward per segment (slower; for kernels that cannot
+    take packed sequences). Packing is refused, in one line, for a model type or attention
     kernel it has not been verified on (legorl/packed_families.py)."""
     attn_implementation: str = "legorl_varlen"
     """transformers attention kernel of the trained model: legorl_varlen (per-segment sdpa on

@@ -29,6 +29,7 @@ from torch import nn
 
 from legorl.packed_families import own_masks, packing_refusal
 from legorl.train.batch import MicroBatch
+from legorl.train.carried_state import share_alignment
 from legorl.train.linear_varlen import segment_aware
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
 from legorl.train.shared_prefix import (
@@ -36,6 +37,7 @@ from legorl.train.shared_prefix import (
     PackedCall,
     Span,
     branch_cache,
+    checkpointing_refusal,
     prefix_groups,
     shared_hidden,
     sharing_refusal,
@@ -174,8 +176,11 @@ class PolicyModel(nn.Module):
             return self.hidden(ids, pos, lengths)[0], record
 
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
-        groups = prefix_groups(mb.input_ids_N, mb.segment_lengths) if opts.packing == "shared_prefix" else []
-        if groups and self.sharing is None:
+        align = share_alignment(self.lm.config)
+        groups = (
+            prefix_groups(mb.input_ids_N, mb.segment_lengths, align=align) if opts.packing == "shared_prefix" else []
+        )
+        if groups and self.sharing is None and checkpointing_refusal(self.lm) is None:
             out = shared_hidden(
                 self._span_call(opts),
                 self._packed_call(mb, opts),
@@ -184,6 +189,7 @@ class PolicyModel(nn.Module):
                 mb.segment_lengths,
                 groups,
                 mb.replay_N_L_K if (self.is_moe and opts.routing_replay) else None,
+                align,
             )
             return self._head(mb, out.hidden_N_H, opts, out.used_N_L_K, out.natural_N_L_K)
         if opts.packing in ("packed", "shared_prefix"):
@@ -207,10 +213,11 @@ class PolicyModel(nn.Module):
 
     def _span_call(self, opts: LogprobOptions) -> DecoderCall:
         """One decoder forward on top of a shared prefix's cache (shared-prefix packing)."""
-        decoder, layers = self.lm.get_decoder(), int(self.lm.config.num_hidden_layers)
+        decoder, config = self.lm.get_decoder(), self.lm.config
 
         def call(ids: torch.Tensor, pos: torch.Tensor, cache: object | None, replay: torch.Tensor | None) -> Span:
-            kwargs = {} if cache is None else {"cache": branch_cache(cache, layers)}
+            below = branch_cache(cache, config)
+            kwargs = {} if below is None else {"cache": below}
             if not self.is_moe:
                 out = decoder(input_ids=ids, position_ids=pos, use_cache=True, **kwargs)
                 return out.last_hidden_state[0], out.past_key_values, None, None

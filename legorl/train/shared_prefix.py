@@ -17,9 +17,11 @@ Inside a group the same is done again (a tree): what members share beyond the gr
 Verified exact: dense attention (Qwen3, Qwen2, Llama); MoE with routing replay (a span is
 shared only where every member's recorded experts agree, so the one forward replays one
 routing); sliding windows and sinks, gpt-oss's and a windowed Qwen3's (the branch's cache
-masks them, under the trainer's varlen or eager attention). A recurrent
-(Gated-DeltaNet) state is not carried into branches yet: Qwen3.5 falls back to `packed`, as
-does any unverified family, with one line naming why (`sharing_refusal`).
+masks them, under the trainer's varlen or eager attention); Qwen3.5's hybrid, dense and MoE,
+whose Gated-DeltaNet layers carry the prefix's recurrent and convolution states into each
+branch (carried_state.py: the same tensors, so each branch's gradient flows back through
+them). Any unverified family falls back to `packed` with one line naming why
+(`sharing_refusal`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from legorl.train.carried_state import LINEAR_LAYER_TYPE, has_linear_layers, hybrid_cache
 from legorl.train.varlen import NAME as VARLEN
 
-SHAREABLE_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe", "gpt_oss", "glm4_moe")  # exact, tested
+RECURRENT_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")  # Gated-DeltaNet + attention: states carried (tested)
+SHAREABLE_TYPES = ("qwen3", "qwen2", "llama", "qwen3_moe", "gpt_oss", "glm4_moe", *RECURRENT_TYPES)  # exact, tested
 WINDOWED_TYPES = ("gpt_oss", "qwen3")  # sliding window and sinks: the branch's cache masks them (tested)
 MIN_SHARE = 32  # a prefix shorter than this is not worth a forward of its own
 
@@ -49,7 +53,9 @@ def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
         verified = ", ".join(SHAREABLE_TYPES)
         return f"shared-prefix packing: not verified for model type {kind!r} (verified: {verified}); packed instead"
     types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    windowed = types != {"full_attention"} or getattr(cfg, "use_sliding_window", False)
+    if kind in RECURRENT_TYPES:
+        types -= {LINEAR_LAYER_TYPE}  # carried into each branch (carried_state.py)
+    windowed = bool(types - {"full_attention"}) or bool(getattr(cfg, "use_sliding_window", False))
     if windowed and kind not in WINDOWED_TYPES:
         return (
             f"shared-prefix packing: {kind} has layer types {sorted(types)} (a window needs its own rule); "
@@ -61,6 +67,20 @@ def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
             f"shared-prefix packing: {kind}'s window is masked over a branch's cache only by the "
             f"{VARLEN!r} or eager attention, not {attention!r}; packed instead"
         )
+    return None
+
+
+CHECKPOINTING_REFUSAL = (
+    "shared-prefix packing: gradient checkpointing drops a layer's cache (a branch would lose its prefix); "
+    "packed instead"
+)
+
+
+def checkpointing_refusal(lm: nn.Module) -> str | None:
+    """transformers' gradient checkpointing drops every layer's cache while training (a
+    recomputed layer would write it twice), so a branch would run without its prefix."""
+    if getattr(lm, "is_gradient_checkpointing", False) and lm.training and torch.is_grad_enabled():
+        return CHECKPOINTING_REFUSAL
     return None
 
 
@@ -78,35 +98,52 @@ def common_length(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differ[0]) if differ.numel() else n
 
 
-def prefix_groups(ids_N: torch.Tensor, lengths: list[int], min_share: int = MIN_SHARE) -> list[PrefixGroup]:
-    """Group segments by their first `min_share` tokens; each group of two or more shares its
-    longest common prefix, less one token, so every member keeps at least one token of its own
-    (the last shared position predicts the member's first own token, which may differ)."""
+def reach(end: int, min_share: int, align: int) -> int:
+    """Where a span shared from `end` ends at the earliest: `min_share` tokens on, rounded up
+    to the alignment (members are grouped by their tokens up to there)."""
+    return -(-(end + min_share) // align) * align
+
+
+def prefix_groups(
+    ids_N: torch.Tensor, lengths: list[int], min_share: int = MIN_SHARE, align: int = 1
+) -> list[PrefixGroup]:
+    """Group segments by their first `min_share` tokens (rounded up to `align`); each group of
+    two or more shares its longest common prefix, less one token, so every member keeps at
+    least one token of its own (the last shared position predicts the member's first own
+    token, which may differ), rounded down to a multiple of `align`."""
     starts = [0]
     for n in lengths[:-1]:
         starts.append(starts[-1] + n)
+    head = reach(0, min_share, align)
     by_head: dict[tuple[int, ...], list[int]] = {}
     for s, (start, n) in enumerate(zip(starts, lengths, strict=True)):
-        if n > min_share:
-            by_head.setdefault(tuple(ids_N[start : start + min_share].tolist()), []).append(s)
+        if n > head:
+            by_head.setdefault(tuple(ids_N[start : start + head].tolist()), []).append(s)
     groups = []
     for members in by_head.values():
         if len(members) < 2:
             continue
         lead = ids_N[starts[members[0]] : starts[members[0]] + lengths[members[0]]]
         p = min(common_length(lead, ids_N[starts[m] : starts[m] + lengths[m]]) for m in members[1:])
-        if p - 1 >= min_share:
-            groups.append(PrefixGroup(p - 1, tuple(members)))
+        length = (p - 1) - (p - 1) % align
+        if length >= min_share:
+            groups.append(PrefixGroup(length, tuple(members)))
     return groups
 
 
-def branch_cache(prefix_cache: object, layers: int) -> object:
+def branch_cache(prefix_cache: object | None, config: object) -> object | None:
     """A fresh cache holding the prefix's key/value tensors (the same tensors: a branch's
-    update concatenates into new ones, so the prefix's stay shared and keep their graph)."""
+    update concatenates into new ones, so the prefix's stay shared and keep their graph) and,
+    for a Gated-DeltaNet hybrid, its recurrent and convolution states (carried_state.py).
+    None (no prefix, no recurrent layers): the model makes its own."""
     from transformers import DynamicCache
 
+    if has_linear_layers(config):
+        return hybrid_cache(config, prefix_cache)
+    if prefix_cache is None:
+        return None
     cache = DynamicCache()
-    for layer in range(layers):
+    for layer in range(int(config.num_hidden_layers)):  # type: ignore[attr-defined]
         k, v = prefix_cache.layers[layer].keys, prefix_cache.layers[layer].values  # type: ignore[attr-defined]
         cache.update(k, v, layer)
     return cache
@@ -150,17 +187,20 @@ def shared_hidden(
     lengths: list[int],
     groups: list[PrefixGroup],
     replay_N_L_K: torch.Tensor | None = None,
+    align: int = 1,
 ) -> Shared:
     """Decoder output of the packed row, each group's prefix computed once, and inside
     a group every further prefix its members share (a tree: a harness's system prompt for the
     whole micro-batch, then each task's first message for that task's GSPO group).
 
     With routing replay a span is shared only as far as its members' recorded experts agree
-    too: the prefix is one forward, so it can replay one routing."""
-    tree = _Tree(call, ids_N, pos_N, lengths, replay_N_L_K)
+    too: the prefix is one forward, so it can replay one routing. With `align` > 1 every
+    shared span ends at a multiple of it from its segment's start (carried_state.py: a
+    Gated-DeltaNet prefix ends on a chunk boundary of the delta rule)."""
+    tree = _Tree(call, ids_N, pos_N, lengths, replay_N_L_K, align)
     shared: set[int] = set()
     for g in groups:
-        length = tree.agreed(g.members, 0, g.length)
+        length = tree.aligned(tree.agreed(g.members, 0, g.length))
         if length >= MIN_SHARE:
             tree.node(g.members, 0, length, None)
             shared.update(g.members)
@@ -183,8 +223,10 @@ class _Tree:
         pos_N: torch.Tensor,
         lengths: list[int],
         replay_N_L_K: torch.Tensor | None,
+        align: int = 1,
     ) -> None:
         self.call, self.ids_N, self.pos_N, self.lengths, self.replay_N_L_K = call, ids_N, pos_N, lengths, replay_N_L_K
+        self.align = align
         self.starts = [0]
         for n in lengths[:-1]:
             self.starts.append(self.starts[-1] + n)
@@ -193,6 +235,10 @@ class _Tree:
         self.natural: list[torch.Tensor] = []
         self.source_N = torch.empty(ids_N.numel(), dtype=torch.long)
         self.offset = 0
+
+    def aligned(self, end: int) -> int:
+        """`end` rounded down to a multiple of the alignment (a position from the segment's start)."""
+        return end - end % self.align
 
     def agreed(self, members: Sequence[int], begin: int, end: int) -> int:
         """How far from `begin` (at most to `end`) every member's recorded routing agrees with
@@ -240,10 +286,11 @@ class _Tree:
         for m in members:
             self.source_N[self.starts[m] + begin : self.starts[m] + end] = torch.arange(at, at + end - begin)
         by_head: dict[tuple[int, ...], list[int]] = {}
+        far = reach(end, MIN_SHARE, self.align)
         for m in members:
             s, n = self.starts[m], self.lengths[m]
-            head = tuple(self.ids_N[s + end : s + min(n, end + MIN_SHARE)].tolist())
-            by_head.setdefault(head if n - end > MIN_SHARE else (-1 - m,), []).append(m)
+            head = tuple(self.ids_N[s + end : s + min(n, far)].tolist())
+            by_head.setdefault(head if n > far else (-1 - m,), []).append(m)
         for sub in by_head.values():
             if len(sub) > 1:
                 lead = self.ids_N[self.starts[sub[0]] + end : self.starts[sub[0]] + self.lengths[sub[0]]]
@@ -251,9 +298,9 @@ class _Tree:
                     common_length(lead, self.ids_N[self.starts[m] + end : self.starts[m] + self.lengths[m]])
                     for m in sub[1:]
                 )
-                p = self.agreed(sub, end, end + p - 1) + 1
-                if p - 1 >= MIN_SHARE:
-                    self.node(sub, end, end + p - 1, below)
+                stop = self.aligned(end + self.agreed(sub, end, end + p - 1))
+                if stop - end >= MIN_SHARE:
+                    self.node(sub, end, stop, below)
                     continue
             for m in sub:
                 at = self.offset

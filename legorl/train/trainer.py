@@ -43,6 +43,7 @@ from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sft import SFTConfig, sft
+from legorl.train.shared_prefix import CHECKPOINTING_REFUSAL
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
 
@@ -119,8 +120,10 @@ class Trainer:
         if c.packing in ("packed", "shared_prefix") and (why := packing_refusal(self.lm)):
             raise ConfigError(f"[trainer] {why}")
         self.policy = PolicyModel(self.lm).to(self.device)
-        if c.packing == "shared_prefix" and self.policy.sharing is not None:
-            log.warning("[trainer] %s", self.policy.sharing)
+        if c.packing == "shared_prefix" and (
+            why := self.policy.sharing or (CHECKPOINTING_REFUSAL if self.checkpointing else None)
+        ):
+            log.warning("[trainer] %s", why)
         if self.policy.is_moe and self.checkpointing and c.packing == "per_segment":
             raise ValueError(
                 "gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)"
