@@ -337,9 +337,10 @@ def main() -> None:
     ap.add_argument("--branch", default="500,2000", help="--rows shared: a branch's own tokens, lo,hi")
     ap.add_argument(
         "--checkpointing",
-        default="false",
+        default=None,
         choices=["false", "true", "auto"],
-        help="the trainer's gradient_checkpointing (with it on, shared_prefix falls back to packed)",
+        help="the trainer's gradient_checkpointing; default: auto for naive rows (the trainer's default), "
+        "false for shared rows (with it on, shared_prefix falls back to packed)",
     )
     ap.add_argument(
         "--master-fp32",
@@ -348,7 +349,9 @@ def main() -> None:
         "default: train the bf16 parameters directly, as the naive probe does",
     )
     args = ap.parse_args()
-    args.checkpointing = {"false": False, "true": True}.get(args.checkpointing, "auto")
+    args.checkpointing = {"false": False, "true": True, "auto": "auto"}.get(
+        args.checkpointing or ("false" if args.rows == "shared" else "auto")
+    )
     if args.rounds < 3:
         print("note: fewer than 3 rounds: the spread says little", file=sys.stderr)
     if args.threads:
@@ -367,6 +370,7 @@ def main() -> None:
         "rows_kind": args.rows,
         "rounds": args.rounds,
         "warm": args.warm,
+        "gradient_checkpointing": args.checkpointing,
         "threads": torch.get_num_threads(),
         "loadavg_before": [round(x, 2) for x in os.getloadavg()],
         "rows": [],
