@@ -79,7 +79,12 @@ CHECKPOINTING_REFUSAL = (
 def checkpointing_refusal(lm: nn.Module) -> str | None:
     """transformers' gradient checkpointing drops every layer's cache while training (a
     recomputed layer would write it twice), so a branch would run without its prefix."""
-    if getattr(lm, "is_gradient_checkpointing", False) and lm.training and torch.is_grad_enabled():
+    name = (
+        "is_activation_checkpointing"
+        if hasattr(type(lm), "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    if getattr(lm, name, False) and lm.training and torch.is_grad_enabled():
         return CHECKPOINTING_REFUSAL
     return None
 
