@@ -251,6 +251,12 @@ class WarmStartSection(Section):
     """The control (needs `[heldout]`): from the same warm-start checkpoint, this many more SFT
     steps (at the final SFT learning rate) instead of GSPO, evaluated on the same held-out
     tasks — does more imitation do what GSPO did?"""
+    gspo_moments: Literal["carry", "fresh"] = "carry"
+    """AdamW's moments when GSPO begins after the demonstrations' SFT: carried from the SFT, or
+    fresh (as after a `checkpoint` warm start, and as in a separate RL job). An SFT that has
+    converged leaves second moments scaled to imitation gradients, here 20-50x smaller than
+    GSPO's first ones, so a carried state turns them into steps far above `lr`. The control
+    always continues the SFT's own moments."""
 
     @model_validator(mode="after")
     def _one_source(self) -> WarmStartSection:

@@ -218,6 +218,8 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
             if demos is not None and run.heldout:  # a resume still runs the control from it
                 phases.keep_control_start(run, demos)
                 control = True
+            if cfg.warm_start.episodes and cfg.warm_start.gspo_moments == "fresh":
+                trainer.fresh_moments()  # after the control's start kept the SFT's own
             if "warm_start" in at:
                 await timed("eval_warm_start", phases.evaluate(run, "warm_start"))
         trainer.data_state = {

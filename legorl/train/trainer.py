@@ -236,6 +236,11 @@ class Trainer:
         self.lm.load_state_dict(snap.lm)
         self.optimizer.load_state_dict(snap.optimizer)
 
+    def fresh_moments(self) -> None:
+        """Forget AdamW's moments and step counts (the weights stay): the next update is the
+        first of a new optimizer, bias correction included."""
+        self.optimizer.state.clear()
+
     def sft(
         self,
         demos: Sequence[Trajectory],
