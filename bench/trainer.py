@@ -26,8 +26,9 @@ with `"shared_prefix"` (the trainer's default), on the same model and trainer:
 
 Every A/B is interleaved: the two pipelines alternate in one process (A, B, A, B, ...) for
 `--rounds` rounds (at least 3) after `--warm` warm-up rounds, and each reports its median step
-time and spread (min, max): the machines these run on are shared, and rows run one after the
-other once read 1.60x where a rerun read 0.94x. Every row reports its peak memory: CUDA's
+time and spread (min, max), and the process's CPU seconds per step (median, min, max), which a
+loaded machine's waiting does not inflate: the machines these run on are shared, and rows run
+one after the other once read 1.60x where a rerun read 0.94x. Every row reports its peak memory: CUDA's
 allocator peak on a GPU; on CPU the process's peak resident set during each step (VmHWM, reset
 before it), median over rounds. Shared rows add the tokens the decoder computed per step.
 
@@ -154,18 +155,20 @@ def interleaved(steps: dict[str, Step], rounds: int, warm: int, device: str) -> 
     in the machine's load falls on both; per pipeline the median step time, its spread and the
     median peak memory over the measured rounds."""
     times: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}  # process CPU seconds: what a loaded machine's wait hides
     peaks: dict[str, list[float]] = {k: [] for k in steps}
     extra: dict[str, dict] = {k: {} for k in steps}
     for r in range(warm + rounds):
         for name, step in steps.items():
             sync(device)
             peak_reset(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             info = step()
             sync(device)
-            seconds = time.perf_counter() - t0
+            seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
             if r >= warm:
                 times[name].append(seconds)
+                cpu[name].append(cpu_seconds)
                 peaks[name].append(peak_gib(device))
                 extra[name] = info
     return {
@@ -173,6 +176,9 @@ def interleaved(steps: dict[str, Step], rounds: int, warm: int, device: str) -> 
             "step_s": round(statistics.median(times[name]), 4),
             "step_s_min": round(min(times[name]), 4),
             "step_s_max": round(max(times[name]), 4),
+            "cpu_s": round(statistics.median(cpu[name]), 2),
+            "cpu_s_min": round(min(cpu[name]), 2),
+            "cpu_s_max": round(max(cpu[name]), 2),
             "rounds": len(times[name]),
             ("peak_mem_GiB" if device.startswith("cuda") else "peak_rss_GiB"): round(statistics.median(peaks[name]), 2),
             **extra[name],
@@ -309,6 +315,7 @@ def shared_rows(name: str, make: Callable[[str], torch.nn.Module], args: argpars
                 round(a["step_s_min"] / b["step_s_max"], 2),
                 round(a["step_s_max"] / b["step_s_min"], 2),
             ],
+            "cpu_ratio": round(a["cpu_s"] / b["cpu_s"], 2),
         }
         rows.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)  # progress, if cut short
