@@ -66,3 +66,78 @@ async def test_batched_generation_equals_a_fresh_forward(family: str, tmp_path) 
                 assert g.routed_experts is None
     finally:
         await engine.close()
+
+
+def _all_windowed(path, window: int = 8):  # type: ignore[no-untyped-def]
+    """A Qwen3 directory whose every layer is a sliding-window layer (`window` tokens back)."""
+    cfg = json.loads((path / "config.json").read_text())
+    layers = ["sliding_attention"] * cfg["num_hidden_layers"]
+    cfg.update(use_sliding_window=True, sliding_window=window, max_window_layers=0, layer_types=layers)
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+async def test_every_layer_windowed_keeps_only_the_window_and_equals_a_fresh_forward(tmp_path, monkeypatch) -> None:
+    """Qwen3 with every layer windowed (8 back): the batch keeps each row's last 8 columns (cut at
+    every regroup, and once decode has grown it to 16), a reused prefix is copied in as its last 8
+    columns. Prompts many windows long, sessions joining mid-decode and later turns reusing the
+    first turn's stored prompt still give exactly a fresh forward's logprobs: positions stay
+    absolute."""
+    engine = HFEngine(str(_all_windowed(save("qwen3", tmp_path / "q"))), seed=0, prefill_chunk=16)
+    assert engine._fwd.keep == 8
+    widths: list[int] = []  # columns of every decode forward
+    decode = engine._fwd.decode
+
+    def spy(batch, tokens_B, positions_B):  # type: ignore[no-untyped-def]
+        widths.append(batch.valid_B_S.shape[1] + 1)
+        return decode(batch, tokens_B, positions_B)
+
+    monkeypatch.setattr(engine._fwd, "decode", spy)
+    gen = torch.Generator().manual_seed(7)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 4096, (n,), generator=gen).tolist()
+
+    system = ids(60)  # shared by every session: stored at the first prefill, reused by the rest
+    done: list[tuple[list[int], object]] = []
+    try:
+        with torch.no_grad():  # padding is id 0: make it a real embedding, so a leak would show
+            engine.model.get_input_embeddings().weight[0].normal_(generator=torch.Generator().manual_seed(0))
+
+        async def session(i: int) -> None:
+            await asyncio.sleep(0.04 * i)  # later sessions join a running batch
+            prompt = system + ids(5 + 7 * i)
+            for turn in range(3):
+                params = SamplingParams(temperature=1.0, max_tokens=3 + 5 * i + turn, seed=10 * i + turn)
+                g = await engine.generate(prompt, params)
+                done.append((prompt, g))
+                prompt = prompt + list(g.completion_ids) + ids(11)
+
+        await asyncio.gather(*[session(i) for i in range(5)])
+        params = SamplingParams(temperature=1.0)
+        for prompt, g in done:
+            full = prompt + list(g.completion_ids)  # type: ignore[attr-defined]
+            with torch.no_grad():
+                logits_T_V = engine.model(input_ids=torch.tensor([full])).logits[0]
+            want = token_logprobs(logits_T_V[len(prompt) - 1 : -1], torch.tensor(g.completion_ids), params)  # type: ignore[attr-defined]
+            assert float((torch.tensor(g.logprobs) - want).abs().max()) < 1e-4  # type: ignore[attr-defined]
+        assert max(len(p) for p, _ in done) > 10 * 8  # prompts many windows long
+        assert widths and max(widths) <= 2 * 8  # the batch never held more than twice the window
+        assert engine.stats["reused_tokens"] > 0
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("family", ["qwen3_windowed", "gpt_oss"])
+def test_a_full_attention_layer_keeps_every_column(family: str, tmp_path) -> None:
+    """One full-attention layer sees the whole row: nothing is cut."""
+    from legorl.engine.kv_batch import BatchedForward
+
+    path = save(family.removesuffix("_windowed"), tmp_path / family)
+    if family == "qwen3_windowed":
+        cfg = json.loads((path / "config.json").read_text())
+        cfg.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+        (path / "config.json").write_text(json.dumps(cfg))
+    from legorl.engine.hf import load_model
+
+    assert BatchedForward(load_model(str(path), "cpu", "float32", "eager")).keep is None

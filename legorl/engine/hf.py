@@ -334,13 +334,26 @@ class HFEngine:
             for i, row in enumerate(self._rows):
                 # its columns (every token but the last sampled), if today's weights computed all of them
                 if row.done and not row.stored and not row.req.cancelled and row.version == self._prefixes_version:
-                    store.put(row_prefix(self._batch, i, row.tokens))
+                    self._put(store, row_prefix(self._batch, i, row.tokens))
                 row.stored = row.stored or row.done
         keep = [i for i, row in enumerate(self._rows) if not (row.done or row.req.cancelled)]
         dead = len(self._rows) - len(keep)
         if dead and self._batch is not None and (force or not keep or 4 * dead >= len(self._rows)):
-            self._batch = regroup([(self._batch, keep)])
+            self._batch = regroup([(self._batch, keep)], self._fwd.keep)
             self._rows = [self._rows[i] for i in keep]
+
+    @staticmethod
+    def _put(store: PrefixStore, prefix: Prefix | None) -> None:
+        if prefix is not None:  # None: a row cut to its window (every layer windowed)
+            store.put(prefix)
+
+    def _bound_window(self) -> None:
+        """Every layer windowed: cut the batch back to the window once decode steps have grown
+        it to twice that, so a long generation between admissions does not grow it without end
+        (one copy of `window` columns a row per `window` steps)."""
+        keep = self._fwd.keep
+        if keep is not None and self._batch is not None and self._batch.valid_B_S.shape[1] >= 2 * keep:
+            self._batch = regroup([(self._batch, list(range(len(self._rows))))], keep)
 
     def _prefill(self, admitted: list[Request]) -> None:
         """Prefill the admitted requests: leads first (their prompts are then in the store),
@@ -358,7 +371,8 @@ class HFEngine:
                 parts.append((batch, rows))
         old = [(self._batch, list(range(len(self._rows))))] if self._batch is not None else []
         self._batch = regroup(
-            old + [(batch, [r for r, row in enumerate(rows) if not row.done]) for batch, rows in parts]
+            old + [(batch, [r for r, row in enumerate(rows) if not row.done]) for batch, rows in parts],
+            self._fwd.keep,
         )
         self._rows = self._rows + [row for _, rows in parts for row in rows if not row.done]
         self.stats["max_rows"] = max(self.stats["max_rows"], len(self._rows))
@@ -398,7 +412,7 @@ class HFEngine:
         holds mostly columns the store has already; it is stored whole when it finishes)."""
         for r, ((req, match), row) in enumerate(zip(group, rows, strict=True)):
             if match is None and row.version == self._prefixes_version:
-                store.put(row_prefix(batch, r, req.prompt_ids))
+                self._put(store, row_prefix(batch, r, req.prompt_ids))
 
     def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
         store = self._store()
@@ -445,6 +459,7 @@ class HFEngine:
             self._sample([self._rows[r] for r in live], logits_B_V[live])
         self._finish(self._rows)
         self._drop_cancelled()
+        self._bound_window()
 
     def _finish(self, rows: list[Row]) -> None:
         """Send the final step of rows that stopped (MoE rows once their last token is routed)."""

@@ -17,14 +17,25 @@ handled identically by the eager and SDPA kernels, and a padded query row (which
 valid key) stays finite instead of producing NaNs.
 
 Models whose layers are not all full attention get one mask per layer type, as transformers
-builds them itself: `sliding_attention` layers (gpt-oss) the same mask cut to their window
-(the cache keeps every column; the mask, not the cache, bounds what they see), and
+builds them itself: `sliding_attention` layers (gpt-oss) the same mask cut to their window, and
 `linear_attention` layers (Qwen3.5's Gated-DeltaNet) the 2-D padding mask of the columns being
 fed, which zeroes padded inputs before the convolution and the recurrence. Zero inputs leave
 a zero recurrent state zero and are what the causal convolution pads with anyway, so a
 left-padded row's state after its padding is exactly that of an unpadded prefill. Those
 layers cache a fixed-size (conv, recurrent) state per row, not columns: regrouping selects
 their rows and nothing else.
+
+Windows: where a model has any full-attention layer (gpt-oss alternates), the cache keeps every
+column and the mask, not the cache, bounds what a sliding layer sees. Where every layer is a
+sliding-window layer (`BatchedForward.keep`), a query at position i sees only keys j with
+i - j < window (transformers' `sliding_window_overlay`), so no later query can see a column more
+than `window` back: `regroup` cuts every row to its last `window` columns, and a prefill that
+reuses a stored prefix copies only the last `window` of its columns. Regrouping, masks, decode
+attention and cache growth then work over ~window + turn columns, not the whole transcript
+(a Claude Code rollout's ~6.5k). Positions stay absolute: decode is given each row's true
+position, and `KVBatch.dropped_B` counts the leading tokens a row's cache no longer holds.
+Such a row is not stored as a prefix (`row_prefix`: a stored prefix holds every token's
+columns); prompts are stored at prefill, before any cut, so a later turn still reuses them.
 """
 
 from __future__ import annotations
@@ -107,7 +118,12 @@ class KVBatch:
     """The cache of the running rows and which of its columns hold real tokens."""
 
     cache: DynamicCache
-    valid_B_S: torch.Tensor  # bool; row r's real tokens are its last valid_B_S[r].sum() columns
+    valid_B_S: torch.Tensor  # bool; row r's cached tokens are its last valid_B_S[r].sum() columns
+    dropped_B: torch.Tensor | None = None  # long; how many of row r's first tokens were cut (zeros if None)
+
+    def __post_init__(self) -> None:
+        if self.dropped_B is None:
+            self.dropped_B = torch.zeros(self.rows, dtype=torch.long, device=self.valid_B_S.device)
 
     @property
     def rows(self) -> int:
@@ -148,6 +164,9 @@ class BatchedForward:
             raise ValueError(f"hf engine: layer types {sorted(unknown)} are not supported (full, sliding, linear)")
         self.layer_types = types
         self.window = getattr(text_config, "sliding_window", None) if "sliding_attention" in types else None
+        # every layer windowed: rows need no more than their last `window` columns (None: keep all;
+        # benchmarks set it to None to compare)
+        self.keep: int | None = self.window if types == {"sliding_attention"} and self.window else None
         self._config = model.config if "linear_attention" in types else None  # hybrid: per-layer cache types
 
     def new_cache(self) -> DynamicCache:
@@ -156,10 +175,11 @@ class BatchedForward:
 
     def masks(self, valid_B_S: torch.Tensor, q_len: int) -> torch.Tensor | dict[str, torch.Tensor | None]:
         """The attention mask of a forward of the last `q_len` columns (one per layer type)."""
-        full = additive_mask(valid_B_S, q_len, self.dtype)
         if self.layer_types == {"full_attention"}:
-            return full
-        out: dict[str, torch.Tensor | None] = {"full_attention": full}
+            return additive_mask(valid_B_S, q_len, self.dtype)
+        out: dict[str, torch.Tensor | None] = {}
+        if "full_attention" in self.layer_types:
+            out["full_attention"] = additive_mask(valid_B_S, q_len, self.dtype)
         if "sliding_attention" in self.layer_types:
             out["sliding_attention"] = additive_mask(valid_B_S, q_len, self.dtype, self.window)
         if "linear_attention" in self.layer_types:
@@ -191,7 +211,8 @@ class BatchedForward:
         their columns are copied in instead of computed. One forward covers every row's
         columns from the longest remaining suffix on, so a row whose suffix is shorter
         computes a few of its prefix's columns again (the engine groups rows that reuse
-        apart from rows that do not)."""
+        apart from rows that do not). With `keep` (every layer windowed) only the last `keep`
+        reused columns are copied: the forward's queries see no further back."""
         P = max(len(p) for p in prompts)
         ids_B_T = torch.zeros(len(prompts), P, dtype=torch.long)
         valid_B_S = torch.zeros(len(prompts), P, dtype=torch.bool)
@@ -201,37 +222,40 @@ class BatchedForward:
         ids_B_T, valid_B_S = ids_B_T.to(self.device), valid_B_S.to(self.device)
         pos_B_T = (valid_B_S.long().cumsum(1) - 1).clamp(min=0)
         cache = self.new_cache()
-        C = self._fill_reused(cache, prompts, reused, P) if reused else 0
+        lo, C = self._fill_reused(cache, prompts, reused, P) if reused and any(reused) else (0, 0)
         for start in range(C, P, chunk):
             end = min(P, start + chunk)
-            logits_B_V = self._run(ids_B_T[:, start:end], valid_B_S[:, :end], pos_B_T[:, start:end], cache)
-        return KVBatch(cache, valid_B_S), logits_B_V
+            logits_B_V = self._run(ids_B_T[:, start:end], valid_B_S[:, lo:end], pos_B_T[:, start:end], cache)
+        first_B = torch.tensor([P - len(p) for p in prompts], dtype=torch.long, device=self.device)
+        return KVBatch(cache, valid_B_S[:, lo:], (lo - first_B).clamp(min=0)), logits_B_V
 
     def _fill_reused(
         self, cache: DynamicCache, prompts: list[list[int]], reused: list[tuple[Prefix, int] | None], P: int
-    ) -> int:
-        """Write the reused columns into `cache`; how many columns (C) it then holds.
+    ) -> tuple[int, int]:
+        """Write the reused columns into `cache`: (lo, C), it then holds columns lo..C of the P.
 
         Each row's tokens are its last len(p) of the P columns; the forward starts at column
         C = P - (longest suffix), so row r contributes its first len(p) - (P - C) tokens,
         right-aligned in the first C columns (never more than it reuses: its own suffix is no
-        longer than the longest)."""
+        longer than the longest). lo is 0, or C - keep where every layer is windowed."""
         Q = max(len(p) - (ru[1] if ru else 0) for p, ru in zip(prompts, reused, strict=True))
         C = P - Q
         if C <= 0:
-            return 0
+            return 0, 0
+        lo = max(0, C - self.keep) if self.keep else 0
         first = next(ru[0] for ru in reused if ru)
         for layer, (k_H_L_D, v_H_L_D) in enumerate(zip(first.keys_H_L_D, first.values_H_L_D, strict=True)):
-            keys_B_H_C_D = k_H_L_D.new_zeros((len(prompts), k_H_L_D.shape[0], C, k_H_L_D.shape[2]))
-            values_B_H_C_D = v_H_L_D.new_zeros((len(prompts), v_H_L_D.shape[0], C, v_H_L_D.shape[2]))
+            keys_B_H_W_D = k_H_L_D.new_zeros((len(prompts), k_H_L_D.shape[0], C - lo, k_H_L_D.shape[2]))
+            values_B_H_W_D = v_H_L_D.new_zeros((len(prompts), v_H_L_D.shape[0], C - lo, v_H_L_D.shape[2]))
             for r, (p, ru) in enumerate(zip(prompts, reused, strict=True)):
-                use = len(p) - Q
-                if ru and use > 0:
-                    keys_B_H_C_D[r, :, C - use :] = ru[0].keys_H_L_D[layer][:, :use]
-                    values_B_H_C_D[r, :, C - use :] = ru[0].values_H_L_D[layer][:, :use]
-            cache.update(keys_B_H_C_D, values_B_H_C_D, layer)
+                use = len(p) - Q  # the row's reused tokens, ending at column C
+                n = min(use, C - lo)  # of which the cache holds the last n
+                if ru and n > 0:
+                    keys_B_H_W_D[r, :, C - lo - n :] = ru[0].keys_H_L_D[layer][:, use - n : use]
+                    values_B_H_W_D[r, :, C - lo - n :] = ru[0].values_H_L_D[layer][:, use - n : use]
+            cache.update(keys_B_H_W_D, values_B_H_W_D, layer)
         self.reused_columns += sum(len(p) - Q for p, ru in zip(prompts, reused, strict=True) if ru and len(p) > Q)
-        return C
+        return lo, C
 
     def reusable(self) -> bool:
         """Whether a row's columns can be cut back and reused (not with linear-attention state)."""
@@ -246,9 +270,13 @@ class BatchedForward:
         return self._run(ids_B_T, batch.valid_B_S, pos_B_T, batch.cache)
 
 
-def row_prefix(batch: KVBatch, r: int, tokens: list[int]) -> Prefix:
+def row_prefix(batch: KVBatch, r: int, tokens: list[int]) -> Prefix | None:
     """Row r's cached columns as a stored prefix of its `tokens` (the cache holds all but the
-    last sampled one), copied out so the batch's buffers are not kept alive by it."""
+    last sampled one), copied out so the batch's buffers are not kept alive by it; None if the
+    row was cut to its window (a stored prefix holds the columns of every one of its tokens)."""
+    assert batch.dropped_B is not None
+    if int(batch.dropped_B[r]) > 0:
+        return None
     n = min(int(batch.valid_B_S[r].sum()), len(tokens))
     ids = tokens[:n]
     keys = [layer.keys[r, :, layer.keys.shape[-2] - n :].clone() for layer in batch.cache.layers]
@@ -256,12 +284,14 @@ def row_prefix(batch: KVBatch, r: int, tokens: list[int]) -> Prefix:
     return Prefix(tuple(ids), keys, values)
 
 
-def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
-    """A new batch of the listed rows of each part, in order, cut to its longest row."""
+def regroup(parts: list[tuple[KVBatch, list[int]]], keep: int | None = None) -> KVBatch | None:
+    """A new batch of the listed rows of each part, in order, cut to its longest row (and to
+    `keep` columns: every layer windowed, see the module's docstring)."""
     parts = [(b, rows) for b, rows in parts if rows]
     if not parts:
         return None
     S = max(int(b.valid_B_S[rows].sum(1).max()) for b, rows in parts)
+    S = min(S, keep) if keep is not None else S
     num_layers = len(parts[0][0].cache.layers)
 
     def cut(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -275,17 +305,19 @@ def regroup(parts: list[tuple[KVBatch, list[int]]]) -> KVBatch | None:
         return t
 
     valid_B_S = torch.cat([cut(b.valid_B_S, rows) for b, rows in parts], dim=0)
+    held_B = torch.cat([b.valid_B_S[rows].sum(1) + b.dropped_B[rows] for b, rows in parts])  # type: ignore[index]
+    dropped_B = held_B - valid_B_S.sum(1)
     cache = _growing(DynamicCache())
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in parts[0][0].cache.layers):
         cache.layers = [
             _regroup_layer([(b.cache.layers[i], rows) for b, rows in parts], cut) for i in range(num_layers)
         ]
-        return KVBatch(cache, valid_B_S)
+        return KVBatch(cache, valid_B_S, dropped_B)
     for layer in range(num_layers):
         keys = torch.cat([cut(b.cache.layers[layer].keys, rows) for b, rows in parts], dim=0)
         values = torch.cat([cut(b.cache.layers[layer].values, rows) for b, rows in parts], dim=0)
         cache.update(keys, values, layer)
-    return KVBatch(cache, valid_B_S)
+    return KVBatch(cache, valid_B_S, dropped_B)
 
 
 def _regroup_layer(parts, cut):  # type: ignore[no-untyped-def]
