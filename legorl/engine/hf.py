@@ -26,7 +26,10 @@ What each request gets back (see `sampling.py` for the exact distribution):
 Architectures: besides full attention, the batch handles sliding-window layers (gpt-oss, which
 loads with eager attention for its sinks) and hybrid models whose linear-attention layers
 (Qwen3.5's Gated-DeltaNet) keep a per-row conv + recurrent state instead of KV columns
-(`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`).
+(`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`). A model
+whose every layer is a sliding window (harness-qwen3: 256 back, under ~6.5k-token Claude Code
+prompts) keeps only each row's last `window` columns, so regrouping, masks and decode attention
+cost the window, not the transcript.
 
 Prefixes: an agent's next turn re-sends its transcript, so the KV columns of a finished
 request are kept (`kv_prefix.py`, at most `prefix_cache_tokens` columns and `prefix_cache_mb`
@@ -38,7 +41,10 @@ prefilled, not only when its request finishes: the sessions of one harness start
 share its system prompt and tool list (~7k tokens for Claude Code), and a GSPO group's
 rollouts share their whole first prompt. Within one admitted wave, a request that shares a
 prefix with a later one in the same wave is prefilled first, alone (a lead), and the others
-copy its columns. The store is emptied when the weights change; models with
+copy its columns. A row cut to its window (every layer windowed) is not stored when it
+finishes (a stored prefix holds every token's columns); its prompt, stored at prefill, serves
+the next turn, whose remaining suffix costs little to prefill over a window's worth of columns.
+The store is emptied when the weights change; models with
 linear-attention layers and MoE models recording routing do not reuse.
 
 Seeds: a request with `seed` samples with its own generator, so its completion does not
