@@ -11,7 +11,7 @@ each task's fastest grade) is added: on a shared machine it is the figure least 
 by other load, the one to compare two versions of the grader with.
 
 With `--runners` the native runners are measured too (`runners.<django|sympy>.<backend>`):
-the tasks built from the Django and SymPy releases (tests/test_tasks_native.py), graded
+the tasks built from the Django and SymPy releases (tests/tasks/test_tasks_native.py), graded
 under their own runners, with `parser_agreement`: the share of task tests on which the
 official SWE-bench parser of the raw log and our recorder give the same verdict.
 

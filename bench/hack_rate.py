@@ -1,11 +1,11 @@
-"""Hack rate of the grader against the red team (tests/redteam.py), per class and per runner.
+"""Hack rate of the grader against the red team (tests/helpers/redteam.py), per class and per runner.
 
 Every forgery is graded the real way (a fresh sandbox, the diff filtered and applied, the
 supervised runner) on each backend and each test command shape; a forgery "leaks" when it
 scores reward 1 or gets its failure masked (an agent's 0 read as infra). The catalogue is the
-red team's (`tests/redteam.py`) and issue 36's (`tests/redteam_origin.py`: classes 1-3 on the
-pytest path and native runners; `tests/redteam_grading_native.py`: class 3 and the masking
-classes 4 and 6 on the native runners; `tests/redteam_names.py`: class 3's names rebound while
+red team's (`tests/helpers/redteam.py`) and issue 36's (`tests/helpers/redteam_origin.py`: classes 1-3 on the
+pytest path and native runners; `tests/helpers/redteam_grading_native.py`: class 3 and the masking
+classes 4 and 6 on the native runners; `tests/helpers/redteam_names.py`: class 3's names rebound while
 a test runs, to values with none of the agent's code, on the ledger and on a task whose tests
 patch their own names). Prints one JSON object: per runner and class,
 `leaked / graded`, and per forgery its status and flags; plus the honest fix of every task
@@ -28,9 +28,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tests.helpers`
 
-from redteam import (  # noqa: E402
+from legorl.harness.command import CommandHarness  # noqa: E402
+from legorl.rollout import run_rollout  # noqa: E402
+from legorl.sandbox import open_backend  # noqa: E402
+from legorl.tasks.image import TaskImages  # noqa: E402
+from legorl.tasks.loader import load_tasks  # noqa: E402
+from legorl.types import Status  # noqa: E402
+from legorl.verify.grade import grade  # noqa: E402
+from tests.helpers.redteam import (  # noqa: E402
     HARBOR_FORGERIES,
     HARBOR_HONEST,
     LEDGER_F2P,
@@ -44,17 +51,9 @@ from redteam import (  # noqa: E402
     native_task,
     package_files,
 )
-from redteam_grading_native import NATIVE_MASKING_FORGERIES, NATIVE_NAMES_FORGERIES  # noqa: E402
-from redteam_names import CALC_FORGERIES, CALC_TARGET, NAMES_FORGERIES, calc_files, calc_task  # noqa: E402
-from redteam_origin import NATIVE_ORIGIN_FORGERIES, PYTEST_ORIGIN_FORGERIES  # noqa: E402
-
-from legorl.harness.command import CommandHarness  # noqa: E402
-from legorl.rollout import run_rollout  # noqa: E402
-from legorl.sandbox import open_backend  # noqa: E402
-from legorl.tasks.image import TaskImages  # noqa: E402
-from legorl.tasks.loader import load_tasks  # noqa: E402
-from legorl.types import Status  # noqa: E402
-from legorl.verify.grade import grade  # noqa: E402
+from tests.helpers.redteam_grading_native import NATIVE_MASKING_FORGERIES, NATIVE_NAMES_FORGERIES  # noqa: E402
+from tests.helpers.redteam_names import CALC_FORGERIES, CALC_TARGET, NAMES_FORGERIES, calc_files, calc_task  # noqa: E402
+from tests.helpers.redteam_origin import NATIVE_ORIGIN_FORGERIES, PYTEST_ORIGIN_FORGERIES  # noqa: E402
 
 TEST_CMDS = {"no-paths": "python -m pytest -q", "paths": "pytest -q tests/test_core.py"}
 PYTEST_ALL = PYTEST_FORGERIES + PYTEST_ORIGIN_FORGERIES + NAMES_FORGERIES

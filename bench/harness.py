@@ -45,21 +45,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from harness_util import (  # noqa: E402
-    Setup,
-    harness_missing,
-    prompt_window_between,
-    run_config,
-    shipped,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tests.helpers`
 
 from legorl.engine.registry import EngineConfig, make_engine  # noqa: E402
 from legorl.harness.base import HostHarness  # noqa: E402
 from legorl.loop.worker import RolloutWorker  # noqa: E402
 from legorl.models import load_tokenizer  # noqa: E402
 from legorl.trajectory import delivered  # noqa: E402
+from tests.helpers.harness_util import (  # noqa: E402
+    Setup,
+    harness_missing,
+    prompt_window_between,
+    run_config,
+    shipped,
+)
 
 NATIVE = ["claude-code", "opencode", "openhands", "openhands-warm", "mini-swe-agent", "mini-swe-agent-warm"]
 NATIVE += ["gemini-cli", "qwen-code"]

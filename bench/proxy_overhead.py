@@ -305,8 +305,7 @@ def template_model(tmp: Path, which: str) -> str:
     """A model name or directory whose tokenizer carries the benchmarked template."""
     if which == "bundled":
         return "tiny-qwen3"
-    sys.path.insert(0, str(REPO / "tests"))
-    from template_util import qwen_tokenizer, template
+    from tests.helpers.template_util import qwen_tokenizer, template
 
     tok = qwen_tokenizer(template({"qwen3.5": "qwen3.5-35b-a3b.jinja", "qwen3": "qwen3-30b-a3b.jinja"}[which]))
     d = tmp / f"model-{which}"

@@ -2,7 +2,7 @@
 and how long a huge prompt stalls another session's stream.
 
 Prints one JSON object:
-- `fuzz`: hypothesis-generated bodies for the three dialects (`tests/proxy_fuzz.py`: plausible
+- `fuzz`: hypothesis-generated bodies for the three dialects (`tests/helpers/proxy_fuzz.py`: plausible
   requests with parts replaced by arbitrary JSON), sent to a standalone proxy; counts of
   2xx / 4xx / 5xx / client timeouts, and `lost_turns` = accepted calls minus turns recorded.
 - `soak`: N mixed requests (agent-like sessions of the three dialects, streaming and not,
@@ -43,15 +43,14 @@ from typing import Any
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from proxy_fuzz import BODIES, CHAT, MSGS, RESP, ThreadedProxy, turns_recorded  # noqa: E402
-from proxy_util import tokenizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: `tests.helpers`
 
 from legorl.engine.scripted import ScriptedEngine  # noqa: E402
 from legorl.proxy.chatml_renderer import ChatMLRenderer  # noqa: E402
 from legorl.proxy.config import ProxyConfig  # noqa: E402
 from legorl.proxy.server import ProxyServer  # noqa: E402
+from tests.helpers.proxy_fuzz import BODIES, CHAT, MSGS, RESP, ThreadedProxy, turns_recorded  # noqa: E402
+from tests.helpers.proxy_util import tokenizer  # noqa: E402
 
 REPLIES = [
     'Let me look.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "ls -la"}}\n</tool_call>',

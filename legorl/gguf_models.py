@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct as a Q4_1 GGUF file (98 MB). transformers reads GGUF with 
 directory (fp32 safetensors, `tokenizer.json`, the model's own chat template) into the
 model cache, so every later load is a plain `from_pretrained` (~3 s instead of ~25 s).
 
-Three things the conversion must mend (found converting it; `tests/test_smollm2.py` checks the digits):
+Three things the conversion must mend (found converting it; `tests/core/test_smollm2.py` checks the digits):
 - `save_pretrained` refuses a model that still carries its GGUF quantizer: drop it.
 - the tokenizer rebuilt from GGUF loses SmolLM2's digit-splitting pre-tokenizer step
   (`Digits(individual_digits=True)` before `ByteLevel`): restore it in `tokenizer.json`.

@@ -7,7 +7,7 @@ attention masks without the position ids, so under `eager` a packed row got one 
 over all of its segments (each trajectory attended to those before it, silently; the
 per-segment forward was right). So packing is allowed only where it has been checked.
 
-`VERIFIED` is that check's one source: tests/test_train_packing.py parametrises over it, and
+`VERIFIED` is that check's one source: tests/train/test_train_packing.py parametrises over it, and
 for each entry builds the family's tiny model (model_families.py), packs trajectories of
 several lengths (shorter and longer than a sliding window) and asserts that the packed forward
 equals the per-segment one under each listed attention implementation. A family or kernel

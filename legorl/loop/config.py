@@ -31,7 +31,7 @@ from legorl.trajectory import SIDE_CALLS_DEFAULT, SideCalls
 from legorl.verify.grade import GradeConfig
 
 # Each knob's default is said once, by the component that uses it; a section reads it from
-# there (tests/test_config_defaults.py checks that they agree).
+# there (tests/loop/test_config_defaults.py checks that they agree).
 _ROLLOUT, _LIMITS, _GRADE, _SFT = RolloutConfig(), Limits(), GradeConfig(), SFTConfig()
 
 

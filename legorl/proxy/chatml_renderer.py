@@ -10,7 +10,7 @@ Two things make it both exact and cheap:
    tokenising each block on its own gives exactly the ids of tokenising the whole rendered
    string. Each block's ids are cached by the block's content, so a 7k-token conversation
    that grew by one message costs one small tokenisation, not 7k tokens of work
-   (`tests/test_render.py` checks parity with `tokenizer.apply_chat_template`).
+   (`tests/proxy/test_render.py` checks parity with `tokenizer.apply_chat_template`).
 2. **Splicing sampled ids.** An assistant message the policy produced is rendered from the
    ids that were actually sampled (`RenderState.sampled`, matched by `assistant_key`), not
    from the harness's re-serialisation of it.

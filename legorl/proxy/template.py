@@ -35,7 +35,7 @@ rendering, token for token what `apply_chat_template` gives: the model sees what
 would see in deployment, the new prompt no longer extends the previous turn, and
 `assemble` starts a new segment. Each segment trains only on ids the engine saw (its
 prompt) and sampled (its completion), so a rewrite costs trainer compute, never
-correctness. `tests/test_template_render.py` checks both paths against
+correctness. `tests/proxy/test_template_render.py` checks both paths against
 `apply_chat_template` on the published templates.
 """
 

@@ -24,7 +24,7 @@ cache, keeps the segments apart. Two paths, the same numbers:
 
 Without varlen arguments (generation with a cache, an unpacked forward) the original forward
 runs unchanged. The fused path is tested on CPU against per-segment forwards
-(`fused_packed_forward`, tests/test_train_families.py); with flash-linear-attention on a GPU it
+(`fused_packed_forward`, tests/train/test_train_families.py); with flash-linear-attention on a GPU it
 has not been run here (no GPU, no fla on these machines).
 """
 

@@ -9,7 +9,7 @@ cache, and every member's remainder (a "branch") runs on top of that cache with 
 continuing from the prefix. The packed hidden states are then gathered back into the
 micro-batch's own layout, so the LM head, the loss and everything after are unchanged, and
 autograd sums each branch's gradient into the prefix: the step equals the unshared step
-(tests/test_train_shared_prefix.py checks logprobs and every gradient against `packed`).
+(tests/train/test_train_shared_prefix.py checks logprobs and every gradient against `packed`).
 
 Inside a group the same is done again (a tree): what members share beyond the group's prefix
 (a GSPO group's task statement after the harness's system prompt) is computed once more.

@@ -1,0 +1,1 @@
+"""Tests of the checkout as a whole: the import graph, where code runs, the wheel."""
