@@ -4,7 +4,8 @@ fixture of the same name, such as test_store.py's `store`, takes precedence)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -12,6 +13,10 @@ from legorl.sandbox import ImageRef, ImageStore, open_backend
 from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
 from tests.helpers.backends import BACKENDS
+
+if TYPE_CHECKING:  # the proxy's imports are paid only by the modules that use the fixture
+    from legorl.proxy.server import ProxyServer
+    from tests.helpers.proxy_util import ProxyScript
 
 # `scripts/test.sh` runs the suite on two workers, a file at a time each (`-n 2 --dist
 # loadfile`), handing files out in collection order; the longest files (measured with
@@ -49,6 +54,22 @@ def one_thread_per_module() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---- the scripted proxy: one fixture for every module that serves a script through the proxy
+@pytest.fixture
+def proxy_script() -> ProxyScript:
+    """What `proxy` serves; a module that uses `proxy` overrides this with its own script."""
+    pytest.fail("a module that uses the `proxy` fixture defines a `proxy_script` fixture")
+
+
+@pytest.fixture
+async def proxy(proxy_script: ProxyScript) -> AsyncIterator[ProxyServer]:
+    """A real proxy on loopback over the scripted engine replaying `proxy_script` (spied: `.spy`)."""
+    from tests.helpers.proxy_util import scripted_proxy
+
+    async with scripted_proxy(proxy_script) as srv:
+        yield srv
 
 
 # ---- sandboxes: one image store, the demo repository and its task image per session

@@ -29,12 +29,10 @@ import openai
 import pytest
 
 from legorl.engine.oracle import DELEGATED, MARK, OraclePolicy, OracleTask
-from legorl.engine.scripted import ScriptedEngine
 from legorl.harness.install import is_built
 from legorl.harness.nettrace import NetTraced
 from legorl.proxy import responses
 from legorl.proxy.chatml_renderer import ChatMLRenderer
-from legorl.proxy.config import ProxyConfig
 from legorl.proxy.server import ProxyServer
 from legorl.proxy.toolcalls import parse_completion
 from legorl.train.batch import pack
@@ -51,7 +49,7 @@ from tests.helpers.harness_util import (
     summary,
 )
 from tests.helpers.paths import FIXTURES
-from tests.helpers.proxy_util import tokenizer
+from tests.helpers.proxy_util import ProxyScript, tokenizer
 
 FIXTURE = FIXTURES / "harness_requests" / "codex-subagents.json"
 NS = "multi_agent_v1"
@@ -82,10 +80,8 @@ def _metadata(body: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def proxy():
-    engine = ScriptedEngine(SCRIPT, tokenizer(), mode="per_session")
-    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
-        yield srv
+def proxy_script() -> ProxyScript:
+    return ProxyScript(SCRIPT)
 
 
 @pytest.mark.parametrize("stream", [False, True])

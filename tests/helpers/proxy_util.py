@@ -1,15 +1,21 @@
-"""Shared helpers for the proxy tests: a spying engine wrapper and turn checks."""
+"""Shared helpers for the proxy tests: a spying engine wrapper, the proxy the tests serve over it,
+and turn checks."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from legorl.engine.base import collect
+from legorl.engine.scripted import ScriptedEngine
 from legorl.models import load_tokenizer
+from legorl.proxy.chatml_renderer import ChatMLRenderer
+from legorl.proxy.config import ProxyConfig
+from legorl.proxy.server import ProxyServer
 from legorl.proxy.toolcalls import parse_completion
 from legorl.types import Generation, SamplingParams, TokenStep, Turn
 
@@ -75,6 +81,37 @@ class SpyEngine:
         hits = [c for c in self.calls if c.prompt_ids == turn.prompt_ids and c.ids == turn.completion_ids]
         assert hits, f"turn {turn.index}: no engine call produced its prompt+completion"
         return hits[0]
+
+
+@dataclass(frozen=True)
+class ProxyScript:
+    """What the shared `proxy` fixture (tests/conftest.py) serves: the scripted engine's replies
+    (`mode` as `ScriptedEngine` takes it) and the proxy's settings beyond a free loopback port."""
+
+    replies: Sequence[str]
+    mode: str = "per_session"
+    config: dict[str, Any] = field(default_factory=dict)
+    standalone: bool = False
+
+
+@asynccontextmanager
+async def spied_proxy(engine: Any, *, standalone: bool = False, **config: Any) -> AsyncIterator[ProxyServer]:
+    """A proxy on a free loopback port (ChatML, the bundled tokenizer) over `engine` wrapped in a
+    `SpyEngine`, kept as `srv.spy` so a test compares each recorded turn with what was sampled."""
+    spy = SpyEngine(engine)
+    async with ProxyServer(
+        ProxyConfig(port=0, **config), spy, ChatMLRenderer(tokenizer()), standalone=standalone
+    ) as srv:
+        srv.spy = spy
+        yield srv
+
+
+@asynccontextmanager
+async def scripted_proxy(script: ProxyScript) -> AsyncIterator[ProxyServer]:
+    """`spied_proxy` over the scripted engine replaying `script`."""
+    engine = ScriptedEngine(list(script.replies), tokenizer(), mode=script.mode)
+    async with spied_proxy(engine, standalone=script.standalone, **script.config) as srv:
+        yield srv
 
 
 def canonical(content: str | None, reasoning: str | None, calls: list[tuple[str, Any]]) -> tuple:

@@ -17,21 +17,15 @@ import anthropic
 import openai
 import pytest
 
-from legorl.engine.scripted import ScriptedEngine
-from legorl.proxy.chatml_renderer import ChatMLRenderer
-from legorl.proxy.config import ProxyConfig
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
 from tests.helpers.dialect_script import ANTHROPIC_TOOLS, EXPECTED_CALLS, OPENAI_TOOLS, RESPONSES_TOOLS, SCRIPT
-from tests.helpers.proxy_util import SpyEngine, canonical, check_turn, tokenizer
+from tests.helpers.proxy_util import ProxyScript, canonical, check_turn, tokenizer
 
 
 @pytest.fixture
-async def proxy():
-    engine = SpyEngine(ScriptedEngine(SCRIPT, tokenizer(), mode="per_session"))
-    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
-        srv.spy = engine
-        yield srv
+def proxy_script() -> ProxyScript:
+    return ProxyScript(SCRIPT)
 
 
 def _finish(srv: ProxyServer, sid: str, views: list[tuple]) -> None:

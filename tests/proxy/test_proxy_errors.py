@@ -19,7 +19,7 @@ from legorl.proxy.chatml_renderer import ChatMLRenderer
 from legorl.proxy.config import ProxyConfig
 from legorl.proxy.server import ProxyServer
 from legorl.types import FinishReason, SamplingParams, TokenStep
-from tests.helpers.proxy_util import SpyEngine, tokenizer
+from tests.helpers.proxy_util import ProxyScript, SpyEngine, tokenizer
 
 CHAT = "/v1/chat/completions"
 MSGS = "/v1/messages"
@@ -59,11 +59,10 @@ class FaultyEngine:
 
 
 @pytest.fixture
-async def proxy():
-    engine = SpyEngine(ScriptedEngine(["fine, thanks"], tokenizer()))
-    cfg = ProxyConfig(port=0, max_context=400, max_body_bytes=1 << 20)
-    async with ProxyServer(cfg, engine, ChatMLRenderer(tokenizer()), standalone=True) as srv:
-        yield srv
+def proxy_script() -> ProxyScript:
+    return ProxyScript(
+        ["fine, thanks"], mode="cycle", config={"max_context": 400, "max_body_bytes": 1 << 20}, standalone=True
+    )
 
 
 def anthropic_error(r: httpx.Response) -> dict[str, Any]:

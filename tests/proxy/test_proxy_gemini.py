@@ -41,7 +41,7 @@ from tests.helpers.proxy_fuzz import (
     is_dialect_error,
     turns_recorded,
 )
-from tests.helpers.proxy_util import SpyEngine, canonical, check_turn, tokenizer
+from tests.helpers.proxy_util import ProxyScript, canonical, check_turn, spied_proxy, tokenizer
 
 SYSTEM = "You are a coding agent."
 BASH = types.FunctionDeclaration(
@@ -75,11 +75,8 @@ def config(decl: types.FunctionDeclaration = BASH, **kw: Any) -> types.GenerateC
 
 
 @pytest.fixture
-async def proxy():
-    engine = SpyEngine(ScriptedEngine(SCRIPT, tokenizer(), mode="per_session"))
-    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
-        srv.spy = engine
-        yield srv
+def proxy_script() -> ProxyScript:
+    return ProxyScript(SCRIPT)
 
 
 async def _turn(
@@ -248,11 +245,7 @@ def hf() -> Iterator[Any]:
 
 @pytest.fixture
 async def hf_proxy(hf: Any):
-    spy = SpyEngine(hf)
-    async with ProxyServer(
-        ProxyConfig(port=0, max_tokens=24), spy, ChatMLRenderer(tokenizer()), standalone=True
-    ) as srv:
-        srv.spy = spy
+    async with spied_proxy(hf, max_tokens=24, standalone=True) as srv:
         yield srv
 
 

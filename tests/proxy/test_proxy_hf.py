@@ -19,11 +19,9 @@ import openai
 import pytest
 
 from legorl.engine.hf import HFEngine
-from legorl.proxy.chatml_renderer import ChatMLRenderer
-from legorl.proxy.config import ProxyConfig
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
-from tests.helpers.proxy_util import SpyEngine, canonical, check_turn, tokenizer
+from tests.helpers.proxy_util import canonical, check_turn, spied_proxy, tokenizer
 
 TOOLS = [
     {
@@ -48,11 +46,7 @@ def hf() -> Iterator[HFEngine]:
 
 @pytest.fixture
 async def proxy(hf: HFEngine):
-    spy = SpyEngine(hf)
-    async with ProxyServer(
-        ProxyConfig(port=0, max_tokens=24), spy, ChatMLRenderer(tokenizer()), standalone=True
-    ) as srv:
-        srv.spy = spy
+    async with spied_proxy(hf, max_tokens=24, standalone=True) as srv:
         yield srv
 
 

@@ -13,13 +13,10 @@ from typing import Any
 import openai
 import pytest
 
-from legorl.engine.scripted import ScriptedEngine
-from legorl.proxy.chatml_renderer import ChatMLRenderer
-from legorl.proxy.config import ProxyConfig
 from legorl.proxy.responses import seal, unseal
 from legorl.proxy.server import ProxyServer
 from legorl.trajectory import assemble
-from tests.helpers.proxy_util import SpyEngine, tokenizer
+from tests.helpers.proxy_util import ProxyScript
 
 SCRIPT = [
     (
@@ -40,10 +37,8 @@ TOOLS = [
 
 
 @pytest.fixture
-async def proxy():
-    engine = SpyEngine(ScriptedEngine(SCRIPT, tokenizer(), mode="per_session"))
-    async with ProxyServer(ProxyConfig(port=0), engine, ChatMLRenderer(tokenizer())) as srv:
-        yield srv
+def proxy_script() -> ProxyScript:
+    return ProxyScript(SCRIPT)
 
 
 def test_seal_round_trip() -> None:
