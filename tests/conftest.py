@@ -1,10 +1,12 @@
 """Fixtures shared by several test modules (pytest finds them here by name; a module's own
-fixture of the same name, such as test_store.py's `store`, takes precedence)."""
+fixture of the same name, such as test_store.py's `store`, takes precedence), and the hooks
+that order the files for the workers (tests/helpers/ordering.py)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,36 +14,45 @@ import pytest
 from legorl.sandbox import ImageRef, ImageStore, open_backend
 from legorl.sandbox.layers import ensure_base, ensure_task
 from legorl.sandbox.testing import DemoRepo, demo_repo
+from tests.helpers import ordering
 from tests.helpers.backends import BACKENDS
+from tests.helpers.paths import ROOT
 
 if TYPE_CHECKING:  # the proxy's imports are paid only by the modules that use the fixture
     from legorl.proxy.server import ProxyServer
     from tests.helpers.proxy_util import ProxyScript
 
-# `scripts/test.sh` runs the suite on two workers, a file at a time each (`-n 2 --dist
-# loadfile`), handing files out in collection order; the longest files (measured with
-# `--durations`) are collected first, so the learning runs (one file: one after the other,
-# tests/helpers/learn_util.py says why) start at the beginning while the other worker takes the rest.
-LONGEST_FIRST = [
-    "test_loop_learns.py",
-    "test_harness_e2e.py",
-    "test_loop_paper_harnesses.py",
-    "test_loop_ray.py",
-    "test_loop_bad_input.py",
-    "test_tasks_validate.py",
-    "test_harness_network.py",
-    "test_redteam.py",
-    "test_engine_vllm_real.py",
-    "test_smollm2_vllm.py",
-    "test_loop_train_harness.py",
-    "test_smollm2.py",
-    "test_loop_run_dir.py",
-]
+DURATIONS = ROOT / "tests" / "durations.json"
+_recorder: list[ordering.Recorder] = []  # set by --record-durations, on the process that writes
+
+
+# ---- the order the workers take the files in: tests/helpers/ordering.py says why
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="merge this run's seconds per test file into PATH (tests/durations.json orders the workers)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # the controller (or a run without workers) writes
+        _recorder.append(ordering.Recorder(Path(path).resolve(), ROOT, config))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    items[:] = ordering.order(items, ordering.load(DURATIONS), ROOT)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for rec in _recorder:
+        rec.report(report)
+
+
+def pytest_sessionfinish() -> None:
+    for rec in _recorder:
+        rec.write()
 
 
 @pytest.fixture(scope="module")
