@@ -14,7 +14,7 @@ packing one prefix's states start several branches and stay in autograd's graph,
 in-place write would change what a sibling branch starts from and what backward reads.
 `CarriedStateLayer` replaces its tensors instead of writing into them: the prefix's states
 are the very tensors every branch starts from, and autograd sums each branch's gradient back
-through them into the prefix (shared_prefix.py; tests/test_train_shared_prefix.py checks the
+through them into the prefix (shared_prefix.py; tests/train/test_train_shared_prefix.py checks the
 step against `packed`).
 """
 

@@ -30,8 +30,9 @@ from legorl.store.run_store import RunStore
 from legorl.train.batch import pack
 from legorl.trajectory import assemble, delivered
 from legorl.types import Dialect, FinishReason, Outcome, Status, Task, Turn
+from tests.helpers.paths import ROOT
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
@@ -335,7 +336,7 @@ PY
 def test_a_run_that_trains_its_side_calls_accounts_for_every_token(tmp_path: Path) -> None:
     """`legorl train` with `side_calls = "train"`: each stored trajectory holds its title call
     as a segment, and the run store's ledger counts every sampled token as trained."""
-    from loop_util import train, write_run
+    from tests.helpers.loop_util import train, write_run
 
     config = write_run(tmp_path, group_size=2)
     (tmp_path / "agent.sh").write_text(SIDE_CALL_AGENT)
