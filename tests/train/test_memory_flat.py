@@ -12,12 +12,12 @@ import torch
 from legorl.engine.kv_prefix import Prefix, PrefixStore
 from legorl.loop import memory
 from legorl.loop.report import Report
-from legorl.train import minimal
 from legorl.train.activations import activation_bytes_per_token, wants_checkpointing
 from legorl.train.batch import pack
 from legorl.train.config import TrainerConfig
 from legorl.train.sft import SFTConfig, sft
 from legorl.train.trainer import Trainer, load_lm
+from tests.helpers.train_util import toy_trajectories
 
 
 @pytest.fixture
@@ -26,16 +26,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def toy_trajectories(lm: torch.nn.Module, n: int = 4, prompts: int = 1) -> list:
-    import argparse
-
-    args = argparse.Namespace(
-        prompts_per_step=prompts, group_size=n, prompt_len=8, new_tokens=8, target_tokens=256, seed=0
-    )
-    trajs, _ = minimal.rollouts(lm, 0, args)
-    return trajs
 
 
 def test_the_process_reports_its_resident_memory_and_a_peak_that_resets() -> None:

@@ -8,12 +8,12 @@ import copy
 
 import pytest
 import torch
-from test_memory_flat import toy_trajectories
 
 from legorl.loop.config import WarmStartSection
 from legorl.train.config import TrainerConfig
 from legorl.train.sft import SFTConfig
 from legorl.train.trainer import Trainer
+from tests.helpers.train_util import toy_trajectories
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
