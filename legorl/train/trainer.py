@@ -49,6 +49,12 @@ from legorl.types import Trajectory
 
 log = logging.getLogger(__name__)
 
+# a shared-prefix step runs one decoder call per tree level and branch, which differ between
+# ranks; every FSDP forward is a collective, so sharded training packs instead
+SHARDED_REFUSAL = (
+    "shared-prefix packing: sharded ranks would run different numbers of forwards (FSDP gathers each); packed instead"
+)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -120,6 +126,8 @@ class Trainer:
         if c.packing in ("packed", "shared_prefix") and (why := packing_refusal(self.lm)):
             raise ConfigError(f"[trainer] {why}")
         self.policy = PolicyModel(self.lm).to(self.device)
+        if self.dist.world > 1 and self.policy.sharing is None:  # ranks differ in trees; FSDP gathers must pair up
+            self.policy.sharing = SHARDED_REFUSAL
         if c.packing == "shared_prefix" and (
             why := self.policy.sharing or (CHECKPOINTING_REFUSAL if self.checkpointing else None)
         ):
