@@ -66,7 +66,9 @@ class CarriedStateLayer(LinearAttentionLayer):
         return recurrent_states
 
     def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a carried prefix state is never cropped")
+        """A recurrent state sums every token it has seen: it cannot be cut back to fewer
+        (transformers calls `crop` only for speculative decoding, which the trainer never runs)."""
+        raise RuntimeError(f"a carried Gated-DeltaNet state cannot drop its last {tokens_to_remove} tokens")
 
 
 def has_linear_layers(config: Any) -> bool:
