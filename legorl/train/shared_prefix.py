@@ -70,6 +70,12 @@ def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
     return None
 
 
+# a shared-prefix step runs one decoder call per tree level and branch, which differ between
+# ranks; every FSDP forward is a collective, so sharded training packs instead
+SHARDED_REFUSAL = (
+    "shared-prefix packing: sharded ranks would run different numbers of forwards (FSDP gathers each); packed instead"
+)
+
 CHECKPOINTING_REFUSAL = (
     "shared-prefix packing: gradient checkpointing drops a layer's cache (a branch would lose its prefix); "
     "packed instead"

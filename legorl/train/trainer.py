@@ -43,17 +43,11 @@ from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sft import SFTConfig, sft
-from legorl.train.shared_prefix import CHECKPOINTING_REFUSAL
+from legorl.train.shared_prefix import CHECKPOINTING_REFUSAL, SHARDED_REFUSAL
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
 
 log = logging.getLogger(__name__)
-
-# a shared-prefix step runs one decoder call per tree level and branch, which differ between
-# ranks; every FSDP forward is a collective, so sharded training packs instead
-SHARDED_REFUSAL = (
-    "shared-prefix packing: sharded ranks would run different numbers of forwards (FSDP gathers each); packed instead"
-)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
