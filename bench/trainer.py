@@ -289,9 +289,16 @@ def shared_rows(name: str, make: Callable[[str], torch.nn.Module], args: argpars
         trajs = harness_group(int(m.config.vocab_size), prefix, branches, lo, hi, seed=prefix + branches)
         tokens = sum(len(t.segments[0].token_ids) for t in trajs)
         trainer = make_trainer(m, args, max(args.microbatch_tokens, tokens))  # the group in one micro-batch
+        # packed need not hold the group at once (nothing is shared): with --packed-microbatch-tokens
+        # it runs as today's trainer would, in micro-batches of that size (a model whose activations
+        # for the whole group would not fit in memory, SmolLM2's ~2 MB a token)
+        packed = make_trainer(m, args, args.packed_microbatch_tokens) if args.packed_microbatch_tokens else trainer
         try:
             stats = interleaved(
-                {p: trainer_stepper(trainer, trajs, p) for p in ("packed", "shared_prefix")},
+                {
+                    "packed": trainer_stepper(packed, trajs, "packed"),
+                    "shared_prefix": trainer_stepper(trainer, trajs, "shared_prefix"),
+                },
                 args.rounds,
                 args.warm,
                 args.device,
@@ -307,6 +314,7 @@ def shared_rows(name: str, make: Callable[[str], torch.nn.Module], args: argpars
             "branches": branches,
             "branch_tokens": [lo, hi],
             "tokens": tokens,
+            "packed_microbatch_tokens": args.packed_microbatch_tokens or max(args.microbatch_tokens, tokens),
             "packed": a,
             "shared_prefix": b,
             "fewer_tokens": round(a["tokens_computed"] / max(1, b["tokens_computed"]), 2),
@@ -319,7 +327,7 @@ def shared_rows(name: str, make: Callable[[str], torch.nn.Module], args: argpars
         }
         rows.append(r)
         print(json.dumps(r), file=sys.stderr, flush=True)  # progress, if cut short
-        del trainer
+        del trainer, packed
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
@@ -342,6 +350,12 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=0, help="tokens per sequence for --only (default: 512 on CPU)")
     ap.add_argument("--shapes", default="6000x8,6000x16", help="--rows shared: prefix x branches, comma-separated")
     ap.add_argument("--branch", default="500,2000", help="--rows shared: a branch's own tokens, lo,hi")
+    ap.add_argument(
+        "--packed-microbatch-tokens",
+        type=int,
+        default=0,
+        help="--rows shared: micro-batch of the packed rows (default: the whole group, as shared runs it)",
+    )
     ap.add_argument(
         "--checkpointing",
         default=None,

@@ -31,6 +31,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from legorl.train import branch_attention
+
 NAME = "legorl_varlen"
 
 
@@ -51,7 +53,10 @@ def varlen_attention(
         return _eager_attention(module, query, key, value, cu, dropout, scaling, **kwargs)
     if cu is None and attention_mask is None and 1 < query.shape[2] < key.shape[2]:
         # queries after a cached prefix (a shared-prefix branch): SDPA's `is_causal` aligns its
-        # triangle top-left, so the bottom-right causal mask is given explicitly
+        # triangle top-left, so the bottom-right causal mask is given explicitly, or on CPU the
+        # prefix and the branch's own keys go as two unmasked kernels (branch_attention.py)
+        if branch_attention.usable(query, dropout, kwargs):
+            return branch_attention.branch_attention(query, key, value, scaling), None
         mask = causal_mask(query.shape[2], key.shape[2], None, query.dtype, query.device)
         kwargs.pop("is_causal", None)
         return sdpa_attention_forward(
