@@ -75,16 +75,24 @@ def _routing(policy: PolicyModel) -> tuple[int, int, int] | None:
     return (len(routers), routers[0].top_k, routers[0].weight.shape[0]) if routers else None
 
 
-def _same_step(policy: PolicyModel, mb) -> list[int]:
-    """Shared-prefix equals packed (logprobs, every gradient, the routing used); returns the
-    token counts of the shared step's decoder calls."""
-    ref, ref_grads = _grads(policy, mb, "packed")
+def _shared_counted(policy: PolicyModel, mb) -> tuple[LogprobOutput, dict[str, torch.Tensor], list[int]]:
+    """The shared-prefix step's output and gradients, and the token count of each decoder call."""
     computed: list[int] = []
     hook = policy.lm.get_decoder().register_forward_hook(
         lambda m, a, kw, out: computed.append(kw["input_ids"].numel()), with_kwargs=True
     )
-    out, grads = _grads(policy, mb, "shared_prefix")
-    hook.remove()
+    try:
+        out, grads = _grads(policy, mb, "shared_prefix")
+    finally:
+        hook.remove()
+    return out, grads, computed
+
+
+def _same_step(policy: PolicyModel, mb) -> list[int]:
+    """Shared-prefix equals packed (logprobs, every gradient, the routing used); returns the
+    token counts of the shared step's decoder calls."""
+    ref, ref_grads = _grads(policy, mb, "packed")
+    out, grads, computed = _shared_counted(policy, mb)
     torch.testing.assert_close(out.logprobs_N.detach(), ref.logprobs_N.detach(), rtol=1e-5, atol=1e-5)
     assert grads.keys() == ref_grads.keys()
     for name, g in grads.items():
@@ -156,12 +164,7 @@ def test_a_one_token_branch_starts_from_the_carried_state() -> None:
     ]
     (mb,) = pack([(i, t, 1.0 + i) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
     ref, ref_grads = _grads(policy, mb, "packed")
-    computed: list[int] = []
-    hook = policy.lm.get_decoder().register_forward_hook(
-        lambda m, a, kw, out: computed.append(kw["input_ids"].numel()), with_kwargs=True
-    )
-    out, grads = _grads(policy, mb, "shared_prefix")
-    hook.remove()
+    out, grads, computed = _shared_counted(policy, mb)
     assert computed == [128, 1, 1, 1]
     torch.testing.assert_close(out.logprobs_N.detach(), ref.logprobs_N.detach(), rtol=1e-5, atol=1e-5)
     for name, grad in grads.items():
