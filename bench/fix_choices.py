@@ -1,0 +1,92 @@
+"""Which function each calc rollout rewrote, judged against the test output it saw; per step, as JSON.
+
+The quickstart's calc tasks (legorl/quickstart/) fail one function of three; the demonstrator
+fixes the failing one `p_read` of the time and otherwise the first one the test output lists.
+Whether GSPO teaches the policy to read the output shows in these shares, not in the reward
+alone (a step's reward also moves with which tasks it drew):
+
+    failing_first     the failing function, which is also listed first (the habit is right)
+    failing_later     the failing function, listed after another (what GSPO must teach)
+    first_not_failing the first-listed function, which passes (the habit, wrong)
+    other_listed      another listed function, which passes
+    unlisted          a name the output does not list
+    no_fix            no `sed` line after the test output
+
+    .venv/bin/python bench/fix_choices.py RUN_DIR [RUN_DIR ...]
+
+Reads the run store (`run.sqlite`: each turn's new request items and tool calls); works for
+any harness whose shell tool the policy calls with the demonstrator's `sed` line.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sqlite3
+import sys
+from pathlib import Path
+
+from legorl.store.codec import unpack_text
+
+KINDS = ("failing_first", "failing_later", "first_not_failing", "other_listed", "unlisted", "no_fix")
+_FAIL = re.compile(r"FAIL (\w+):")
+_LISTED = re.compile(r"(?:PASS|FAIL) (\w+)")
+_SED_NAME = re.compile(r"def (\w+)")
+_ESCAPES = re.compile(r"\\u001b\[[0-9;?]*[A-Za-z]|\x1b\[[0-9;?]*[A-Za-z]")  # a terminal tool's, JSON-escaped or not
+
+
+def choice(observation: str, fixed: str | None) -> str:
+    """The kind of one rollout's fix, given the test output before it."""
+    failing, listed = _FAIL.findall(observation), _LISTED.findall(observation)
+    first = listed[0] if listed else None
+    if fixed is None:
+        return "no_fix"
+    if fixed in failing:
+        return "failing_first" if fixed == first else "failing_later"
+    if fixed == first:
+        return "first_not_failing"
+    return "other_listed" if fixed in listed else "unlisted"
+
+
+def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
+    observation, fixed = "", None
+    rows = db.execute(
+        "SELECT new_items, tool_calls FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx", (traj_id,)
+    )
+    for items, calls in rows:
+        text = _ESCAPES.sub("", unpack_text(items))
+        if "PASS " in text or "FAIL " in text:
+            observation = text
+        if fixed is None and observation and calls and "sed" in calls:
+            m = _SED_NAME.search(calls)
+            fixed = m.group(1) if m else ""
+    return choice(observation, fixed)
+
+
+def run_choices(run_dir: Path) -> dict[str, object]:
+    db = sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True)
+    counts: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    rewards: dict[int, float] = collections.defaultdict(float)
+    for traj_id, step, reward in db.execute("SELECT id, step, reward FROM trajectories WHERE step >= 0 AND masked = 0"):
+        counts[step][rollout_choice(db, traj_id)] += 1
+        rewards[step] += reward or 0.0
+    steps = []
+    for step in sorted(counts):
+        n = sum(counts[step].values())
+        shares = {k: round(counts[step][k] / n, 3) for k in KINDS}
+        steps.append({"step": step, "rollouts": n, "reward": round(rewards[step] / n, 3), **shares})
+    return {"run": str(run_dir), "steps": steps}
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: bench/fix_choices.py RUN_DIR [RUN_DIR ...]")
+    missing = [d for d in sys.argv[1:] if not (Path(d) / "run.sqlite").is_file()]
+    if missing:
+        sys.exit(f"fix_choices: no run.sqlite in {', '.join(missing)}")
+    print(json.dumps([run_choices(Path(d)) for d in sys.argv[1:]], indent=1))
+
+
+if __name__ == "__main__":
+    main()
