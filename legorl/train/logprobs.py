@@ -139,11 +139,11 @@ class PolicyModel(nn.Module):
     (linear_varlen.py), so packed rows equal per-segment forwards in every layer type.
     """
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: nn.Module, sharded: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.is_moe = bool(moe_routers(lm))
-        self.sharing = sharing_refusal(lm, self.is_moe)  # None: shared-prefix packing is exact here
+        self.sharing = sharing_refusal(lm, sharded)  # None: shared-prefix packing is exact here
         segment_aware(lm)  # linear-attention layers (Qwen3.5) keep packed segments apart
 
     def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:

@@ -42,11 +42,17 @@ WINDOWED_TYPES = ("gpt_oss", "qwen3")  # sliding window and sinks: the branch's 
 MIN_SHARE = 32  # a prefix shorter than this is not worth a forward of its own
 
 
-def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
-    """Why this model cannot share prefixes (None: it can). `is_moe` is kept for callers:
-    an MoE family shares with routing replay (a span is shared only where the members'
-    recorded experts agree), so only the family's type decides."""
-    del is_moe
+# a shared-prefix step runs one decoder call per tree level and branch, which differ between
+# ranks; every FSDP forward is a collective, so sharded training packs instead
+SHARDED_REFUSAL = (
+    "shared-prefix packing: sharded ranks would run different numbers of forwards (FSDP gathers each); packed instead"
+)
+
+
+def sharing_refusal(lm: nn.Module, sharded: bool = False) -> str | None:
+    """Why this model, trained on one rank or `sharded` over several, cannot share prefixes
+    (None: it can). An MoE family shares with routing replay (a span is shared only where the
+    members' recorded experts agree), so the family's type decides, then the sharding."""
     cfg = lm.config
     kind = getattr(cfg, "model_type", "?")
     if kind not in SHAREABLE_TYPES:
@@ -67,14 +73,8 @@ def sharing_refusal(lm: nn.Module, is_moe: bool) -> str | None:
             f"shared-prefix packing: {kind}'s window is masked over a branch's cache only by the "
             f"{VARLEN!r} or eager attention, not {attention!r}; packed instead"
         )
-    return None
+    return SHARDED_REFUSAL if sharded else None
 
-
-# a shared-prefix step runs one decoder call per tree level and branch, which differ between
-# ranks; every FSDP forward is a collective, so sharded training packs instead
-SHARDED_REFUSAL = (
-    "shared-prefix packing: sharded ranks would run different numbers of forwards (FSDP gathers each); packed instead"
-)
 
 CHECKPOINTING_REFUSAL = (
     "shared-prefix packing: gradient checkpointing drops a layer's cache (a branch would lose its prefix); "

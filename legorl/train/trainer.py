@@ -43,7 +43,7 @@ from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
 from legorl.train.sft import SFTConfig, sft
-from legorl.train.shared_prefix import CHECKPOINTING_REFUSAL, SHARDED_REFUSAL
+from legorl.train.shared_prefix import CHECKPOINTING_REFUSAL
 from legorl.train.sync import WeightSync
 from legorl.types import Trajectory
 
@@ -119,9 +119,7 @@ class Trainer:
                 self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if c.packing in ("packed", "shared_prefix") and (why := packing_refusal(self.lm)):
             raise ConfigError(f"[trainer] {why}")
-        self.policy = PolicyModel(self.lm).to(self.device)
-        if self.dist.world > 1 and self.policy.sharing is None:  # ranks differ in trees; FSDP gathers must pair up
-            self.policy.sharing = SHARDED_REFUSAL
+        self.policy = PolicyModel(self.lm, sharded=self.dist.world > 1).to(self.device)
         if c.packing == "shared_prefix" and (
             why := self.policy.sharing or (CHECKPOINTING_REFUSAL if self.checkpointing else None)
         ):

@@ -142,7 +142,7 @@ def test_groups_leave_every_member_a_token_of_its_own() -> None:
 
 def test_a_family_that_cannot_share_says_why_and_falls_back() -> None:
     policy = _policy("qwen2_moe")  # not verified
-    why = sharing_refusal(policy.lm, policy.is_moe)
+    why = sharing_refusal(policy.lm)
     assert why is not None and "qwen2_moe" in why and "packed instead" in why
     trajs = harness_shaped(torch.Generator().manual_seed(1), int(policy.lm.config.vocab_size))
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
