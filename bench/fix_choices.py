@@ -27,26 +27,35 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from legorl.quickstart.expert import failing_function, first_function, plain
 from legorl.store.codec import unpack_text
 
 KINDS = ("failing_first", "failing_later", "first_not_failing", "other_listed", "unlisted", "no_fix")
-_FAIL = re.compile(r"FAIL (\w+):")
-_LISTED = re.compile(r"(?:PASS|FAIL) (\w+)")
+_LISTED = re.compile(r"^(?:PASS|FAIL) (\w+)", re.MULTILINE)
 _SED_NAME = re.compile(r"def (\w+)")
-_ESCAPES = re.compile(r"\\u001b\[[0-9;?]*[A-Za-z]|\x1b\[[0-9;?]*[A-Za-z]")  # a terminal tool's, JSON-escaped or not
 
 
 def choice(observation: str, fixed: str | None) -> str:
-    """The kind of one rollout's fix, given the test output before it."""
-    failing, listed = _FAIL.findall(observation), _LISTED.findall(observation)
-    first = listed[0] if listed else None
+    """The kind of one rollout's fix, given the test output before it (read as the
+    demonstrator reads it: quickstart/expert.py)."""
+    failing, first = failing_function(observation), first_function(observation)
+    listed = _LISTED.findall(plain(observation))
     if fixed is None:
         return "no_fix"
-    if fixed in failing:
+    if fixed == failing:
         return "failing_first" if fixed == first else "failing_later"
     if fixed == first:
         return "first_not_failing"
     return "other_listed" if fixed in listed else "unlisted"
+
+
+def _strings(node: object) -> list[str]:
+    """Every string in a stored request's new items (message texts, tool results), in order."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        node = list(node.values())
+    return [t for child in node for t in _strings(child)] if isinstance(node, list) else []
 
 
 def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
@@ -55,7 +64,7 @@ def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
         "SELECT new_items, tool_calls FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx", (traj_id,)
     )
     for items, calls in rows:
-        text = _ESCAPES.sub("", unpack_text(items))
+        text = "\n".join(_strings(json.loads(unpack_text(items) or "[]")))
         if "PASS " in text or "FAIL " in text:
             observation = text
         if fixed is None and observation and calls and "sed" in calls:
