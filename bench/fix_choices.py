@@ -15,7 +15,8 @@ alone (a step's reward also moves with which tasks it drew):
     .venv/bin/python bench/fix_choices.py RUN_DIR [RUN_DIR ...]
 
 Reads the run store (`run.sqlite`: each turn's new request items and tool calls); works for
-any harness whose shell tool the policy calls with the demonstrator's `sed` line.
+any harness whose shell tool the policy calls with the demonstrator's `sed` line, and
+mini-swe-agent's fenced commands.
 """
 
 from __future__ import annotations
@@ -61,14 +62,18 @@ def _strings(node: object) -> list[str]:
 def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
     observation, fixed = "", None
     rows = db.execute(
-        "SELECT new_items, tool_calls FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx", (traj_id,)
+        "SELECT new_items, tool_calls, response_text FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx",
+        (traj_id,),
     )
-    for items, calls in rows:
+    for items, calls, text_reply in rows:
+        action = (
+            calls if calls and "sed" in calls else text_reply or ""
+        )  # a tool call, or a fenced command (mini-swe-agent)
         text = "\n".join(_strings(json.loads(unpack_text(items) or "[]")))
         if "PASS " in text or "FAIL " in text:
             observation = text
-        if fixed is None and observation and calls and "sed" in calls:
-            m = _SED_NAME.search(calls)
+        if fixed is None and observation and "sed" in action:
+            m = _SED_NAME.search(action)
             fixed = m.group(1) if m else ""
     return choice(observation, fixed)
 

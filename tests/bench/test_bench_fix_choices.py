@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import sqlite3
+
 import pytest
 
-from bench.fix_choices import choice
+from bench.fix_choices import choice, rollout_choice
+from legorl.store.codec import pack_text
 
 OUTPUT = "Exit code 1\nPASS mod\nFAIL shl: got 24, expected 96\nPASS pow"
 
@@ -25,3 +29,33 @@ def test_each_fix_is_judged_against_the_output(fixed: str | None, kind: str) -> 
 
 def test_a_failing_function_listed_first_is_the_habit_and_right() -> None:
     assert choice("FAIL add: got 1, expected 3\nPASS sub\nPASS mul", "add") == "failing_first"
+
+
+def _turns_db(rows: list[tuple[int, object, str | None, str]]) -> sqlite3.Connection:
+    """A run store's `turns` columns that the bench reads, one rollout (traj_id 1)."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE turns (traj_id, idx, side_call, new_items, tool_calls, response_text)")
+    for idx, items, calls, text in rows:
+        db.execute("INSERT INTO turns VALUES (1, ?, 0, ?, ?, ?)", (idx, pack_text(json.dumps(items)), calls, text))
+    return db
+
+
+FIX = "sed -i 's|^def shl.*|def shl(a, b): return a << b|' calc.py"
+
+
+def test_a_tool_call_fix_is_read_from_the_call() -> None:
+    db = _turns_db(
+        [
+            (0, [{"role": "user", "content": "Fix calc.py"}], None, ""),
+            (1, [OUTPUT], json.dumps([{"name": "Bash", "arguments": json.dumps({"command": FIX})}]), ""),
+        ]
+    )
+    assert rollout_choice(db, 1) == "failing_later"
+
+
+def test_a_fenced_command_fix_is_read_from_the_reply_text() -> None:
+    """mini-swe-agent: no tool call, the command is a fenced block in the reply."""
+    db = _turns_db(
+        [(0, ["Fix calc.py"], "[]", ""), (1, [{"content": OUTPUT}], "[]", f"```mswea_bash_command\n{FIX}\n```")]
+    )
+    assert rollout_choice(db, 1) == "failing_later"
