@@ -3,11 +3,12 @@
 The paper-table configs (examples/quickstart-<harness>.toml) train `harness-qwen3` inside a
 native harness, an hour a run. Whether a policy shape can learn the calc task's one choice at
 all (fix the function the test output says FAIL, not the first one listed) shows in ten
-minutes through the quickstart's own harness: this script runs examples/quickstart.toml
-with the policy swapped for each variant below (same demonstrations, SFT, GSPO and held-out
-tasks; 16 GSPO steps, no control) and prints one JSON object: per variant the held-out warm
-start and end, the gain with its 95% interval, and each GSPO step's reward (a step draws the
-same tasks in every variant, so the curves compare step by step).
+minutes through the quickstart's own harness: this script runs examples/quickstart.toml (or
+`--config`'s run, e.g. a paper-table config) with the policy swapped for each variant below
+(same demonstrations, SFT, GSPO and held-out tasks; 16 GSPO steps, no control) and prints
+one JSON object: per variant the held-out warm start and end, the gain with its 95%
+interval, and each GSPO step's reward (a step draws the same tasks in every variant, so the
+curves compare step by step).
 
     harness-qwen3     as committed: the bundled 4,096-token BPE, QK-norm gain 1.5 at init (`init.json`)
     gain1             the family's own QK-norm gain of 1
@@ -15,7 +16,7 @@ same tasks in every variant, so the curves compare step by step).
     bpe512+gain1      both (the best through mini-swe-agent; inside Claude Code it imitated nothing:
                       docs/measured.md)
 
-    .venv/bin/python bench/harness_policy.py [--only harness-qwen3,gain1.5] [--out DIR]
+    .venv/bin/python bench/harness_policy.py [--only harness-qwen3,gain1] [--config TOML] [--out DIR]
 
 About 10-12 minutes a variant on two idle cores: a bench run, never a test.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -62,24 +64,26 @@ def materialise(name: str, change: dict[str, Any], out: Path) -> Path:
     return models.resolve_model(f"variant-{name}")
 
 
-def config(model_dir: Path, run_dir: Path) -> str:
-    """examples/quickstart.toml with the variant as policy, a longer token budget for its calls
-    (the 4,096-token BPE writes the fix line in more tokens than 48), 16 steps, no control."""
-    text = (ROOT / "examples" / "quickstart.toml").read_text()
-    text = text.replace('"quickstart-qwen3"', json.dumps(str(model_dir)))
-    text = text.replace('dir = "runs/quickstart"', f"dir = {json.dumps(str(run_dir))}")
-    for old, new in (("steps = 24", "steps = 16"), ("time_budget_s = 900", "time_budget_s = 3600")):
-        text = text.replace(old, new)
-    text = text.replace("max_tokens = 48", "max_tokens = 96")
-    return text.replace("control_steps = 64", "control_steps = 0")
+def config(model_dir: Path, run_dir: Path, base: Path) -> str:
+    """`base` (a config of the one loop) with the variant as policy, a longer token budget for
+    its calls (the 4,096-token BPE writes the fix line in more tokens than 48), 16 GSPO steps,
+    no control and an hour's budget."""
+    text = base.read_text()
+    for name in ("quickstart-qwen3", "harness-qwen3"):
+        text = text.replace(f'"{name}"', json.dumps(str(model_dir)))
+    text = re.sub(r'(?m)^dir = ".*"', f"dir = {json.dumps(str(run_dir))}", text, count=1)
+    text = re.sub(r"(?m)^steps = \d+", "steps = 16", text, count=1)  # [run] comes first: GSPO's steps
+    text = re.sub(r"(?m)^time_budget_s = \d+", "time_budget_s = 3600", text)
+    text = re.sub(r"(?m)^max_tokens = (48|64)\b", "max_tokens = 96", text)
+    return re.sub(r"(?m)^control_steps = \d+", "control_steps = 0", text)
 
 
-def run_variant(name: str, out: Path) -> dict[str, Any]:
+def run_variant(name: str, out: Path, base: Path) -> dict[str, Any]:
     model_dir = materialise(name, VARIANTS[name], out)
     run_dir = out / name
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = out / f"{name}.toml"
-    cfg.write_text(config(model_dir, run_dir))
+    cfg.write_text(config(model_dir, run_dir, base))
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "legorl.cli", "train", str(cfg)], cwd=ROOT, capture_output=True, text=True
@@ -107,6 +111,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=",".join(VARIANTS), help="comma-separated variants of " + ", ".join(VARIANTS))
     ap.add_argument("--out", type=Path, default=ROOT / "examples" / "runs" / "harness-policy")
+    ap.add_argument(
+        "--config",
+        type=Path,
+        default=ROOT / "examples" / "quickstart.toml",
+        help="the run to vary (default: the quickstart's, through mini-swe-agent; "
+        "examples/quickstart-claude-code.toml puts the variants inside Claude Code, ~50 min each)",
+    )
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n]
     if unknown := [n for n in names if n not in VARIANTS]:
@@ -115,12 +126,13 @@ def main() -> None:
     load_before = os.getloadavg()
     rows = {}
     for name in names:
-        rows[name] = run_variant(name, args.out)
+        rows[name] = run_variant(name, args.out, args.config)
         print(json.dumps({"variant": name, **rows[name]}), file=sys.stderr, flush=True)
     print(
         json.dumps(
             {
                 "bench": "harness_policy",
+                "config": str(args.config),
                 "variants": rows,
                 "loadavg_before": [round(x, 2) for x in load_before],
                 "loadavg_after": [round(x, 2) for x in os.getloadavg()],
