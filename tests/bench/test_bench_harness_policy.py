@@ -26,3 +26,9 @@ def test_a_variant_run_changes_only_what_it_says(base: str, tmp_path: Path) -> N
     assert after["proxy"]["max_tokens"] == 96 and after["warm_start"]["control_steps"] == 0
     assert after["warm_start"]["steps"] == before["warm_start"]["steps"]  # SFT is not GSPO's step count
     assert after["harness"] == before["harness"] and after["calc_tasks"] == before["calc_tasks"]
+
+
+def test_without_start_the_random_init_is_not_evaluated(tmp_path: Path) -> None:
+    path = ROOT / "examples" / "quickstart-claude-code.toml"
+    after = tomllib.loads(config(tmp_path / "m", tmp_path / "run", path, start=False))
+    assert after["heldout"]["at"] == ["warm_start", "end"]
