@@ -40,9 +40,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, dict[str, Any]] = {
     "harness-qwen3": {},
-    "gain1": {"gain1": True},
+    "gain1": {"gain": 1.0},
     "bpe512": {"bpe512": True},
-    "bpe512+gain1": {"bpe512": True, "gain1": True},
+    "bpe512+gain1": {"bpe512": True, "gain": 1.0},
     "bpe512+gain1.25": {"bpe512": True, "gain": 1.25},
 }
 
@@ -61,9 +61,7 @@ def materialise(name: str, change: dict[str, Any], out: Path) -> Path:
             shutil.copy(quick / f, src / f)
         cfg = json.loads((src / "config.json").read_text())
         (src / "config.json").write_text(json.dumps({**cfg, "vocab_size": 512}, indent=2))
-    if change.get("gain1"):
-        (src / models.INIT_FILE).unlink()
-    if "gain" in change:
+    if "gain" in change:  # 1.0 is the family's own init: the norms' weights start at one
         init = json.loads((src / models.INIT_FILE).read_text())
         (src / models.INIT_FILE).write_text(json.dumps({**init, "qk_norm_gain": change["gain"]}, indent=2))
     models.BUNDLED[f"variant-{name}"] = src
