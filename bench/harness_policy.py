@@ -10,13 +10,14 @@ one JSON object: per variant the held-out warm start and end, the gain with its 
 interval, and each GSPO step's reward (a step draws the same tasks in every variant, so the
 curves compare step by step).
 
-    harness-qwen3     as committed: the bundled 4,096-token BPE, QK-norm gain 1.5 at init (`init.json`)
-    gain1             the family's own QK-norm gain of 1
-    bpe512            the quickstart's 512-token BPE (its names and FAIL/PASS are one token each)
-    bpe512+gain1      both (the best through mini-swe-agent; inside Claude Code it imitated nothing:
-                      docs/measured.md)
-    bpe512+gain1.25   the 512-token BPE at a middle gain (1 learns through mini-swe-agent, 1.5 copies
-                      names inside Claude Code)
+    harness-qwen3     as committed: the quickstart's 512-token BPE (its names and FAIL/PASS are one
+                      token each), QK-norm gain 1.25 at init (`init.json`)
+    gain1             the family's own QK-norm gain of 1 (learns through mini-swe-agent; inside
+                      Claude Code it imitated nothing: docs/measured.md)
+    gain1.5           a higher gain (copies names inside Claude Code; GSPO moved nothing)
+    bpe4096+gain1.5   the policy until 2026-12-06: the bundled 4,096-token BPE (learnt from
+                      Python's standard library: `FAIL` is two tokens, `PASS` three), gain 1.5
+    bpe4096+gain1     the bundled BPE at the family's own gain
 
     .venv/bin/python bench/harness_policy.py [--only harness-qwen3,gain1] [--config TOML] [--out DIR]
 
@@ -41,9 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, dict[str, Any]] = {
     "harness-qwen3": {},
     "gain1": {"gain": 1.0},
-    "bpe512": {"bpe512": True},
-    "bpe512+gain1": {"bpe512": True, "gain": 1.0},
-    "bpe512+gain1.25": {"bpe512": True, "gain": 1.25},
+    "gain1.5": {"gain": 1.5},
+    "bpe4096+gain1.5": {"bpe4096": True, "gain": 1.5},
+    "bpe4096+gain1": {"bpe4096": True, "gain": 1.0},
 }
 
 
@@ -55,12 +56,11 @@ def materialise(name: str, change: dict[str, Any], out: Path) -> Path:
     src = out / "src" / name
     shutil.rmtree(src, ignore_errors=True)
     shutil.copytree(models.BUNDLED["harness-qwen3"], src)
-    if change.get("bpe512"):
-        quick = models.BUNDLED["quickstart-qwen3"]
+    if change.get("bpe4096"):  # without its own tokenizer files a bundled model takes the shared BPE
         for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(quick / f, src / f)
+            (src / f).unlink()
         cfg = json.loads((src / "config.json").read_text())
-        (src / "config.json").write_text(json.dumps({**cfg, "vocab_size": 512}, indent=2))
+        (src / "config.json").write_text(json.dumps({**cfg, "vocab_size": 4096}, indent=2))
     if "gain" in change:  # 1.0 is the family's own init: the norms' weights start at one
         init = json.loads((src / models.INIT_FILE).read_text())
         (src / models.INIT_FILE).write_text(json.dumps({**init, "qk_norm_gain": change["gain"]}, indent=2))
@@ -70,7 +70,7 @@ def materialise(name: str, change: dict[str, Any], out: Path) -> Path:
 
 def config(model_dir: Path, run_dir: Path, base: Path, start: bool = True) -> str:
     """`base` (a config of the one loop) with the variant as policy, a longer token budget for
-    its calls (the 4,096-token BPE writes the fix line in more tokens than 48), 16 GSPO steps,
+    its calls (the quickstart's 48 cut some fix lines short), 16 GSPO steps,
     no control and an hour's budget; without `start`, no held-out evaluation of the random
     init (0% in every harness so far, and 5-8 minutes inside a native harness)."""
     text = base.read_text()

@@ -62,7 +62,7 @@ def check_model(name_or_path: str) -> None:
 
 def _tokenizer_dir(name: str) -> Path:
     """A bundled model's own tokenizer when its directory has one (the quickstart model's
-    512-token BPE), else the shared bundled tokenizer."""
+    512-token BPE, which harness-qwen3 links to), else the shared bundled tokenizer."""
     own = BUNDLED[name]
     return own if (own / "tokenizer.json").exists() else TOKENIZER_DIR
 
@@ -81,12 +81,14 @@ def apply_init(model: object, init: dict[str, object]) -> None:
     `qk_norm_gain`: the starting gain of the per-head query and key RMSNorms (Qwen3's
     QK-norm). Those norms fix |q| = |k| = gain * sqrt(head_dim), so an attention logit can
     never exceed gain^2 * sqrt(head_dim): 5.7 at gain 1 and head_dim 32. Over a harness's
-    6-11k-token prompt a head then cannot put most of its weight on any one key (that
-    needs a margin of ~ln(keys) = 9), and a tiny model cannot tell which token it wrote
-    last. The gain is learnt, but at an SFT learning rate it grows by ~0.3 in 100 steps;
-    starting it at 1.5 lifts the cap to ~13 from the first step. Measured on Claude Code
-    demonstrations (harness-qwen3, 60 SFT steps of 16, rope_theta 1e4): held-out loss per
-    token 0.21 at gain 1, 0.11 at gain 1.5.
+    15-28k-token prompt a head then cannot put most of its weight on any one key (that
+    needs a margin of ~ln(keys)), and a tiny model cannot copy the name it has to fix.
+    The gain is learnt, but at an SFT learning rate it grows by ~0.3 in 100 steps, so the
+    starting value decides. Measured with harness-qwen3's shape inside Claude Code
+    (docs/measured.md, "the paper's table in miniature"): at gain 1 the warm start copied
+    nothing (1% resolved), at 1.5 it copied (14%) but GSPO then moved nothing even through
+    mini-swe-agent, and at 1.25 it copied (25%) and GSPO gained +33.5 points through
+    mini-swe-agent and +16.5 inside Claude Code.
     """
     import torch
 

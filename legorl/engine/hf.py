@@ -27,7 +27,7 @@ Architectures: besides full attention, the batch handles sliding-window layers (
 loads with eager attention for its sinks) and hybrid models whose linear-attention layers
 (Qwen3.5's Gated-DeltaNet) keep a per-row conv + recurrent state instead of KV columns
 (`kv_batch.py`); MoE routing is recorded from every family's router (`routing.py`). A model
-whose every layer is a sliding window (harness-qwen3: 256 back, under ~6.5k-token Claude Code
+whose every layer is a sliding window (harness-qwen3: 256 back, under 15-28k-token harness
 prompts) keeps only each row's last `window` columns, so regrouping, masks and decode attention
 cost the window, not the transcript.
 

@@ -22,7 +22,7 @@ def _norm_gains(model_dir: Path) -> set[float]:
 def test_harness_model_starts_with_its_qk_norm_gain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LEGORL_CACHE", str(tmp_path))
     out = models.resolve_model("harness-qwen3")
-    assert _norm_gains(out) == {1.5}
+    assert _norm_gains(out) == {1.25}
     assert (out / models.INIT_FILE).exists()
 
 
