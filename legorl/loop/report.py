@@ -27,6 +27,21 @@ GAINS = (
 )
 
 
+def is_complete(run_dir: Path) -> bool:
+    """Whether `run_dir`'s report is of a run whose phases all finished. The report is
+    rewritten after every evaluation, so its existence says only that one evaluation ran: a
+    run killed after its start evaluation has one. A report written before `complete` was
+    recorded counts as complete when it has the end-of-run wall time."""
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
+        return False
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return False  # a torn or foreign file: not a finished run's report
+    return bool(data.get("complete", "wall_s" in data)) if isinstance(data, dict) else False
+
+
 class Report:
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / RESULTS_FILE
@@ -36,6 +51,7 @@ class Report:
         self.peak_rss_gb: dict[str, float] = {}  # each phase's peak resident memory (memory.py)
         self.wall_s: float | None = None
         self.budget_s: float | None = None
+        self.complete = False  # every phase ran to its end (not killed, not raised)
 
     @classmethod
     def load(cls, run_dir: Path) -> Report:
@@ -92,6 +108,8 @@ class Report:
                 self.save()  # the phase's figures on disk now, not at the next evaluation's row
 
     def finish(self, wall_s: float, *, budget_s: float | None) -> None:
+        """The table's last write; also after an error, so `wall_s` alone does not say the run
+        ended: `complete` does (set by the loop when its last phase returned)."""
         self.wall_s, self.budget_s = round(wall_s, 1), budget_s
         self.save()
 
@@ -111,6 +129,7 @@ class Report:
         evals = {k: {**v.as_dict(), "policy_version": self.steps.get(k, 0)} for k, v in self.rows.items()}
         out: dict[str, Any] = {"evaluations": evals, "gains": self.gains(), "phases_s": dict(self.phases)}
         out["peak_rss_gb"] = dict(self.peak_rss_gb)
+        out["complete"] = self.complete
         if self.wall_s is not None:
             out["wall_s"] = self.wall_s
             if self.budget_s is not None:

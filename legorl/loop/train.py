@@ -181,6 +181,7 @@ async def _train(
         async with rollout_backend(cfg, engine) as worker:
             run.worker = worker
             await _phases(run, start, summary, trackers)
+        report.complete = True
     finally:
         if ranks > 1:
             broadcast(None)  # followers leave their loop

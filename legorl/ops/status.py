@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from legorl.loop.report import RESULTS_FILE, is_complete
 from legorl.ops.liveness import liveness
 from legorl.ops.signatures import Facts, match
 
@@ -96,8 +97,13 @@ def status(run_dir: Path, *, stall_after_s: float | None = None, now: float | No
     stall_s = stall_after_s if stall_after_s is not None else max(STALL_MIN_S, 3 * per_step_s)
     facts = Facts(history, monitor, RunFacts(formats), live.alive, now - last_write, stall_s, prog["steps_planned"])
     found = match(facts)
-    finished = (Path(run_dir) / "heldout_results.json").exists() or (
-        prog["steps_planned"] > 0 and prog["steps_done"] >= prog["steps_planned"]
+    # a report is rewritten after each evaluation, so only its `complete` says the run ended;
+    # without one (no held-out), the steps do
+    report = Path(run_dir) / RESULTS_FILE
+    finished = (
+        is_complete(Path(run_dir))
+        if report.exists()
+        else (prog["steps_planned"] > 0 and prog["steps_done"] >= prog["steps_planned"])
     )
     state = "running" if live.alive else ("finished" if finished else ("stopped" if live.alive is False else "unknown"))
     return {

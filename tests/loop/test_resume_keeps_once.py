@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from legorl.loop.report import RESULTS_FILE, is_complete
 from tests.helpers.loop_util import one_call_agent
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
@@ -97,6 +98,7 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
             os.killpg(proc.pid, signal.SIGKILL)
     killed_with = _count(run_dir, "SELECT count(*) FROM trajectories WHERE session_id LIKE 'eval-end-%'")
     assert 1 <= killed_with < HELDOUT, killed_with  # midway
+    assert (run_dir / RESULTS_FILE).exists() and not is_complete(run_dir)  # its warm start's row, not an end
     again = subprocess.run(
         [*LEGORL, "train", str(config), "--resume"], capture_output=True, text=True, timeout=600, check=False
     )
@@ -132,6 +134,7 @@ def test_the_control_survives_a_resume(resumed: tuple[Path, str]) -> None:
     run_dir, stderr = resumed
     report = json.loads((run_dir / "heldout_results.json").read_text())
     assert set(report["evaluations"]) == {"warm_start", "end", "control"}, report["evaluations"]
+    assert report["complete"] is True and is_complete(run_dir)
     assert "control_over_warm_start" in report["gains"], report["gains"]
     assert _eval_rows(run_dir, "control") == (HELDOUT, 0)
     assert "warm start:" not in stderr  # the demonstrations and the SFT were not redone

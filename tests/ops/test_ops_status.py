@@ -129,6 +129,25 @@ def test_a_stall_is_an_alive_run_that_stopped_writing(
     assert gone["process"]["state"] == "not running" and gone["state"] == "finished" and not gone["signatures"]
 
 
+# ------------------------------------------------------------------ killed after an evaluation
+def test_a_run_killed_after_its_first_evaluation_is_not_finished(healthy: Path, tmp_path: Path) -> None:
+    """The report is rewritten after every evaluation, so a run killed after its start
+    evaluation has one; only its `complete` (or an older report's end-of-run wall time)
+    says the run ended."""
+    run = copy_store(healthy, tmp_path / "run")
+    report = run / "heldout_results.json"
+    row = {"label": "start", "resolved": 0, "episodes": 4, "masked": 0, "wall_s": 1.0, "statuses": {}}
+    partial = {"evaluations": {"start": row}, "gains": {}, "phases_s": {"eval_start": 1.0}}
+    report.write_text(json.dumps({**partial, "complete": False}))
+    assert status(run)["state"] in ("stopped", "unknown")
+    report.write_text(json.dumps(partial))  # written by a loop that recorded no `complete`
+    assert status(run)["state"] in ("stopped", "unknown")
+    report.write_text(json.dumps({**partial, "wall_s": 9.0}))  # such a loop's end-of-run write
+    assert status(run)["state"] == "finished"
+    report.write_text(json.dumps({**partial, "complete": True, "wall_s": 9.0}))
+    assert status(run)["state"] == "finished"
+
+
 # ------------------------------------------------------------------ live
 def test_status_of_a_live_run(tmp_path: Path) -> None:
     config = write_run(tmp_path)
