@@ -116,6 +116,12 @@ class Forwarder:
                 await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
             finally:
                 up_w.close()
+        except asyncio.CancelledError:
+            # close() cancels a connection still open (a harness's keep-alive); ending as a
+            # cancelled task would make Python 3.11's stream server print a traceback from
+            # its done-callback (`task.exception()` raises). close() is the only canceller
+            # and awaits this task, so returning loses nothing.
+            return
         finally:
             writer.close()
             self._conns.discard(task)
