@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the checkout: `bench.paper_table`
 
-from bench.paper_table import end_policy  # noqa: E402
+from bench.paper_table import end_policy, evaluate_config  # noqa: E402
 from legorl.loop.run_dir import CONTROL_START_FILE  # noqa: E402
 from legorl.loop.stats import newcombe_diff, wilson  # noqa: E402
 
@@ -73,18 +73,11 @@ def pooled_gain(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> di
 
 def draw(policy: Path, config: Path, tasks: int, out: Path) -> dict[str, Any]:
     """One held-out evaluation of `policy` through `config`'s harness (`legorl eval`'s own code)."""
-    import asyncio
-
-    from legorl.loop.config import load_run_config
-    from legorl.loop.evaluate import evaluate
-
-    cfg = load_run_config(config)
-    cfg.engine.model = cfg.trainer.model = str(policy)
-    cfg.run.dir = out / "eval-run"
-    ev = asyncio.run(evaluate(cfg, limit=tasks, out=out / "eval.json"))
-    counts = ev.get("status_counts") or {}
+    ev = evaluate_config(policy, config, tasks, out)
+    if ev.get("error"):
+        raise SystemExit(f"{config}: {ev['error']}")
     episodes = int(ev.get("samples") or 0)
-    resolved = int(counts.get("resolved", 0))
+    resolved = int((ev.get("status_counts") or {}).get("resolved", 0))
     return {"resolved": resolved, "episodes": episodes, "rate": round(resolved / episodes, 4) if episodes else None}
 
 

@@ -182,17 +182,23 @@ def end_policy(run_dir: Path, into: Path) -> Path:
 def evaluate(policy: Path, harness: str, tasks: int, out: Path) -> dict[str, Any]:
     """`legorl eval` (the loop's own evaluation) of `policy` through `harness`'s config on the
     first `tasks` held-out tasks."""
+    return evaluate_config(policy, ROOT / "examples" / f"quickstart-{harness}.toml", tasks, out, f"eval-{harness}.json")
+
+
+def evaluate_config(policy: Path, config: Path, tasks: int, out: Path, name: str = "eval.json") -> dict[str, Any]:
+    """`evaluate` through any run config; a failure is returned as {"error": ...}, so one
+    harness failing leaves the rest of a matrix."""
     import asyncio
 
     from legorl.loop.config import load_run_config
     from legorl.loop.evaluate import evaluate as run_eval
 
-    cfg = load_run_config(ROOT / "examples" / f"quickstart-{harness}.toml")
+    cfg = load_run_config(config)
     cfg.engine.model = cfg.trainer.model = str(policy)
     cfg.run.dir = out / "eval-run"
     try:
-        return asyncio.run(run_eval(cfg, limit=tasks, out=out / f"eval-{harness}.json"))
-    except Exception as e:  # one harness failing leaves the rest of the matrix
+        return asyncio.run(run_eval(cfg, limit=tasks, out=out / name))
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"[-1500:]}
 
 
