@@ -33,9 +33,18 @@ from legorl.loop.run_lock import LOCK_FILE
 from legorl.store.schema import StoreCorrupt, db_path, readable
 from legorl.train.checkpoint import STEP_DIR
 
-# Settings that say where a run lives or how it is watched, not what it trains: a run
-# directory may be moved, or its UI served on another port, and still be resumed.
-NOT_HASHED = (("run", "dir"), ("run", "ui"), ("run", "ui_port"), ("trainer", "checkpoint_dir"))
+# Settings that say where a run lives, how it is watched or how many rollouts it keeps in
+# flight, not what it trains: a run directory may be moved, its UI served on another port,
+# or a run resumed with fewer rollouts at once (a semaphore: every group still completes;
+# 32 OpenCode processes on two cores ran some demonstrations past their time limit), and
+# still be resumed.
+NOT_HASHED = (
+    ("run", "dir"),
+    ("run", "ui"),
+    ("run", "ui_port"),
+    ("run", "max_concurrent_rollouts"),
+    ("trainer", "checkpoint_dir"),
+)
 STORE_FILES = ("run.sqlite", "run.sqlite-wal", "run.sqlite-shm", "run.sqlite-journal")
 CONTROL_START_FILE = "control_start.pt"  # where the control begins (phases.keep_control_start)
 RUN_OUTPUTS = (
@@ -159,7 +168,10 @@ def check_checkpoint(ckpt: Path, data_state: dict[str, Any], run_info: dict[str,
             "another run's checkpoint directory? Set trainer.checkpoint_dir, or start over with --overwrite"
         )
     if data_state.get("config_hash") != config_hash(cfg):
-        changed = _changed(run_info.get("config", {}), hashed_config(cfg))
+        stored = run_info.get("config")
+        changed = _changed(stored or {}, hashed_config(cfg))
+        if stored and not changed:  # hashed when NOT_HASHED was shorter: the settings say it is the same
+            return
         raise RunError(
             f"--resume: the config differs from the one run {mine} was started with"
             + (f" ({', '.join(changed[:6])})" if changed else "")

@@ -133,6 +133,29 @@ def test_resume_refuses_another_runs_checkpoint_and_a_changed_config(finished_ru
     assert store_rows(run_dir)["per_step"] == {-1: 2, 0: 2}  # refused before anything was written
 
 
+def test_resume_takes_another_concurrency_and_checkpoints_hashed_before_it_was_free(tmp_path: Path) -> None:
+    """How many rollouts run at once is not what a run trains: a resume may lower it (32
+    OpenCode processes on two cores ran demonstrations past their limit), including on a
+    checkpoint whose hash still counted it. A setting that is trained on is still refused."""
+    from legorl.loop.config import load_run_config
+    from legorl.loop.errors import RunError
+    from legorl.loop.run_dir import check_checkpoint, config_hash
+
+    cfg = load_run_config(write_config(tmp_path / "run.toml", tmp_path / "run"))
+    info = {"info": {"run_id": "r1"}, "config": cfg.model_dump(mode="json")}
+    fewer = cfg.model_copy(deep=True)
+    fewer.run.max_concurrent_rollouts = cfg.run.max_concurrent_rollouts + 7
+    check_checkpoint(tmp_path / "ckpt", {"run_id": "r1", "config_hash": config_hash(cfg)}, info, fewer)
+    older = {"run_id": "r1", "config_hash": "hashed-with-concurrency"}  # an older legorl's checkpoint
+    check_checkpoint(tmp_path / "ckpt", older, info, fewer)
+    slower = fewer.model_copy(deep=True)
+    slower.trainer.lr = cfg.trainer.lr * 10
+    with pytest.raises(RunError, match=r"the config differs .*\(trainer\.lr\)"):
+        check_checkpoint(tmp_path / "ckpt", older, info, slower)
+    with pytest.raises(RunError, match="the config differs"):  # nothing stored to compare with
+        check_checkpoint(tmp_path / "ckpt", older, {"info": {"run_id": "r1"}}, fewer)
+
+
 @pytest.mark.slow
 def test_a_kill_in_step_0_after_the_warm_start_resumes_at_step_0(tmp_path: Path) -> None:
     """SIGKILL once step 0's rollouts are under way: `--resume` continues from the
