@@ -12,6 +12,12 @@ alone (a step's reward also moves with which tasks it drew):
     unlisted          a name the output does not list
     no_fix            no `sed` line after the test output
 
+and, for each held-out evaluation (its rollouts grouped by the policy version that wrote
+them: 0 the start, then the warm start's, the end's, the control's), how often the rollout
+named the failing function by where the test output lists it (1st, 2nd, 3rd line). The
+demonstrator's habit makes the 1st line the easy case; a policy that cannot copy a name
+from that far back misses even that one.
+
     .venv/bin/python bench/fix_choices.py RUN_DIR [RUN_DIR ...]
 
 Reads the run store (`run.sqlite`: each turn's new request items and tool calls); works for
@@ -30,6 +36,7 @@ from pathlib import Path
 
 from legorl.quickstart.expert import failing_function, first_function, plain
 from legorl.store.codec import unpack_text
+from legorl.store.phase_steps import HELDOUT_STEP
 
 KINDS = ("failing_first", "failing_later", "first_not_failing", "other_listed", "unlisted", "no_fix")
 _LISTED = re.compile(r"^(?:PASS|FAIL) (\w+)", re.MULTILINE)
@@ -60,6 +67,17 @@ def _strings(node: object) -> list[str]:
 
 
 def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
+    return choice(*observed(db, traj_id))
+
+
+def failing_position(observation: str) -> int | None:
+    """Which listed line (1-based) of the test output names the failing function."""
+    listed, failing = _LISTED.findall(plain(observation)), failing_function(observation)
+    return listed.index(failing) + 1 if failing in listed else None
+
+
+def observed(db: sqlite3.Connection, traj_id: int) -> tuple[str, str | None]:
+    """One rollout's last test output and the function its first fix after it rewrote."""
     observation, fixed = "", None
     rows = db.execute(
         "SELECT new_items, tool_calls, response_text FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx",
@@ -75,7 +93,33 @@ def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
         if fixed is None and observation and "sed" in action:
             m = _SED_NAME.search(action)
             fixed = m.group(1) if m else ""
-    return choice(observation, fixed)
+    return observation, fixed
+
+
+def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
+    """Per held-out evaluation (by policy version): the share of rollouts naming the failing
+    function, by the line that lists it."""
+    named: dict[int, dict[int, list[int]]] = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))
+    rows = db.execute(
+        "SELECT t.id, tu.policy_version FROM trajectories t JOIN turns tu ON tu.traj_id = t.id AND tu.idx = 0 "
+        "WHERE t.step = ? AND t.masked = 0",
+        (HELDOUT_STEP,),
+    )
+    for traj_id, version in rows.fetchall():
+        observation, fixed = observed(db, traj_id)
+        pos = failing_position(observation) if observation else None
+        if pos is not None:
+            cell = named[int(version or 0)][pos]
+            cell[0] += int(fixed == failing_function(observation))
+            cell[1] += 1
+    return [
+        {
+            "policy_version": v,
+            "named_failing_by_line": {str(p): round(k / n, 3) for p, (k, n) in sorted(named[v].items())},
+            "rollouts_by_line": {str(p): n for p, (_, n) in sorted(named[v].items())},
+        }
+        for v in sorted(named)
+    ]
 
 
 def run_choices(run_dir: Path) -> dict[str, object]:
@@ -90,7 +134,7 @@ def run_choices(run_dir: Path) -> dict[str, object]:
         n = sum(counts[step].values())
         shares = {k: round(counts[step][k] / n, 3) for k in KINDS}
         steps.append({"step": step, "rollouts": n, "reward": round(rewards[step] / n, 3), **shares})
-    return {"run": str(run_dir), "steps": steps}
+    return {"run": str(run_dir), "steps": steps, "heldout": heldout_by_position(db)}
 
 
 def main() -> None:

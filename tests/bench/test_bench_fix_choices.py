@@ -59,3 +59,33 @@ def test_a_fenced_command_fix_is_read_from_the_reply_text() -> None:
         [(0, ["Fix calc.py"], "[]", ""), (1, [{"content": OUTPUT}], "[]", f"```mswea_bash_command\n{FIX}\n```")]
     )
     assert rollout_choice(db, 1) == "failing_later"
+
+
+def test_heldout_rollouts_are_split_by_evaluation_and_by_the_failing_line() -> None:
+    """Each held-out evaluation (its policy version) apart; a fix counted by the line that
+    lists the failing function; GSPO steps' rollouts are not evaluations."""
+    from bench.fix_choices import failing_position, heldout_by_position
+
+    first = "FAIL add: got 1, expected 3\nPASS sub\nPASS mul"
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE trajectories (id, step, masked)")
+    db.execute("CREATE TABLE turns (traj_id, idx, side_call, policy_version, new_items, tool_calls, response_text)")
+
+    def rollout(tid: int, step: int, version: int, output: str, name: str) -> None:
+        fix = json.dumps([{"name": "Bash", "arguments": json.dumps({"command": FIX.replace("shl", name)})}])
+        db.execute("INSERT INTO trajectories VALUES (?, ?, 0)", (tid, step))
+        for idx, items, calls in [(0, ["Fix calc.py"], "[]"), (1, [output], fix)]:
+            db.execute(
+                "INSERT INTO turns VALUES (?, ?, 0, ?, ?, ?, '')",
+                (tid, idx, version, pack_text(json.dumps(items)), calls),
+            )
+
+    rollout(1, -2, 1, first, "add")  # the warm start: failing on line 1, named
+    rollout(2, -2, 1, OUTPUT, "mod")  # failing on line 2, the first listed named instead
+    rollout(3, -2, 5, OUTPUT, "shl")  # the end: failing on line 2, named
+    rollout(4, 0, 3, OUTPUT, "shl")  # a GSPO step's rollout
+    assert failing_position(OUTPUT) == 2 and failing_position(first) == 1
+    assert heldout_by_position(db) == [
+        {"policy_version": 1, "named_failing_by_line": {"1": 1.0, "2": 0.0}, "rollouts_by_line": {"1": 1, "2": 1}},
+        {"policy_version": 5, "named_failing_by_line": {"2": 1.0}, "rollouts_by_line": {"2": 1}},
+    ]
