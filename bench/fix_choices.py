@@ -107,10 +107,9 @@ def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
     )
     for traj_id, version in rows.fetchall():
         observation, fixed = observed(db, traj_id)
-        pos = failing_position(observation) if observation else None
-        if pos is not None:
+        if (pos := failing_position(observation)) is not None:
             cell = named[int(version or 0)][pos]
-            cell[0] += int(fixed == failing_function(observation))
+            cell[0] += choice(observation, fixed).startswith("failing")
             cell[1] += 1
     return [
         {
