@@ -38,6 +38,7 @@ from legorl.loop import memory, phases
 from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
+from legorl.loop.harness_load import start_loads
 from legorl.loop.report import Report
 from legorl.loop.run import Run
 from legorl.loop.run_dir import CONTROL_START_FILE, check_checkpoint, claim, config_hash, new_run_id
@@ -54,7 +55,7 @@ from legorl.loop.startup import (
     rollout_backend,
     stored_run,
 )
-from legorl.loop.window import check_windows
+from legorl.loop.window import FirstPrompt, check_windows
 from legorl.models import load_tokenizer
 from legorl.monitor.monitors import run_monitors
 from legorl.monitor.sinks import Trackers, open_trackers
@@ -120,7 +121,7 @@ async def _train(
             check_weights_fit(trainer.lm.config, cfg.warm_start.checkpoint)
         except ValueError as e:
             raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
-    firsts: dict[str, int] = {}
+    firsts: dict[str, FirstPrompt] = {}
     window = 0
     if not resume and tasks and cfg.harness.names() != ["command"]:  # each harness's first prompt fits the window
         window = min(cfg.proxy.max_context, int(getattr(engine, "max_context", 0) or cfg.proxy.max_context))
@@ -129,6 +130,9 @@ async def _train(
         except BaseException:
             await engine.close()
             raise
+    overloads = [ld for ld in start_loads(cfg, {n: fp.cpu_s for n, fp in firsts.items()}) if ld.over]
+    for ld in overloads:
+        console.print(f"[yellow]warning:[/yellow] {ld.message()}")
     if not resume and tasks:  # the pre-flight's budget check: before the first rollout spends the hour
         est = await check_budget(cfg, trainer, engine, tokenizer, tasks[0].problem_statement)
         if est is not None:
@@ -155,7 +159,16 @@ async def _train(
     store.set_run_info(info={**store.run_info()["info"], **ident})
     record_action_format(store, cfg)
     if firsts:  # the pre-flight's measure of each harness's native first prompt, for the UI and the bench
-        store.add_event("first_prompts", {"tokens": firsts, "window": window})
+        store.add_event(
+            "first_prompts",
+            {
+                "tokens": {n: fp.tokens for n, fp in firsts.items()},
+                "harness_cpu_s": {n: round(fp.cpu_s, 2) for n, fp in firsts.items()},
+                "window": window,
+            },
+        )
+    for ld in overloads:  # the UI's alert list: the run goes on, its timeouts may be the machine's
+        store.add_alert(0, "harness_start_load", "warning", ld.message(), value=ld.wait_s, threshold=ld.limit_s)
     report = Report.load(run_dir) if resume else Report(run_dir)
     if resume:  # every partial attempt, of any phase, kept as abandoned and out of the results
         kept = phases.evaluated(trainer.data_state)

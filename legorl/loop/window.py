@@ -11,12 +11,15 @@ the run is refused when the prompt plus one turn's `max_tokens` exceeds the wind
 the harness, the measured length and the window.
 
 The probe's rollout is real (sandbox, harness, proxy) but ungraded by anyone: it is not
-stored, and it costs one harness start per harness (seconds; ~15 s for OpenHands).
+stored, and it costs one harness start per harness (seconds; ~15 s for OpenHands). Its child
+processes' CPU is that start's cost, which the load check reads (`loop/harness_load.py`).
 """
 
 from __future__ import annotations
 
+import resource
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from legorl.engine.base import collect
@@ -52,8 +55,21 @@ class PromptProbe:
         return None
 
 
-async def first_prompt_tokens(cfg: RunConfig, tokenizer: Any, task: Task, harness: str) -> int:
-    """Tokens of `harness`'s first prompt on `task` (0 when it never asked the model)."""
+@dataclass(frozen=True)
+class FirstPrompt:
+    """What one harness's probe rollout measured."""
+
+    tokens: int  # its first prompt (0 when it never asked the model)
+    cpu_s: float  # its child processes' CPU: the harness's start, one prompt and one reply
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+async def first_prompt(cfg: RunConfig, tokenizer: Any, task: Task, harness: str) -> FirstPrompt:
+    """`harness`'s first prompt on `task`, and what starting it cost."""
     from legorl.loop.worker import RolloutWorker
 
     probe = PromptProbe(tokenizer)
@@ -65,18 +81,23 @@ async def first_prompt_tokens(cfg: RunConfig, tokenizer: Any, task: Task, harnes
         }
     )
     async with RolloutWorker(roomy, probe) as worker:
+        await worker.images.for_task(task)  # a first build's git runs are not the harness's
+        # the sandbox's processes are counted when the zygote that forked them is waited for,
+        # which the worker's exit does
+        cpu0 = children_cpu_s()
         await worker.rollout(task, session_id=f"window-probe-{harness}")
-    return probe.longest
+    return FirstPrompt(probe.longest, children_cpu_s() - cpu0)
 
 
-async def check_windows(cfg: RunConfig, tokenizer: Any, task: Task, window: int) -> dict[str, int]:
-    """Each harness's first-prompt length; RunError for the first that does not fit."""
-    out: dict[str, int] = {}
+async def check_windows(cfg: RunConfig, tokenizer: Any, task: Task, window: int) -> dict[str, FirstPrompt]:
+    """Each harness's first prompt; RunError for the first that does not fit."""
+    out: dict[str, FirstPrompt] = {}
     for name in cfg.harness.names():
         if name == "command":  # the user's own script: it may never call the model
             continue
-        n = await first_prompt_tokens(cfg, tokenizer, task, name)
-        out[name] = n
+        fp = await first_prompt(cfg, tokenizer, task, name)
+        out[name] = fp
+        n = fp.tokens
         if n and n + cfg.proxy.max_tokens > window:
             raise RunError(
                 f"pre-flight: harness {name!r} opens with a {n}-token prompt (its native system prompt and "

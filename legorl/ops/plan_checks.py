@@ -10,7 +10,8 @@ noise. The schedule is read from the trainer's own rule (`Trainer._lr_factor`, t
 A harness whose native first prompt does not fit the policy's window turns every rollout
 into a context refusal. `legorl train` refuses such a run at start-up
 (`legorl.loop.window.check_windows`); the doctor calls the same function, so a config is
-refused before anything is launched, with the same message.
+refused before anything is launched, with the same message. The probe's start cost against
+the run's concurrency (`legorl.loop.harness_load`) makes the check a warning, as at start-up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 from types import SimpleNamespace
 
 from legorl.loop.config import RunConfig
-from legorl.monitor.doctor import CheckFailed, check
+from legorl.monitor.doctor import CheckFailed, CheckResult, check, warn
 
 
 def planned_lrs(cfg: RunConfig) -> list[float]:
@@ -55,13 +56,14 @@ def lr_check(cfg: RunConfig) -> str:
 
 
 @check("first prompt fits the window", needs=("sandbox starts", "harness installed"), timeout=600)
-def window_check(cfg: RunConfig) -> str:
+def window_check(cfg: RunConfig) -> str | CheckResult:
     """`first prompt fits the window`: each harness plays one task against a probe engine
     (`check_windows`, as `legorl train` does at start-up)."""
     from legorl.engine.registry import make_engine
     from legorl.loop.errors import RunError
+    from legorl.loop.harness_load import start_loads
     from legorl.loop.startup import load_task_split
-    from legorl.loop.window import check_windows
+    from legorl.loop.window import FirstPrompt, check_windows
     from legorl.models import load_tokenizer
 
     names = [n for n in cfg.harness.names() if n != "command"]
@@ -70,7 +72,7 @@ def window_check(cfg: RunConfig) -> str:
     tok = load_tokenizer(cfg.engine.model)
     task = load_task_split(cfg, cfg.run.split)[0]
 
-    async def go() -> tuple[int, dict[str, int]]:
+    async def go() -> tuple[int, dict[str, FirstPrompt]]:
         engine = make_engine(cfg.engine, tok)
         try:  # the window `legorl train` uses (loop/train.py)
             window = min(cfg.proxy.max_context, int(getattr(engine, "max_context", 0) or cfg.proxy.max_context))
@@ -86,5 +88,10 @@ def window_check(cfg: RunConfig) -> str:
             fix="raise [proxy] max_context (within the model's window), lower [proxy] max_tokens, "
             "or serve a policy with a longer window",
         ) from None
-    said = ", ".join(f"{n} {k}" for n, k in firsts.items())
-    return f"first prompts (tokens): {said}; + max_tokens {cfg.proxy.max_tokens} ≤ window {window}"
+    said = ", ".join(f"{n} {fp.tokens}" for n, fp in firsts.items())
+    loads = [ld for ld in start_loads(cfg, {n: fp.cpu_s for n, fp in firsts.items()}) if ld.over]
+    fits = f"first prompts (tokens): {said}; + max_tokens {cfg.proxy.max_tokens} ≤ window {window}"
+    if loads:  # fits, but this machine may time the rollouts out (loop/harness_load.py)
+        fix = f"run.max_concurrent_rollouts ≤ {min(ld.safe_concurrency for ld in loads)}"
+        return warn(fits + "; " + "; ".join(ld.message() for ld in loads), fix=fix)
+    return fits

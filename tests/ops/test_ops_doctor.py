@@ -207,3 +207,26 @@ def test_a_window_too_small_for_the_harness_prompt_is_fatal(tmp_path: Path) -> N
     r = run_one(window_check(RunConfig.model_validate(d)))
     assert not r.ok and "'claude-code'" in r.detail and "4096-token window" in r.detail
     assert "max_context" in r.fix
+
+
+@pytest.mark.harness
+def test_the_window_check_warns_when_harness_starts_would_outlast_the_timeout(tmp_path: Path) -> None:
+    """The probe's measured start cost (Claude Code's Node runtime, ~1 CPU-s) against the run's
+    concurrency: the committed 32 at once pass; 100,000 at once would spend the timeout
+    starting, on any machine under ~1,600 cores."""
+    from tests.helpers.harness_util import harness_missing
+
+    if why := harness_missing("claude-code"):
+        pytest.skip(why)
+    from legorl.loop.config import load_run_config
+
+    d = load_run_config(EXAMPLES / "quickstart-claude-code.toml").model_dump()
+    d["run"].update(dir=tmp_path / "run", time_budget_s=None)
+    ok = run_one(window_check(RunConfig.model_validate(d)))
+    assert ok.status == "ok", ok.detail
+    d["run"].update(max_concurrent_rollouts=100_000, tasks_per_step=1000, group_size=100)
+    r = run_one(window_check(RunConfig.model_validate(d)))
+    assert r.status == "warn" and "'claude-code' costs" in r.detail and "agent_timeout_s = 180" in r.detail
+    cpu_s = float(r.detail.split("costs ")[1].split(" CPU-s")[0])
+    assert 0.1 < cpu_s < 30, r.detail  # a Node start and one reply, not the probe's wall time or nothing
+    assert r.fix.startswith("run.max_concurrent_rollouts ≤ ")
