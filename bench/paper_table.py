@@ -138,8 +138,8 @@ def store_figures(run_dir: Path) -> dict[str, Any]:
     trained = {s for s, v in metric.get("train/sampled_tokens", []) if v > 0}
     pearson = [v for s, v in metric.get("mismatch/pearson", []) if s in trained]
     rows = db.execute(
-        "SELECT harness, COUNT(*), SUM(masked), AVG(n_segments), AVG(n_turns), AVG(json_array_length(side_turns)) "
-        "FROM trajectories WHERE step >= 0 GROUP BY harness"
+        "SELECT harness, COUNT(*), SUM(masked), AVG(n_segments), AVG(n_turns), AVG(json_array_length(side_turns)), "
+        "AVG(CASE WHEN masked = 0 THEN reward END) FROM trajectories WHERE step >= 0 GROUP BY harness"
     ).fetchall()
     mean = lambda xs: round(sum(xs) / len(xs), 4) if xs else None  # noqa: E731
     return {
@@ -158,8 +158,13 @@ def store_figures(run_dir: Path) -> dict[str, Any]:
                 "segments_per_trajectory": round(seg or 0, 3),
                 "turns_per_trajectory": round(turns or 0, 3),
                 "side_calls_per_trajectory": round(side or 0, 3),
+                "reward_mean": round(reward or 0, 4),
+                # the step's per-harness key exists in a mixed run; one harness has only the run's
+                "parse_failure_rate": mean(
+                    values(f"rollout/parse_failure_rate/{h}") or values("rollout/parse_failure_rate")
+                ),
             }
-            for h, n, masked, seg, turns, side in rows
+            for h, n, masked, seg, turns, side, reward in rows
         },
     }
 
