@@ -17,6 +17,7 @@ processes' CPU is that start's cost, which the load check reads (`loop/harness_l
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -81,7 +82,8 @@ async def first_prompt(cfg: RunConfig, tokenizer: Any, task: Task, harness: str)
         }
     )
     async with RolloutWorker(roomy, probe) as worker:
-        await worker.images.for_task(task)  # a first build's git runs are not the harness's
+        with contextlib.suppress(Exception):  # an unbuildable task: the rollout records it as such
+            await worker.images.for_task(task)  # built first: a first build's git runs are not the harness's
         # the sandbox's processes are counted when the zygote that forked them is waited for,
         # which the worker's exit does
         cpu0 = children_cpu_s()
