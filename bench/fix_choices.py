@@ -13,7 +13,7 @@ alone (a step's reward also moves with which tasks it drew):
     no_fix            no `sed` line after the test output
 
 and, for each held-out evaluation (its rollouts grouped by the policy version that wrote
-them: 0 the start, then the warm start's, the end's, the control's), how often the rollout
+them: 0 the start, then the warm start's, the end's, the control's; and by harness), how often the rollout
 named the failing function by where the test output lists it (1st, 2nd, 3rd line). The
 demonstrator's habit makes the 1st line the easy case; a policy that cannot copy a name
 from that far back misses even that one.
@@ -97,27 +97,31 @@ def observed(db: sqlite3.Connection, traj_id: int) -> tuple[str, str | None]:
 
 
 def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
-    """Per held-out evaluation (by policy version): the share of rollouts naming the failing
-    function, by the line that lists it."""
-    named: dict[int, dict[int, list[int]]] = collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0]))
+    """Per held-out evaluation (by policy version, and by harness: a mixed run evaluates each
+    checkpoint once per harness): the share of rollouts naming the failing function, by the
+    line that lists it."""
+    named: dict[tuple[int, str], dict[int, list[int]]] = collections.defaultdict(
+        lambda: collections.defaultdict(lambda: [0, 0])
+    )
     rows = db.execute(
-        "SELECT t.id, tu.policy_version FROM trajectories t JOIN turns tu ON tu.traj_id = t.id AND tu.idx = 0 "
-        "WHERE t.step = ? AND t.masked = 0",
+        "SELECT t.id, tu.policy_version, t.harness FROM trajectories t "
+        "JOIN turns tu ON tu.traj_id = t.id AND tu.idx = 0 WHERE t.step = ? AND t.masked = 0",
         (HELDOUT_STEP,),
     )
-    for traj_id, version in rows.fetchall():
+    for traj_id, version, harness in rows.fetchall():
         observation, fixed = observed(db, traj_id)
         if (pos := failing_position(observation)) is not None:
-            cell = named[int(version or 0)][pos]
+            cell = named[(int(version or 0), harness or "")][pos]
             cell[0] += choice(observation, fixed).startswith("failing")
             cell[1] += 1
     return [
         {
             "policy_version": v,
-            "named_failing_by_line": {str(p): round(k / n, 3) for p, (k, n) in sorted(named[v].items())},
-            "rollouts_by_line": {str(p): n for p, (_, n) in sorted(named[v].items())},
+            "harness": h,
+            "named_failing_by_line": {str(p): round(k / n, 3) for p, (k, n) in sorted(named[v, h].items())},
+            "rollouts_by_line": {str(p): n for p, (_, n) in sorted(named[v, h].items())},
         }
-        for v in sorted(named)
+        for v, h in sorted(named)
     ]
 
 

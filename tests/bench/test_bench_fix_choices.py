@@ -68,12 +68,12 @@ def test_heldout_rollouts_are_split_by_evaluation_and_by_the_failing_line() -> N
 
     first = "FAIL add: got 1, expected 3\nPASS sub\nPASS mul"
     db = sqlite3.connect(":memory:")
-    db.execute("CREATE TABLE trajectories (id, step, masked)")
+    db.execute("CREATE TABLE trajectories (id, step, masked, harness)")
     db.execute("CREATE TABLE turns (traj_id, idx, side_call, policy_version, new_items, tool_calls, response_text)")
 
-    def rollout(tid: int, step: int, version: int, output: str, name: str) -> None:
+    def rollout(tid: int, step: int, version: int, output: str, name: str, harness: str = "claude-code") -> None:
         fix = json.dumps([{"name": "Bash", "arguments": json.dumps({"command": FIX.replace("shl", name)})}])
-        db.execute("INSERT INTO trajectories VALUES (?, ?, 0)", (tid, step))
+        db.execute("INSERT INTO trajectories VALUES (?, ?, 0, ?)", (tid, step, harness))
         for idx, items, calls in [(0, ["Fix calc.py"], "[]"), (1, [output], fix)]:
             db.execute(
                 "INSERT INTO turns VALUES (?, ?, 0, ?, ?, ?, '')",
@@ -84,8 +84,16 @@ def test_heldout_rollouts_are_split_by_evaluation_and_by_the_failing_line() -> N
     rollout(2, -2, 1, OUTPUT, "mod")  # failing on line 2, the first listed named instead
     rollout(3, -2, 5, OUTPUT, "shl")  # the end: failing on line 2, named
     rollout(4, 0, 3, OUTPUT, "shl")  # a GSPO step's rollout
+    rollout(5, -2, 5, OUTPUT, "mod", "opencode")  # a mixed run's end, evaluated through another harness
     assert failing_position(OUTPUT) == 2 and failing_position(first) == 1
+    cc = {"harness": "claude-code"}
     assert heldout_by_position(db) == [
-        {"policy_version": 1, "named_failing_by_line": {"1": 1.0, "2": 0.0}, "rollouts_by_line": {"1": 1, "2": 1}},
-        {"policy_version": 5, "named_failing_by_line": {"2": 1.0}, "rollouts_by_line": {"2": 1}},
+        {
+            "policy_version": 1,
+            **cc,
+            "named_failing_by_line": {"1": 1.0, "2": 0.0},
+            "rollouts_by_line": {"1": 1, "2": 1},
+        },
+        {"policy_version": 5, **cc, "named_failing_by_line": {"2": 1.0}, "rollouts_by_line": {"2": 1}},
+        {"policy_version": 5, "harness": "opencode", "named_failing_by_line": {"2": 0.0}, "rollouts_by_line": {"2": 1}},
     ]
