@@ -27,9 +27,11 @@ rollout workers (their cores are not this process's).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from legorl.loop.config import RunConfig
+from legorl.loop.window import FirstPrompt
 
 SHARE_OF_TIMEOUT = 1 / 3
 
@@ -62,7 +64,7 @@ class StartLoad:
         """The most rollouts at once whose starts stay within the share of the timeout."""
         if self.cpu_s <= 0:
             return self.concurrent
-        return max(1, int(SHARE_OF_TIMEOUT * self.agent_timeout_s * self.cores / self.cpu_s))
+        return max(1, int(self.limit_s * self.cores / self.cpu_s))
 
     def message(self) -> str:
         return (
@@ -94,3 +96,8 @@ def start_loads(cfg: RunConfig, cpu_s: dict[str, float], cores: int | None = Non
         for name, s in cpu_s.items()
         if measurable(cfg, name)
     ]
+
+
+def overloads(cfg: RunConfig, firsts: Mapping[str, FirstPrompt]) -> list[StartLoad]:
+    """The harnesses whose probed starts would eat the timeout at the run's concurrency."""
+    return [ld for ld in start_loads(cfg, {n: fp.cpu_s for n, fp in firsts.items()}) if ld.over]

@@ -38,7 +38,7 @@ from legorl.loop import memory, phases
 from legorl.loop.budget import check_budget
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
-from legorl.loop.harness_load import start_loads
+from legorl.loop.harness_load import overloads
 from legorl.loop.report import Report
 from legorl.loop.run import Run
 from legorl.loop.run_dir import CONTROL_START_FILE, check_checkpoint, claim, config_hash, new_run_id
@@ -130,8 +130,8 @@ async def _train(
         except BaseException:
             await engine.close()
             raise
-    overloads = [ld for ld in start_loads(cfg, {n: fp.cpu_s for n, fp in firsts.items()}) if ld.over]
-    for ld in overloads:
+    overloaded = overloads(cfg, firsts)
+    for ld in overloaded:
         console.print(f"[yellow]warning:[/yellow] {ld.message()}")
     if not resume and tasks:  # the pre-flight's budget check: before the first rollout spends the hour
         est = await check_budget(cfg, trainer, engine, tokenizer, tasks[0].problem_statement)
@@ -167,7 +167,7 @@ async def _train(
                 "window": window,
             },
         )
-    for ld in overloads:  # the UI's alert list: the run goes on, its timeouts may be the machine's
+    for ld in overloaded:  # the UI's alert list: the run goes on, its timeouts may be the machine's
         store.add_alert(0, "harness_start_load", "warning", ld.message(), value=ld.wait_s, threshold=ld.limit_s)
     report = Report.load(run_dir) if resume else Report(run_dir)
     if resume:  # every partial attempt, of any phase, kept as abandoned and out of the results

@@ -61,7 +61,7 @@ def window_check(cfg: RunConfig) -> str | CheckResult:
     (`check_windows`, as `legorl train` does at start-up)."""
     from legorl.engine.registry import make_engine
     from legorl.loop.errors import RunError
-    from legorl.loop.harness_load import start_loads
+    from legorl.loop.harness_load import overloads
     from legorl.loop.startup import load_task_split
     from legorl.loop.window import FirstPrompt, check_windows
     from legorl.models import load_tokenizer
@@ -89,7 +89,7 @@ def window_check(cfg: RunConfig) -> str | CheckResult:
             "or serve a policy with a longer window",
         ) from None
     said = ", ".join(f"{n} {fp.tokens}" for n, fp in firsts.items())
-    loads = [ld for ld in start_loads(cfg, {n: fp.cpu_s for n, fp in firsts.items()}) if ld.over]
+    loads = overloads(cfg, firsts)
     fits = f"first prompts (tokens): {said}; + max_tokens {cfg.proxy.max_tokens} ≤ window {window}"
     if loads:  # fits, but this machine may time the rollouts out (loop/harness_load.py)
         fix = f"run.max_concurrent_rollouts ≤ {min(ld.safe_concurrency for ld in loads)}"
