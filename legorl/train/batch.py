@@ -1,6 +1,6 @@
 """Trajectories → packed micro-batches of recorded token ids (no padding, no re-tokenising).
 
-Every segment is laid end to end in one row; position ids restart at 0 for each segment and
+Every segment is laid end to end in one row; position ids restart at each segment and
 the model's attention is blocked across segments (per-segment attention with `legorl_varlen`
 or flash-attention varlen; a block-diagonal mask derived from the position-id resets with
 sdpa/eager: see varlen.py and logprobs.py), so no token is spent on padding.
@@ -11,6 +11,10 @@ position of a segment never carries loss.
 A trajectory is never split across micro-batches, so every "sequence unit" (trajectory,
 segment or turn) is complete inside one forward and its GSPO ratio is exact. A trajectory
 longer than the token budget gets a micro-batch of its own.
+
+With `receptive` (a windowed model's reach, receptive_field.py) a segment's tokens further
+before its first sampled target than that are dropped: they cannot change any logprob. The
+kept tokens keep their recorded positions, so such a segment's positions start above 0.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ NO_EXPERT = -1  # "routing not recorded for this token": the trainer's router de
 @dataclass
 class MicroBatch:
     input_ids_N: torch.Tensor  # (N,) long
-    position_ids_N: torch.Tensor  # (N,) long, 0 at every segment start
+    position_ids_N: torch.Tensor  # (N,) long, each token's position in its segment (0 at its start unless trimmed)
     targets_N: torch.Tensor  # (N,) long, the next recorded token (0 at segment ends)
     mask_N: torch.Tensor  # (N,) float, 1 where the target was sampled by the policy
     rollout_logprobs_N: torch.Tensor  # (N,) float32, engine logprob of the target
@@ -105,22 +109,33 @@ def _replay(seg: Segment, where: str) -> torch.Tensor:
     return rows
 
 
+def unseen_head(seg: Segment, receptive: int | None) -> int:
+    """How many of the segment's first tokens no sampled target can see: those more than
+    `receptive` (+1: a target is predicted at the position before it) before the first one."""
+    if receptive is None or 1 not in seg.loss_mask:
+        return 0
+    return max(0, seg.loss_mask.index(1) - 1 - receptive)
+
+
 def pack(
     items: Sequence[tuple[int, Trajectory, float]],
     unit: SequenceUnit,
     max_tokens: int,
+    receptive: int | None = None,
 ) -> list[MicroBatch]:
     """Pack (trajectory index, trajectory, advantage) items into micro-batches.
 
     First-fit decreasing by trajectory length, deterministic. Trajectories without any
-    sampled token are dropped (they could only contribute zero loss).
+    sampled token are dropped (they could only contribute zero loss). `receptive`: drop each
+    segment's head that no sampled target can see (module docstring).
     """
     sized = []
     for idx, traj, adv in items:
         for s, seg in enumerate(traj.segments):
             _check_segment(seg, f"trajectory {traj.session_id!r} segment {s}")
         if any(any(seg.loss_mask[1:]) for seg in traj.segments):
-            sized.append((sum(len(seg.token_ids) for seg in traj.segments), idx, traj, adv))
+            size = sum(len(seg.token_ids) - unseen_head(seg, receptive) for seg in traj.segments)
+            sized.append((size, idx, traj, adv))
     sized.sort(key=lambda x: -x[0])
     bins: list[list[tuple[int, Trajectory, float]]] = []
     room: list[int] = []
@@ -133,10 +148,10 @@ def pack(
         else:
             bins.append([(idx, traj, adv)])
             room.append(max_tokens - size)
-    return [_build(b, unit) for b in bins]
+    return [_build(b, unit, receptive) for b in bins]
 
 
-def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit) -> MicroBatch:
+def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit, receptive: int | None) -> MicroBatch:
     cols: dict[str, list[torch.Tensor]] = {
         k: [] for k in ("ids", "pos", "tgt", "mask", "lp", "adv", "unit", "traj", "ver", "replay")
     }
@@ -164,15 +179,16 @@ def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit) -> Mi
                 runs = int(starts.sum())
                 unit_ids = next_unit + run_id.clamp(min=0)
                 next_unit += max(runs, 1)
-            cols["ids"].append(ids)
-            cols["pos"].append(torch.arange(n, dtype=torch.long))
-            cols["tgt"].append(torch.cat([ids[1:], ids.new_zeros(1)]))
-            cols["mask"].append(tmask)
-            cols["lp"].append(torch.tensor(seg.logprobs[1:] + [0.0], dtype=torch.float32) * tmask)
-            cols["adv"].append(torch.full((n,), float(adv), dtype=torch.float32))
-            cols["unit"].append(unit_ids)
-            cols["traj"].append(torch.full((n,), idx, dtype=torch.long))
-            cols["ver"].append(_versions(seg, tmask, run_id, where))
+            h = unseen_head(seg, receptive)  # every per-token column is cut at the same place
+            cols["ids"].append(ids[h:])
+            cols["pos"].append(torch.arange(h, n, dtype=torch.long))
+            cols["tgt"].append(torch.cat([ids[1:], ids.new_zeros(1)])[h:])
+            cols["mask"].append(tmask[h:])
+            cols["lp"].append((torch.tensor(seg.logprobs[1:] + [0.0], dtype=torch.float32) * tmask)[h:])
+            cols["adv"].append(torch.full((n - h,), float(adv), dtype=torch.float32))
+            cols["unit"].append(unit_ids[h:])
+            cols["traj"].append(torch.full((n - h,), idx, dtype=torch.long))
+            cols["ver"].append(_versions(seg, tmask, run_id, where)[h:])
             if any_replay:
                 if seg.routed_experts is None:
                     raise ValueError(f"{where}: routed_experts missing while other segments have them")
@@ -183,8 +199,8 @@ def _build(items: list[tuple[int, Trajectory, float]], unit: SequenceUnit) -> Mi
                     raise ValueError(
                         f"{where}: routed_experts (layers, top_k) {tuple(rows.shape[1:])} != {replay_shape}"
                     )
-                cols["replay"].append(rows)
-            lengths.append(n)
+                cols["replay"].append(rows[h:])
+            lengths.append(n - h)
     return MicroBatch(
         input_ids_N=torch.cat(cols["ids"]),
         position_ids_N=torch.cat(cols["pos"]),

@@ -26,7 +26,9 @@ def split_segments(mb: MicroBatch, logprobs_N: torch.Tensor) -> list[tuple[int, 
     """(trajectory index, segment index within it, logprobs_T) for every segment of `mb`.
 
     Position n of the row predicts token n+1 of its segment, so a segment of T tokens at
-    offset o gets `logprobs_T[1:] = logprobs_N[o : o+T-1]`. A trajectory is never split
+    offset o gets `logprobs_T[1:] = logprobs_N[o : o+T-1]`; a segment packed without its
+    unseen head (batch.py: its first position id h > 0) gets zeros for those h tokens
+    first, so the result stays aligned with its `token_ids`. A trajectory is never split
     across micro-batches and its segments are laid in order, so the k-th segment of a
     trajectory met in the row is its segment k."""
     row = logprobs_N.detach().float().cpu().numpy()
@@ -37,8 +39,9 @@ def split_segments(mb: MicroBatch, logprobs_N: torch.Tensor) -> list[tuple[int, 
         traj = int(mb.traj_ids_N[start])
         seg = seen.get(traj, 0)
         seen[traj] = seg + 1
-        lp_T = np.zeros(n, dtype=np.float32)
-        lp_T[1:] = row[start : start + n - 1]
+        h = int(mb.position_ids_N[start])  # tokens trimmed from the segment's head
+        lp_T = np.zeros(h + n, dtype=np.float32)
+        lp_T[h + 1 :] = row[start : start + n - 1]
         out.append((traj, seg, lp_T))
         start += n
     return out

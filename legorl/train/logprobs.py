@@ -31,6 +31,7 @@ from legorl.packed_families import own_masks, packing_refusal
 from legorl.train.batch import MicroBatch
 from legorl.train.carried_state import share_alignment
 from legorl.train.linear_varlen import segment_aware
+from legorl.train.receptive_field import receptive_field
 from legorl.train.routing import RoutingRecord, moe_routers, moe_routing
 from legorl.train.shared_prefix import (
     DecoderCall,
@@ -144,6 +145,7 @@ class PolicyModel(nn.Module):
         self.lm = lm
         self.is_moe = bool(moe_routers(lm))
         self.sharing = sharing_refusal(lm, sharded)  # None: shared-prefix packing is exact here
+        self.receptive = receptive_field(lm)  # None: every earlier token can change a logprob
         segment_aware(lm)  # linear-attention layers (Qwen3.5) keep packed segments apart
 
     def hidden(self, input_ids_B_S: torch.Tensor, position_ids_B_S: torch.Tensor, lengths: list[int]) -> torch.Tensor:
@@ -178,7 +180,9 @@ class PolicyModel(nn.Module):
     def forward(self, mb: MicroBatch, opts: LogprobOptions) -> LogprobOutput:
         align = share_alignment(self.lm.config)
         groups = (
-            prefix_groups(mb.input_ids_N, mb.segment_lengths, align=align) if opts.packing == "shared_prefix" else []
+            prefix_groups(mb.input_ids_N, mb.segment_lengths, align=align, pos_N=mb.position_ids_N)
+            if opts.packing == "shared_prefix"
+            else []
         )
         if groups and self.sharing is None and checkpointing_refusal(self.lm) is None:
             out = shared_hidden(

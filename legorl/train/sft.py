@@ -81,7 +81,7 @@ def sft(
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         opt.zero_grad(set_to_none=True)
-        mbs = pack([(i, data[i], 1.0) for i in batch], "trajectory", max_tokens=max_tokens)
+        mbs = pack([(i, data[i], 1.0) for i in batch], "trajectory", max_tokens=max_tokens, receptive=policy.receptive)
         tokens = sum(float(mb.mask_N.sum()) for mb in mbs)
         loss_sum = 0.0
         for mb in mbs:

@@ -116,9 +116,15 @@ def reach(end: int, min_share: int, align: int) -> int:
 
 
 def prefix_groups(
-    ids_N: torch.Tensor, lengths: list[int], min_share: int = MIN_SHARE, align: int = 1
+    ids_N: torch.Tensor,
+    lengths: list[int],
+    min_share: int = MIN_SHARE,
+    align: int = 1,
+    pos_N: torch.Tensor | None = None,
 ) -> list[PrefixGroup]:
-    """Group segments by their first `min_share` tokens (rounded up to `align`); each group of
+    """Group segments by their first `min_share` tokens (rounded up to `align`) and, given
+    `pos_N`, their first position (a segment packed without its unseen head starts above 0:
+    the same tokens at another position are another computation); each group of
     two or more shares its longest common prefix, less one token, so every member keeps at
     least one token of its own (the last shared position predicts the member's first own
     token, which may differ), rounded down to a multiple of `align`."""
@@ -129,7 +135,8 @@ def prefix_groups(
     by_head: dict[tuple[int, ...], list[int]] = {}
     for s, (start, n) in enumerate(zip(starts, lengths, strict=True)):
         if n > head:
-            by_head.setdefault(tuple(ids_N[start : start + head].tolist()), []).append(s)
+            first = () if pos_N is None else (-1 - int(pos_N[start]),)  # ids are >= 0: no clash
+            by_head.setdefault(first + tuple(ids_N[start : start + head].tolist()), []).append(s)
     groups = []
     for members in by_head.values():
         if len(members) < 2:

@@ -124,6 +124,12 @@ class Trainer:
             why := self.policy.sharing or (CHECKPOINTING_REFUSAL if self.checkpointing else None)
         ):
             log.warning("[trainer] %s", why)
+        if self.policy.receptive is not None:
+            log.info(
+                "[trainer] every layer is windowed: tokens over %d before a segment's first sampled one "
+                "are not computed (receptive_field.py)",
+                self.policy.receptive,
+            )
         if self.policy.is_moe and self.checkpointing and c.packing == "per_segment":
             raise ValueError(
                 "gradient_checkpointing on an MoE model needs packing = 'packed' (routing replay in backward)"
@@ -197,7 +203,8 @@ class Trainer:
         items = [(i, t, a) for i, (t, a) in enumerate(zip(trajectories, adv.values, strict=True)) if a is not None]
         metrics: dict[str, float] = dict(adv.metrics)
         chunks = [items[k :: c.minibatches] for k in range(c.minibatches)]
-        plans = [pack(chunk, c.sequence_unit, c.max_tokens_per_microbatch) for chunk in chunks]
+        reach = self.policy.receptive
+        plans = [pack(chunk, c.sequence_unit, c.max_tokens_per_microbatch, receptive=reach) for chunk in chunks]
         plans = [p for p in plans if p]
         acc = _Accumulator(KeptLogprobs(keep_logprobs) if keep_logprobs > 0 else None)
         if plans:
