@@ -7,7 +7,8 @@ gradients are thrown away, the weights untouched) and, on a CPU engine, its pref
 tokens/s (one prompt). The work is a *lower bound* on
 what the config asks for: every trajectory holds at least its first prompt (the task's
 problem statement in the model's chat template, `p0` tokens), so each trained trajectory
-or demonstration costs at least `p0` trained tokens and each rollout at least `p0`
+or demonstration costs at least `p0` trained tokens (at most the reach + 1 of a windowed
+policy, whose unseen head is not trained: train/receptive_field.py) and each rollout at least `p0`
 prefilled ones. A run whose lower bound exceeds the budget cannot fit: refused with what
 to shrink. (A GPU engine batches prefill, so only the trainer's share bounds it there.)
 The estimate is printed either way. It is only a floor (a run that uses its turns costs
@@ -103,7 +104,9 @@ async def check_budget(cfg: RunConfig, trainer: Any, engine: Any, tokenizer: Any
     gspo = r.steps * r.tasks_per_step * r.group_size
     sft = (ws.steps * ws.batch_size if ws.episodes else 0) + ws.control_steps * ws.batch_size
     evals = h.tasks * (len(h.at) + (1 if ws.control_steps else 0))
-    trained, prefilled = (gspo + sft) * p0, (gspo + evals) * p0
+    receptive = trainer.policy.receptive  # a windowed policy trains at most this much before its first sample
+    trained_p0 = p0 if receptive is None else min(p0, receptive + 1)
+    trained, prefilled = (gspo + sft) * trained_p0, (gspo + evals) * p0
     lower = trained / train_tps + (prefilled / prefill_tps if prefill_tps else 0.0)
     est = Budget(p0, train_tps, prefill_tps, trained, prefilled, lower)
     if lower > budget:
