@@ -10,14 +10,13 @@ import pytest
 import torch
 
 from bench.receptive_trim import row
-from tests.train.test_train_receptive_field import _qwen3
-from tests.train.test_train_shared_prefix import harness_shaped
+from tests.helpers.windowed_batches import harness_shaped, windowed_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
 
 
 def test_a_row_times_both_arms_and_finds_them_equal() -> None:
-    policy = _qwen3(["sliding_attention"] * 2)
+    policy = windowed_qwen3(["sliding_attention"] * 2)
     trajs = harness_shaped(torch.Generator().manual_seed(4), int(policy.lm.config.vocab_size))
     out = row(policy, "gspo", [(i, t, (-1.0) ** i) for i, t in enumerate(trajs)], "shared_prefix", rounds=2)
     for kind in ("packed", "computed"):

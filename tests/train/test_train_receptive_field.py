@@ -13,7 +13,6 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from legorl.model_families import build
 from legorl.train import varlen
 from legorl.train.batch import pack, unseen_head
 from legorl.train.kept_logprobs import split_segments
@@ -21,19 +20,9 @@ from legorl.train.logprobs import LogprobOptions, PolicyModel
 from legorl.train.receptive_field import receptive_field
 from legorl.train.shared_prefix import prefix_groups
 from legorl.types import Segment
-from tests.train.test_train_shared_prefix import harness_shaped
+from tests.helpers.windowed_batches import harness_shaped, windowed_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
-
-
-def _qwen3(layer_types: list[str], window: int = 8, attention: str | None = None) -> PolicyModel:
-    cfg = build("qwen3").config.to_dict()
-    cfg.update(use_sliding_window=True, sliding_window=window, layer_types=layer_types)
-    cfg["num_hidden_layers"] = len(layer_types)
-    torch.manual_seed(0)
-    lm = Qwen3ForCausalLM(Qwen3Config(**cfg)).float()
-    lm.set_attn_implementation(attention or varlen.register())
-    return PolicyModel(lm)
 
 
 def _step(policy: PolicyModel, mb, packing: str) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
@@ -49,7 +38,7 @@ def _step(policy: PolicyModel, mb, packing: str) -> tuple[dict[int, torch.Tensor
 
 @pytest.mark.parametrize("packing", ["packed", "shared_prefix"])
 def test_the_trimmed_step_equals_the_whole_one(packing: str) -> None:
-    policy = _qwen3(["sliding_attention"] * 2)
+    policy = windowed_qwen3(["sliding_attention"] * 2)
     assert policy.receptive == 16  # 2 layers x window 8
     trajs = harness_shaped(torch.Generator().manual_seed(5), int(policy.lm.config.vocab_size))
     items = [(i, t, 1.0 + 0.1 * i) for i, t in enumerate(trajs)]
@@ -95,11 +84,11 @@ def test_a_short_head_or_no_sample_is_left_whole() -> None:
     ],
 )
 def test_no_trim_where_it_would_not_be_exact(layer_types: list[str], attention: str | None, why: str) -> None:
-    assert _qwen3(layer_types, attention=attention).receptive is None, why
+    assert windowed_qwen3(layer_types, attention=attention).receptive is None, why
 
 
 def test_no_trim_under_length_dependent_rope() -> None:
-    policy = _qwen3(["sliding_attention"] * 2)
+    policy = windowed_qwen3(["sliding_attention"] * 2)
     policy.lm.config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     assert receptive_field(policy.lm) is None
 
@@ -114,7 +103,7 @@ def test_the_paper_table_policy_is_trimmed_to_its_two_windows() -> None:
 
 
 def test_kept_logprobs_stay_aligned_with_the_whole_segment() -> None:
-    policy = _qwen3(["sliding_attention"] * 2)
+    policy = windowed_qwen3(["sliding_attention"] * 2)
     trajs = harness_shaped(torch.Generator().manual_seed(2), int(policy.lm.config.vocab_size))
     items = [(i, t, 1.0) for i, t in enumerate(trajs)]
     (whole,) = pack(items, "trajectory", 1 << 20)

@@ -18,42 +18,9 @@ from legorl.train.logprobs import LogprobOptions, LogprobOutput, PolicyModel
 from legorl.train.routing import moe_routers
 from legorl.train.shared_prefix import prefix_groups, sharing_refusal
 from legorl.types import AlignmentStats, Segment, Trajectory
+from tests.helpers.windowed_batches import harness_shaped, windowed_qwen3
 
 pytestmark = pytest.mark.usefixtures("one_thread_per_module")
-
-
-def harness_shaped(g: torch.Generator, vocab: int, routing: tuple[int, int, int] | None = None) -> list[Trajectory]:
-    """Two tasks of three rollouts each, and one lone trajectory. With `routing` (MoE layers,
-    top-k, experts) each segment carries recorded experts as an engine with a prefix cache
-    records them: one routing for the shared system prompt, one per task statement."""
-
-    def experts(n: int) -> list[list[list[int]]]:
-        layers, k, e = routing  # type: ignore[misc]
-        return torch.rand(n, layers, e, generator=g).argsort(-1)[..., :k].tolist()
-
-    system = torch.randint(3, vocab, (120,), generator=g).tolist()
-    system_r = experts(120) if routing else []
-    trajs = []
-    for task in range(2):
-        statement = torch.randint(3, vocab, (40 + task,), generator=g).tolist()  # > MIN_SHARE: a second level
-        statement_r = experts(len(statement)) if routing else []
-        for k in range(3):
-            turn = torch.randint(3, vocab, (15 + 4 * k,), generator=g).tolist()
-            obs = torch.randint(3, vocab, (10,), generator=g).tolist()
-            last = torch.randint(3, vocab, (7 + k,), generator=g).tolist()
-            ids = system + statement + turn + obs + last
-            mask = [0] * len(system + statement) + [1] * len(turn) + [0] * len(obs) + [1] * len(last)
-            lps = [-1.0 * m for m in mask]
-            seg = Segment([0, 1], ids, mask, lps, [0, 0])
-            if routing:
-                seg.routed_experts = system_r + statement_r + experts(len(ids) - len(system + statement))
-            trajs.append(Trajectory(f"t{task}-{k}", [seg], AlignmentStats(), instance_id=f"x{task}"))
-    alone = torch.randint(3, vocab, (60,), generator=g).tolist()
-    seg = Segment([0], alone, [0] * 40 + [1] * 20, [0.0] * 40 + [-1.0] * 20, [0])
-    if routing:
-        seg.routed_experts = experts(60)
-    trajs.append(Trajectory("alone", [seg], AlignmentStats()))
-    return trajs
 
 
 def _grads(policy: PolicyModel, mb, packing: str) -> tuple[LogprobOutput, dict[str, torch.Tensor]]:
@@ -190,24 +157,13 @@ def test_gradient_checkpointing_falls_back_to_packed() -> None:
     assert torch.equal(out.logprobs_N, ref.logprobs_N)
 
 
-def _windowed_qwen3(attention: str) -> PolicyModel:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    cfg = build("qwen3").config.to_dict()
-    cfg.update(use_sliding_window=True, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
-    torch.manual_seed(0)
-    lm = Qwen3ForCausalLM(Qwen3Config(**cfg)).float()
-    lm.set_attn_implementation(attention)
-    return PolicyModel(lm)
-
-
 def test_a_windowed_qwen3_shares_exactly_and_only_under_its_masking_attention() -> None:
-    policy = _windowed_qwen3(varlen.register())  # layer 0 sees 8 tokens back, layer 1 everything
+    policy = windowed_qwen3(["sliding_attention", "full_attention"])  # layer 0 sees 8 tokens back, layer 1 everything
     assert policy.sharing is None
     trajs = harness_shaped(torch.Generator().manual_seed(3), int(policy.lm.config.vocab_size))
     (mb,) = pack([(i, t, 1.0) for i, t in enumerate(trajs)], "trajectory", 1 << 20)
     _same_step(policy, mb)
-    why = _windowed_qwen3("sdpa").sharing
+    why = windowed_qwen3(["sliding_attention", "full_attention"], attention="sdpa").sharing
     assert why is not None and "'sdpa'" in why and "packed instead" in why
 
 
