@@ -1,7 +1,8 @@
 """Which function each calc rollout rewrote, judged against the test output it saw; per step, as JSON.
 
 The quickstart's calc tasks (legorl/quickstart/) fail one function of three; the demonstrator
-fixes the failing one `p_read` of the time and otherwise the first one the test output lists.
+fixes the failing one `p_read` of the time and otherwise the first one the test output lists
+(`habit = "first"`) or a listed one at random (`habit = "guess"`).
 Whether GSPO teaches the policy to read the output shows in these shares, not in the reward
 alone (a step's reward also moves with which tasks it drew):
 

@@ -237,6 +237,12 @@ class WarmStartSection(Section):
     """The demonstrator (`[warm_start.engine]`, same fields as `[engine]`)."""
     keep: Literal["all", "resolved"] = "all"
     """Which demonstrations are imitated (infrastructure errors never are)."""
+    distinct_tasks: int | None = Field(None, ge=1)
+    """Demonstrate only this many training tasks, each `episodes / distinct_tasks` times (None:
+    every demonstration a different task). A demonstrator that is right only part of the time
+    (the quickstart's) then shows its spread on one observation. With one demonstration per
+    task, SFT can memorise each task's single pick and generalise it as a confident, arbitrary
+    choice that RL must first unlearn (docs/measured.md)."""
     steps: int = Field(_SFT.steps, ge=0)
     """SFT optimizer steps."""
     batch_size: int = Field(_SFT.batch_size, ge=1)

@@ -32,7 +32,7 @@ from legorl.loop.heldout import evaluate_heldout
 from legorl.loop.metrics import rollout_metrics
 from legorl.loop.record_logprobs import store_trainer_logprobs
 from legorl.loop.run import Run
-from legorl.loop.run_dir import CONTROL_START_FILE
+from legorl.loop.run_dir import CONTROL_START_FILE, KL_REFERENCE_FILE
 from legorl.loop.run_inputs import probe_engine
 from legorl.loop.startup import broadcast, sample_tasks
 from legorl.loop.warm_start import WARM_START_STEP, demo_tasks, imitated, record_demonstrations
@@ -121,7 +121,7 @@ async def warm_start(run: Run) -> list[Trajectory] | None:
     try:
         await probe_engine(demonstrator, "warm_start.engine")  # one that does not answer: one line
         async with RolloutWorker(cfg, demonstrator) as w:
-            tasks = demo_tasks(run.tasks, ws.episodes, cfg.run.seed)
+            tasks = demo_tasks(run.tasks, ws.episodes, cfg.run.seed, ws.distinct_tasks)
             h = cfg.harness
             recs = await record_demonstrations(
                 w,
@@ -166,6 +166,26 @@ def keep_control_start(run: Run, demos: list[Trajectory]) -> None:
     trainer = run.trainer
     try:
         torch.save({"lm": trainer.lm.state_dict(), "optimizer": trainer.optimizer.state_dict(), "demos": demos}, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise RunError(f"cannot write {path} ({e.strerror or e}): free space there, then start again") from None
+
+
+def hold_kl_reference(run: Run) -> None:
+    """π_ref for `[trainer] kl_coef`: the policy as GSPO starts (the warm start's weights),
+    written to `RUN_DIR/kl_reference.pt` the first time. A resumed run reads it back, so that it
+    pulls toward the weights GSPO started from, not toward wherever the run was stopped."""
+    if run.cfg.trainer.kl_coef <= 0:
+        return
+    path = run.cfg.run.dir / KL_REFERENCE_FILE
+    if path.exists():
+        run.trainer.set_reference(torch.load(path, map_location="cpu", weights_only=True))
+        return
+    state = run.trainer.set_reference()
+    tmp = path.with_suffix(".tmp")
+    try:
+        torch.save(state, tmp)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

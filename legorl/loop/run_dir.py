@@ -47,6 +47,7 @@ NOT_HASHED = (
 )
 STORE_FILES = ("run.sqlite", "run.sqlite-wal", "run.sqlite-shm", "run.sqlite-journal")
 CONTROL_START_FILE = "control_start.pt"  # where the control begins (phases.keep_control_start)
+KL_REFERENCE_FILE = "kl_reference.pt"  # π_ref of `[trainer] kl_coef` (phases.hold_kl_reference)
 RUN_OUTPUTS = (
     *STORE_FILES,
     "checkpoints",
@@ -55,6 +56,8 @@ RUN_OUTPUTS = (
     Path(RESULTS_FILE).with_suffix(".tmp").name,
     CONTROL_START_FILE,
     Path(CONTROL_START_FILE).with_suffix(".tmp").name,
+    KL_REFERENCE_FILE,
+    Path(KL_REFERENCE_FILE).with_suffix(".tmp").name,
 )
 
 

@@ -254,6 +254,7 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
                 f"[yellow]no {CONTROL_START_FILE} in {cfg.run.dir} (written by an older legorl): "
                 "the control is not run[/yellow]"
             )
+    phases.hold_kl_reference(run)  # after the warm start, before the first GSPO update
     t_gspo = time.monotonic()
     memory.release()  # each step's `mem/peak_rss_gb` is its own (memory.step_memory)
     memory.reset_peak()

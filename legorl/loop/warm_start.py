@@ -25,11 +25,13 @@ from legorl.store.phase_steps import WARM_START_STEP
 from legorl.types import Status, Task, Trajectory
 
 
-def demo_tasks(train: list[Task], n: int, seed: int) -> list[Task]:
-    """`n` training tasks for demonstrations (cycling through the split if it is smaller)."""
+def demo_tasks(train: list[Task], n: int, seed: int, distinct: int | None = None) -> list[Task]:
+    """`n` training tasks for demonstrations, cycling through the first `distinct` of the
+    shuffled split (all of it when None, or when the split is smaller)."""
     rng = random.Random(seed * 7_919 + 17)
     order = list(train)
     rng.shuffle(order)
+    order = order[:distinct] if distinct else order
     return [order[i % len(order)] for i in range(n)]
 
 

@@ -11,9 +11,19 @@ choice of function mostly from the wrong cue.
 
 That gap is deliberate (issue 7): with perfect demonstrations there is nothing left that
 RL can teach faster than more SFT. Here SFT converges to the expert's own success rate,
-p_read + (1 - p_read) / k for k functions, and the habit stays the policy's most likely
-choice (so greedy decoding does not escape it either); only the reward — the grader's
-test run — says which choice was right. GSPO can learn to read the FAIL line; imitation
+p_read + (1 - p_read) / k for k functions; only the reward — the grader's test run — says
+which choice was right.
+
+The wrong habit is `habit = "first"` by default, and it stays the policy's most likely
+choice, so greedy decoding does not escape it either. `habit = "guess"` replaces it with a
+guess: a function drawn uniformly from those the output lists. The success rate is the same,
+but the choice stays uncertain, so the samples of one group disagree about which function to
+fix. A converged SFT on `first` is near-deterministic per task. When another function is
+listed before the failing one, it names the failing one in only 9–22% of rollouts, and 71% of
+GSPO's groups had identical rewards (docs/measured.md, mixed run 11). A sampled language
+model keeps the spread that `guess` leaves, and RL learns from that spread. Greedy decoding
+reads under `guess`, since the failing function is its most likely choice, but held-out
+evaluation samples at the policy's temperature. GSPO can learn to read the FAIL line; imitation
 of this expert cannot.
 
 `ExpertEngine` puts the expert behind the proxy as an engine: it reads the prompt ids the
@@ -32,11 +42,12 @@ answers the harness's side calls (titles, compaction summaries) with short plain
 
 from __future__ import annotations
 
+import collections
 import random
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -76,31 +87,59 @@ def first_function(observation: str) -> str | None:
     return m.group(1) if m and m.group(1) in POOL else None
 
 
-def expert_draw(seed: int, observation: str | None) -> float:
-    """The expert's uniform draw for an observation: a pure function of the seed and the
-    test lines, so the demonstrations do not depend on the order in which concurrent
+def test_lines(observation: str | None) -> str:
+    """The PASS/FAIL lines of an observation: what the expert's choice depends on."""
+    return "\n".join(m.group(0) for m in _LINE.finditer(plain(observation or "")))
+
+
+def expert_draw(seed: int, observation: str | None, visit: int = 0) -> float:
+    """The expert's uniform draw for the `visit`-th time it chooses on these test lines: a
+    pure function of the seed, the lines and the visit. The demonstrations of one task then
+    differ from each other, but as a set they do not depend on the order in which concurrent
     harness sessions reach the engine (and both paths draw alike for one task)."""
-    lines = "\n".join(m.group(0) for m in _LINE.finditer(plain(observation or "")))
-    return random.Random(f"{seed}:{lines}").random()
+    lines = test_lines(observation)
+    return random.Random(f"{seed}:{lines}" + (f":{visit}" if visit else "")).random()
 
 
-def expert_reply(observation: str | None, draw: float, p_read: float) -> str:
+HABITS = ("first", "guess")
+
+
+def listed_functions(observation: str) -> list[str]:
+    """The functions the test output names, in the order it lists them (each once)."""
+    names = [m.group(1) for m in _FIRST.finditer(plain(observation))]
+    return [n for i, n in enumerate(names) if n in POOL and n not in names[:i]]
+
+
+def choose(observation: str, failing: str, draw: float, p_read: float, habit: str = "first") -> str:
+    """Which function the expert fixes: the failing one when draw < p_read; otherwise its
+    habit's pick, the first listed (`first`) or one drawn uniformly from the listed by the
+    rest of the same draw (`guess`), so the choice stays a pure function of the draw."""
+    if draw < p_read:
+        return failing
+    listed = listed_functions(observation)
+    if not listed:
+        return failing
+    if habit == "guess":
+        u = (draw - p_read) / (1.0 - p_read)  # uniform in [0, 1) given draw >= p_read
+        return listed[min(int(u * len(listed)), len(listed) - 1)]
+    return listed[0]
+
+
+def expert_reply(observation: str | None, draw: float, p_read: float, habit: str = "first") -> str:
     """The expert's next message given the last observation (None before the first turn)
     and a uniform draw in [0, 1): run the tests until their output names a failing
-    function, then fix it (draw < p_read) or the first function mentioned."""
+    function, then fix the function `choose` picks."""
     failing = failing_function(observation or "")
     if failing is None:
         return FENCE.format(TEST_CMD)
-    first = first_function(observation or "")
-    name = failing if draw < p_read or first is None else first
-    return FENCE.format(fix_command(name))
+    return FENCE.format(fix_command(choose(observation or "", failing, draw, p_read, habit)))
 
 
 DONE = "I fixed calc.py; the tests pass."
 PROBLEM_ECHO = "the tests of calc.py were run and one function was rewritten."  # a compaction summary
 
 
-def tool_reply(view: PromptView, draw: float, p_read: float) -> str:
+def tool_reply(view: PromptView, draw: float, p_read: float, habit: str = "first") -> str:
     """The same expert through a tool-calling harness: run the tests with its shell tool,
     then rewrite the chosen line with it, then finish the harness's way. The phase is read
     from the conversation (an earlier `sed -i` call means the fix was made), the choice from
@@ -122,8 +161,7 @@ def tool_reply(view: PromptView, draw: float, p_read: float) -> str:
     failing = failing_function(observation)
     if failing is None:
         return tool_call(shell, fill_args(shell, {key: TEST_CMD}, "Run the tests"))
-    first = first_function(observation)
-    name = failing if draw < p_read or first is None else first
+    name = choose(observation, failing, draw, p_read, habit)
     command = f"sed -i 's|^def {name}.*|{line(name, POOL[name])}|' {SOURCE_FILE}"
     return tool_call(shell, fill_args(shell, {key: command}, "Fix calc.py"))
 
@@ -133,6 +171,7 @@ class ExpertOptions:
     """`[engine] options` of `kind = "quickstart-expert"`."""
 
     p_read: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3  # chance of reading the failing test first
+    habit: Literal["first", "guess"] = "first"  # the choice when not reading: the first listed, or a uniform guess
 
 
 class ExpertEngine:
@@ -146,9 +185,12 @@ class ExpertEngine:
     name = "expert"
     Options: ClassVar[type] = ExpertOptions
 
-    def __init__(self, tokenizer: Any, p_read: float, seed: int = 0) -> None:
+    def __init__(self, tokenizer: Any, p_read: float, seed: int = 0, habit: str = "first") -> None:
         if not 0.0 <= p_read <= 1.0:
             raise ValueError(f"p_read must be in [0, 1], got {p_read}")
+        if habit not in HABITS:
+            raise ValueError(f"habit must be one of {', '.join(HABITS)}, got {habit!r}")
+        self.habit = habit
         self.tokenizer = tokenizer
         self.p_read = p_read
         self.seed = seed
@@ -156,25 +198,44 @@ class ExpertEngine:
         self.max_context = 2**31  # the expert reads only the last message
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.calls = 0
+        self._visits: collections.Counter[str] = collections.Counter()  # fixes made per test lines
 
     @classmethod
     def from_config(cls, cfg: Any, tokenizer: Any) -> ExpertEngine:
-        """From `[engine] kind = "quickstart-expert"`, `options = {p_read = 0.3}`, `seed`."""
+        """From `[engine] kind = "quickstart-expert"`, `options = {p_read = 0.3, habit = "first"}`, `seed`."""
         opts = ExpertOptions(**cfg.options)  # the config checked the names and types on load
-        return cls(tokenizer, float(opts.p_read), seed=int(cfg.seed or 0))
+        return cls(tokenizer, float(opts.p_read), seed=int(cfg.seed or 0), habit=opts.habit)
 
-    def reply_for(self, prompt_ids: list[int]) -> str:
+    def observation_of(self, prompt_ids: list[int]) -> tuple[PromptView | None, str]:
+        """The prompt parsed (None for a text agent's prompt) and its last user message."""
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         view = parse_prompt(text)
-        if view.tools:  # a tool-calling harness: act through its shell tool
-            last = view.last_user()
-            return tool_reply(view, expert_draw(self.seed, last), self.p_read)
-        last_user = text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
-        return expert_reply(last_user, expert_draw(self.seed, last_user), self.p_read)
+        if view.tools:  # a tool-calling harness: the expert acts through its shell tool
+            return view, view.last_user()
+        return None, text.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+
+    def reply_for(self, prompt_ids: list[int], visit: int = 0) -> str:
+        """The reply to a prompt, the `visit`-th time the expert chooses on its test lines."""
+        return self._reply(*self.observation_of(prompt_ids), visit)
+
+    def _reply(self, view: PromptView | None, last: str, visit: int) -> str:
+        draw = expert_draw(self.seed, last, visit)
+        if view is not None:
+            return tool_reply(view, draw, self.p_read, self.habit)
+        return expert_reply(last, draw, self.p_read, self.habit)
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
+        """Demonstrations that repeat a task (`[warm_start] distinct_tasks`) each get a new
+        draw for its choice: every fix made on the same test lines counts one visit. Imitation
+        then meets the expert's spread on one observation, not one arbitrary pick per
+        observation that SFT could memorise."""
         self.calls += 1
-        ids = self.tokenizer.encode(self.reply_for(prompt_ids), add_special_tokens=False) + [self.im_end]
+        view, last = self.observation_of(prompt_ids)
+        key = test_lines(last)
+        reply = self._reply(view, last, self._visits[key])
+        if key and "sed -i" in reply:
+            self._visits[key] += 1
+        ids = self.tokenizer.encode(reply, add_special_tokens=False) + [self.im_end]
         finish = FinishReason.STOP
         if len(ids) > params.max_tokens:
             ids, finish = ids[: params.max_tokens], FinishReason.LENGTH

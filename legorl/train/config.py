@@ -143,6 +143,14 @@ class TrainerConfig(Section):
     """Optimizer steps of the run (cosine schedule horizon)."""
     max_grad_norm: float = 1.0
     """Gradient clipping by global norm; 0 disables."""
+    kl_coef: float = Field(0.0, ge=0.0)
+    """β of a penalty β·KL(π‖π_ref) on every sampled token, added to the policy loss with the
+    same aggregation. It uses the k3 estimator, as GRPO's does. π_ref is the policy as RL
+    starts, i.e. the warm start. It anchors what the reward does not speak to: the
+    tool-call format of a converged SFT drifted under RL (docs/measured.md). A run keeps
+    π_ref in RUN_DIR/kl_reference.pt, so a resumed run pulls toward the same weights. 0 (the
+    default) holds no reference model; above 0 there is a second, frozen copy of the weights
+    and one more forward a step, in one trainer process."""
     minibatches: int = 1
     """Optimizer steps per batch of trajectories (GSPO paper: 4). With >1 the old logprobs
     are recomputed once before the first update."""

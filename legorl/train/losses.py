@@ -243,6 +243,15 @@ def grpo_loss(
     return loss, _metrics(seq_log_ratio_U, count_U, active_N, mask_N)
 
 
+def k3_kl_N(logprobs_N: torch.Tensor, ref_logprobs_N: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(π‖π_ref) on tokens sampled from π: r - log r - 1 with
+    r = π_ref/π. It is non-negative, unbiased for the KL, and 0 exactly where the two agree
+    (Schulman's estimator; GRPO's β term). Its gradient, (1 - r)·∇log π, pulls each sampled
+    token's probability back toward the reference's."""
+    log_r_N = (ref_logprobs_N - logprobs_N).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return log_r_N.exp() - log_r_N - 1.0
+
+
 # Dr.GRPO: GRPO's token objective without length normalisation per sequence, Σ_t L_t /
 # (U · norm_tokens), so a long answer's tokens weigh as much as a short one's; pair with
 # advantages that are not divided by the group std (the config default). Only the default

@@ -38,7 +38,7 @@ from legorl.train.config import TrainerConfig
 from legorl.train.fsdp import DistInfo, all_reduce_, full_state_dict, init_distributed, shard
 from legorl.train.kept_logprobs import KeptLogprobs
 from legorl.train.logprobs import LogprobOptions, PolicyModel
-from legorl.train.losses import LOSSES, LossMetrics, Normalizer
+from legorl.train.losses import LOSSES, LossMetrics, Normalizer, aggregate, k3_kl_N
 from legorl.train.mismatch import MismatchStats, correction_weights
 from legorl.train.routing import moe_routers, moe_routing, routing_mismatch
 from legorl.train.schedule import warmup_cosine_lr
@@ -120,6 +120,9 @@ class Trainer:
         if c.packing in ("packed", "shared_prefix") and (why := packing_refusal(self.lm)):
             raise ConfigError(f"[trainer] {why}")
         self.policy = PolicyModel(self.lm, sharded=self.dist.world > 1).to(self.device)
+        if c.kl_coef > 0 and self.dist.world > 1:
+            raise ConfigError("[trainer] kl_coef > 0 needs one trainer process: the reference policy is not sharded")
+        self.reference: PolicyModel | None = None  # π_ref of the KL penalty (set_reference)
         if c.packing == "shared_prefix" and (
             why := self.policy.sharing or (CHECKPOINTING_REFUSAL if self.checkpointing else None)
         ):
@@ -243,6 +246,17 @@ class Trainer:
         self.lm.load_state_dict(snap.lm)
         self.optimizer.load_state_dict(snap.optimizer)
 
+    def set_reference(self, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Freeze π_ref for `kl_coef`: the weights in `state` (a kept reference), else the
+        weights now. Returns the reference's weights, for the caller to keep on disk."""
+        ref = copy.deepcopy(self.policy)
+        if state is not None:
+            ref.lm.load_state_dict(state)
+        ref.eval()
+        ref.requires_grad_(False)
+        self.reference = ref
+        return {k: v.detach().cpu().clone() for k, v in ref.lm.state_dict().items()}
+
     def fresh_moments(self) -> None:
         """Forget AdamW's moments and step counts (the weights stay): the next update is the
         first of a new optimizer, bias correction included."""
@@ -348,6 +362,12 @@ class Trainer:
                 aggregation=c.aggregation,
                 norm=norm,
             )
+            if c.kl_coef > 0 and self.reference is not None:
+                with torch.no_grad():
+                    ref_N = self.reference(mb, self.opts).logprobs_N
+                kl_N = k3_kl_N(out.logprobs_N, ref_N)
+                loss = loss + c.kl_coef * aggregate(kl_N, mb.mask_N, mb.unit_ids_N, mb.num_units, c.aggregation, norm)
+                acc.kl_sum += float((kl_N.detach() * mb.mask_N).sum())
             self._backward(loss, mb)
             acc.add_loss(float(loss.detach()), lmetrics, wstats)
         grad_norm = self._clip()
@@ -456,6 +476,7 @@ class _Accumulator:
         self.sums = torch.zeros(9, dtype=torch.float64)  # see finish()
         self.grad_norms: list[float] = []
         self._min_ver = 2**62
+        self.kl_sum = 0.0  # Σ k3 KL to π_ref over sampled tokens (kl_coef > 0; one process)
 
     def observe(self, mb: MicroBatch, out: Any, version: int) -> None:
         """Statistics of a pre-update forward of policy `version`: mismatch, entropy, routing,
@@ -531,6 +552,8 @@ class _Accumulator:
         out["train/step_s"] = seconds
         out["train/optimizer_steps"] = float(len(self.grad_norms))
         out["mismatch/corrected_frac"] = corrected / sampled if sampled else 0.0
+        if trainer.reference is not None:
+            out["train/kl_ref"] = self.kl_sum / sampled if sampled else 0.0
         if r_tot:
             out["mismatch/routing_mismatch"] = r_used / r_tot
             out["mismatch/router_disagreement"] = r_nat / r_tot

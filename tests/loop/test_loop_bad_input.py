@@ -221,6 +221,11 @@ def test_a_dead_engine_is_one_message_before_any_rollout(tmp_path: Path) -> None
             'kind = "quickstart-expert"\noptions = { p_read = 2 }',
             "warm_start.engine.options.p_read: input should be less than or equal to 1",
         ),
+        (
+            "warm_start.engine",
+            'kind = "quickstart-expert"\noptions = { habit = "last" }',
+            "warm_start.engine.options.habit: expected one of",
+        ),
     ],
 )
 def test_every_option_is_checked_when_the_config_loads(tmp_path: Path, section: str, body: str, line: str) -> None:

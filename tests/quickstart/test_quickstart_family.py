@@ -3,6 +3,7 @@ grading (legorl.verify in local sandboxes), not a grader of its own."""
 
 from __future__ import annotations
 
+import collections
 import difflib
 import json
 import subprocess
@@ -12,7 +13,14 @@ from typing import Any
 import pytest
 
 from legorl.quickstart import family
-from legorl.quickstart.expert import ExpertEngine, expert_draw, expert_reply, failing_function, first_function
+from legorl.quickstart.expert import (
+    ExpertEngine,
+    expert_draw,
+    expert_reply,
+    failing_function,
+    first_function,
+    listed_functions,
+)
 from legorl.quickstart.source import CalcTasksSection, ensure_task_file
 from legorl.tasks.loader import load_tasks
 from legorl.types import SamplingParams, Status
@@ -135,6 +143,19 @@ async def test_expert_engine_answers_from_the_rendered_prompt() -> None:
     obs = f"<returncode>1</returncode>\n<output>\n{out}</output>"
     assert reply == expert_reply(obs, expert_draw(1, obs), 0.3)
     assert f"def {task.buggy}(" in reply or f"def {task.names[0]}(" in reply
+    # the k-th fix on the same test lines draws anew, in any order of arrival: as a set, the
+    # demonstrations of one task are the same however concurrent sessions interleave
+    replies = []
+    for _ in range(40):
+        g = await engine.generate(prompt, SamplingParams(max_tokens=64))
+        replies.append(tok.decode(g.completion_ids[:-1]))
+    assert replies == [expert_reply(obs, expert_draw(1, obs, k), 0.3) for k in range(40)]
+    assert replies[0] == reply
+    fixed = {n for n in task.names if any(f"def {n}(" in r for r in replies)}
+    assert {task.buggy, task.names[0]} <= fixed, fixed  # the expert's spread, on one observation
+    guesser = ExpertEngine(tok, p_read=0.3, seed=1, habit="guess")
+    guessed = [guesser.reply_for(prompt, k) for k in range(40)]
+    assert {n for n in task.names if any(f"def {n}(" in r for r in guessed)} == set(task.names)
 
 
 def test_expert_success_rate_matches_its_definition() -> None:
@@ -148,6 +169,27 @@ def test_expert_success_rate_matches_its_definition() -> None:
     assert abs(wins / len(tasks) - (0.3 + 0.7 / 3)) < 0.03
 
 
+def test_the_guess_habit_spreads_its_wrong_choices_over_the_listed_functions() -> None:
+    """`habit = "guess"`: the same success rate as `first`, but when it does not read, every
+    listed function is picked about equally often, whichever place it has in the output."""
+    tasks = family.tasks("train", 3000, k=3)
+    wins, places = 0, [0, 0, 0]
+    for t in tasks:
+        out, _ = family.run_tests_in_process(t, t.source())
+        draw = expert_draw(0, out)
+        reply = expert_reply(out, draw, 0.3, habit="guess")
+        wins += f"def {t.buggy}(" in reply
+        if draw >= 0.3:
+            listed = listed_functions(out)
+            places[[f"def {n}(" in reply for n in listed].index(True)] += 1
+    assert abs(wins / len(tasks) - (0.3 + 0.7 / 3)) < 0.03
+    assert all(abs(n / sum(places) - 1 / 3) < 0.04 for n in places), places
+    obs = "<output>\nPASS add\nFAIL mul: got 7, expected 12\nPASS xor\n</output>"
+    assert "def mul(a, b): return a * b" in expert_reply(obs, 0.1, 0.3, habit="guess")
+    assert "def add(a, b)" in expert_reply(obs, 0.31, 0.3, habit="guess")
+    assert "def xor(a, b)" in expert_reply(obs, 0.99, 0.3, habit="guess")
+
+
 def test_expert_engine_from_config_rejects_unknown_options() -> None:
     from legorl.engine.registry import EngineConfig, make_engine
 
@@ -157,3 +199,24 @@ def test_expert_engine_from_config_rejects_unknown_options() -> None:
     )
     with pytest.raises(ValueError, match="unknown option"):
         make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"p_raed": 1.0}))
+    guess = EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"habit": "guess"})
+    assert make_engine(guess).habit == "guess"
+    with pytest.raises(ValueError, match="habit"):
+        make_engine(EngineConfig(kind="quickstart-expert", model="quickstart-qwen3", options={"habit": "last"}))
+
+
+def test_demonstrations_can_repeat_a_few_tasks() -> None:
+    """`[warm_start] distinct_tasks`: the demonstrations cycle over that many training tasks,
+    each repeated evenly; the default keeps every demonstration a different task."""
+    from legorl.loop.config import WarmStartSection
+    from legorl.loop.warm_start import demo_tasks
+
+    train = family.tasks("train", 64, k=3)
+    every = demo_tasks(train, 32, seed=0)
+    assert len({t.instance_id for t in every}) == 32
+    few = demo_tasks(train, 32, seed=0, distinct=8)
+    counts = collections.Counter(t.instance_id for t in few)
+    assert len(counts) == 8 and set(counts.values()) == {4}
+    assert {t.instance_id for t in few} == {t.instance_id for t in every[:8]}  # the same shuffle, its head
+    with pytest.raises(ValueError, match="distinct_tasks"):
+        WarmStartSection(distinct_tasks=0)
