@@ -20,8 +20,10 @@ guess: a function drawn uniformly from those the output lists. The success rate 
 but the choice stays uncertain, so the samples of one group disagree about which function to
 fix. A converged SFT on `first` is near-deterministic per task. When another function is
 listed before the failing one, it names the failing one in only 9–22% of rollouts, and 71% of
-GSPO's groups had identical rewards (docs/measured.md, mixed run 11). A sampled language
-model keeps the spread that `guess` leaves, and RL learns from that spread. Greedy decoding
+GSPO's groups had identical rewards (docs/measured.md, mixed run 11). The spread survives
+SFT only when each task is shown several times (`[warm_start] distinct_tasks`), each a fresh
+draw. Shown once, a guess is memorised as one pick per task just as surely (Claude Code run
+12), and RL needs the spread to learn from. Greedy decoding
 reads under `guess`, since the failing function is its most likely choice, but held-out
 evaluation samples at the policy's temperature. GSPO can learn to read the FAIL line; imitation
 of this expert cannot.
