@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -161,11 +162,17 @@ def keep_control_start(run: Run, demos: list[Trajectory]) -> None:
     are pruned, so without it a `--resume` after the warm start would have no warm-start
     weights to run the control from. The file is the only copy: held in memory through GSPO,
     a model and its optimizer state (1.6 GB for SmolLM2-135M in fp32) would sit unused."""
-    path = run.cfg.run.dir / CONTROL_START_FILE
-    tmp = path.with_suffix(".tmp")
     trainer = run.trainer
+    state = {"lm": trainer.lm.state_dict(), "optimizer": trainer.optimizer.state_dict(), "demos": demos}
+    save_whole(state, run.cfg.run.dir / CONTROL_START_FILE)
+
+
+def save_whole(obj: Any, path: Path) -> None:
+    """`torch.save` through a temporary file and a rename, so a kill never leaves half a file;
+    a full disk is one line naming the path, not a traceback."""
+    tmp = path.with_suffix(".tmp")
     try:
-        torch.save({"lm": trainer.lm.state_dict(), "optimizer": trainer.optimizer.state_dict(), "demos": demos}, tmp)
+        torch.save(obj, tmp)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -182,14 +189,7 @@ def hold_kl_reference(run: Run) -> None:
     if path.exists():
         run.trainer.set_reference(torch.load(path, map_location="cpu", weights_only=True))
         return
-    state = run.trainer.set_reference()
-    tmp = path.with_suffix(".tmp")
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise RunError(f"cannot write {path} ({e.strerror or e}): free space there, then start again") from None
+    save_whole(run.trainer.set_reference(), path)
 
 
 def control_start_kept(run: Run) -> bool:
