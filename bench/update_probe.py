@@ -156,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     batches = [steps[k] for k in order[: args.train_steps]]
     held = [t for k in order[args.train_steps :] for t in steps[k]]
     start_state = torch.load(start_file, map_location="cpu", weights_only=False)["lm"]
-    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     report = {
         "bench": "update_probe",
         "run_dir": str(args.run_dir),
