@@ -25,6 +25,7 @@ Each `--set` is one setting: `[trainer]` keys over the run's own stored `[traine
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sqlite3
 import sys
@@ -41,6 +42,7 @@ from legorl.store.run_store import RunStore
 from legorl.train.advantages import Advantages
 from legorl.train.batch import pack
 from legorl.train.config import TrainerConfig
+from legorl.train.logprobs import PolicyModel
 from legorl.train.losses import k3_kl_N
 from legorl.train.trainer import Trainer
 from legorl.types import Trajectory
@@ -67,23 +69,23 @@ def trainer_config(base: dict[str, Any], setting: dict[str, Any]) -> TrainerConf
     return TrainerConfig.model_validate({**base, **setting, "checkpoint_dir": ""})
 
 
-def measure(trainer: Trainer, start: Trainer, held: Sequence[Trajectory], adv: Advantages) -> dict[str, float]:
-    """`adv_dlogp` and `kl_start` of `trainer`'s policy against `start`'s on `held` (see above)."""
+def measure(trainer: Trainer, start: PolicyModel, held: Sequence[Trajectory], adv: Advantages) -> dict[str, float]:
+    """`adv_dlogp` and `kl_start` of `trainer`'s policy against the frozen `start` on `held` (see above)."""
     items = [(i, t, a) for i, (t, a) in enumerate(zip(held, adv.values, strict=True)) if a is not None]
     signal = seqs = kl = tokens = 0.0
     with torch.no_grad():
         for mb in pack(items, "trajectory", MEASURE_TOKENS, receptive=trainer.policy.receptive):
             now_N = trainer.policy(mb, trainer.opts).logprobs_N
-            was_N = start.policy(mb, start.opts).logprobs_N
+            was_N = start(mb, trainer.opts).logprobs_N
             mask_N, unit_N = mb.mask_N, mb.unit_ids_N
             kl += float((k3_kl_N(now_N, was_N) * mask_N).sum())
             tokens += float(mask_N.sum())
             units = int(unit_N.max()) + 1
-            count_U = torch.zeros(units).index_add_(0, unit_N, mask_N).clamp(min=1)
-            dlogp_U = torch.zeros(units).index_add_(0, unit_N, (now_N - was_N) * mask_N) / count_U
-            adv_U = torch.zeros(units).index_add_(0, unit_N, mb.advantages_N * mask_N) / count_U
+            count_U = torch.zeros(units).index_add_(0, unit_N, mask_N)
+            dlogp_U = torch.zeros(units).index_add_(0, unit_N, (now_N - was_N) * mask_N) / count_U.clamp(min=1)
+            adv_U = torch.zeros(units).index_add_(0, unit_N, mb.advantages_N * mask_N) / count_U.clamp(min=1)
             signal += float((adv_U * dlogp_U).sum())
-            seqs += float((torch.zeros(units).index_add_(0, unit_N, mask_N) > 0).sum())
+            seqs += float((count_U > 0).sum())
     return {"adv_dlogp": signal / seqs if seqs else 0.0, "kl_start": kl / tokens if tokens else 0.0}
 
 
@@ -94,12 +96,12 @@ def probe(
     held: Sequence[Trajectory],
 ) -> list[dict[str, float]]:
     """One row per training batch: the update's own metrics and `measure` after it."""
-    trainer, start = Trainer(cfg), Trainer(cfg.model_copy(update={"kl_coef": 0.0}))
-    for t in (trainer, start):
-        t.lm.load_state_dict(start_state)
+    trainer = Trainer(cfg)
+    trainer.lm.load_state_dict(start_state)
+    start = copy.deepcopy(trainer.policy).eval().requires_grad_(False)
     if cfg.kl_coef > 0:
         trainer.set_reference()
-    adv = start.advantages(held)
+    adv = trainer.advantages(held)
     rows = []
     for batch in batches:
         t0 = time.perf_counter()
