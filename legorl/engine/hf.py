@@ -42,8 +42,9 @@ share its system prompt and tool list (~7k tokens for Claude Code), and a GSPO g
 rollouts share their whole first prompt. Within one admitted wave, a request that shares a
 prefix with a later one in the same wave is prefilled first, alone (a lead), and the others
 copy its columns. A row cut to its window (every layer windowed) is not stored when it
-finishes (a stored prefix holds every token's columns); its prompt, stored at prefill, serves
-the next turn, whose remaining suffix costs little to prefill over a window's worth of columns.
+finishes (a stored prefix holds every token's columns); its prompt, stored at prefill (the
+reused prefix's columns joined to its own), serves the next turn, whose remaining suffix
+costs little to prefill over a window's worth of columns.
 The store is emptied when the weights change; models with
 linear-attention layers and MoE models recording routing do not reuse.
 
@@ -414,11 +415,18 @@ class HFEngine:
         group: list[tuple[Request, tuple[Prefix, int] | None]],
         rows: list[Row],
     ) -> None:
-        """Store the prompt columns of the group's rows that reused nothing (a row that reused
-        holds mostly columns the store has already; it is stored whole when it finishes)."""
+        """Store the prompt columns of the group's rows that reused nothing. A row that reused
+        holds mostly columns the store has already, and is stored whole when it finishes;
+        unless every layer is windowed: it is cut then, so its prompt is stored now, the
+        reused prefix's columns and its own (otherwise each later turn of a session would
+        reuse only what its first prompt shared with another session's)."""
         for r, ((req, match), row) in enumerate(zip(group, rows, strict=True)):
-            if match is None and row.version == self._prefixes_version:
+            if row.version != self._prefixes_version:
+                continue
+            if match is None:
                 self._put(store, row_prefix(batch, r, req.prompt_ids))
+            elif self._fwd.keep is not None:
+                self._put(store, row_prefix(batch, r, req.prompt_ids, base=match[0]))
 
     def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
         store = self._store()

@@ -48,7 +48,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
-from legorl.engine.kv_prefix import Prefix
+from legorl.engine.kv_prefix import Prefix, common_prefix
 
 
 class GrowingLayer(DynamicLayer):
@@ -270,18 +270,27 @@ class BatchedForward:
         return self._run(ids_B_T, batch.valid_B_S, pos_B_T, batch.cache)
 
 
-def row_prefix(batch: KVBatch, r: int, tokens: list[int]) -> Prefix | None:
+def row_prefix(batch: KVBatch, r: int, tokens: list[int], base: Prefix | None = None) -> Prefix | None:
     """Row r's cached columns as a stored prefix of its `tokens` (the cache holds all but the
-    last sampled one), copied out so the batch's buffers are not kept alive by it; None if the
-    row was cut to its window (a stored prefix holds the columns of every one of its tokens)."""
+    last sampled one), copied out so the batch's buffers are not kept alive by it.
+
+    A stored prefix holds the columns of every one of its tokens. A row cut to its window
+    (every layer windowed) holds only its last ones: right after a prefill that reused `base`
+    (`tokens` its prompt, every one of them cached or cut), the leading columns are `base`'s,
+    so a reused prompt is kept whole and the next turn reuses all of it, not only what it
+    shared with `base`. None if the row was cut and no `base` covers what it lost."""
     assert batch.dropped_B is not None
-    if int(batch.dropped_B[r]) > 0:
-        return None
     n = min(int(batch.valid_B_S[r].sum()), len(tokens))
-    ids = tokens[:n]
+    head = int(batch.dropped_B[r])
+    if head > 0 and (base is None or head + n != len(tokens) or common_prefix(base.ids, tokens) < head):
+        return None
     keys = [layer.keys[r, :, layer.keys.shape[-2] - n :].clone() for layer in batch.cache.layers]
     values = [layer.values[r, :, layer.values.shape[-2] - n :].clone() for layer in batch.cache.layers]
-    return Prefix(tuple(ids), keys, values)
+    if head > 0:
+        assert base is not None
+        keys = [torch.cat([b[:, :head], k], dim=1) for b, k in zip(base.keys_H_L_D, keys, strict=True)]
+        values = [torch.cat([b[:, :head], v], dim=1) for b, v in zip(base.values_H_L_D, values, strict=True)]
+    return Prefix(tuple(tokens[: head + n]), keys, values)
 
 
 def regroup(parts: list[tuple[KVBatch, list[int]]], keep: int | None = None) -> KVBatch | None:

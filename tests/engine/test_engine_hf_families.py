@@ -128,6 +128,37 @@ async def test_every_layer_windowed_keeps_only_the_window_and_equals_a_fresh_for
         await engine.close()
 
 
+async def test_every_layer_windowed_a_turn_reuses_the_whole_last_prompt_even_one_that_reused(tmp_path) -> None:
+    """Session B's first prompt reuses the system prompt session A stored, and is cut to its
+    window at once; its second turn still reuses B's whole first prompt (the reused columns
+    joined to B's own), not only the system prompt, and samples what a fresh forward does."""
+    engine = HFEngine(str(_all_windowed(save("qwen3", tmp_path / "q"))), seed=0, prefill_chunk=16)
+    gen = torch.Generator().manual_seed(3)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 4096, (n,), generator=gen).tolist()
+
+    system = ids(70)
+    params = SamplingParams(temperature=1.0, max_tokens=4, seed=1)
+    try:
+        await engine.generate(system + ids(9), params)  # session A: stores the system prompt
+        first = system + ids(13)  # session B, turn 1: reuses A's 70 + ... columns
+        before = engine.stats["reused_tokens"]
+        g1 = await engine.generate(first, params)
+        assert 70 <= engine.stats["reused_tokens"] - before < len(first)
+        second = first + list(g1.completion_ids) + ids(11)  # turn 2: B's transcript
+        before = engine.stats["reused_tokens"]
+        g2 = await engine.generate(second, params)
+        assert engine.stats["reused_tokens"] - before == len(first)  # all of turn 1's prompt
+        for prompt, g in ((first, g1), (second, g2)):
+            with torch.no_grad():
+                logits_T_V = engine.model(input_ids=torch.tensor([prompt + list(g.completion_ids)])).logits[0]
+            want = token_logprobs(logits_T_V[len(prompt) - 1 : -1], torch.tensor(g.completion_ids), params)
+            assert float((torch.tensor(g.logprobs) - want).abs().max()) < 1e-4
+    finally:
+        await engine.close()
+
+
 @pytest.mark.parametrize("family", ["qwen3_windowed", "gpt_oss"])
 def test_a_full_attention_layer_keeps_every_column(family: str, tmp_path) -> None:
     """One full-attention layer sees the whole row: nothing is cut."""
