@@ -6,7 +6,8 @@ child processes. This evaluates one policy on the first N held-out tasks through
 harness's config (`legorl eval`'s own code, in this process), harnesses interleaved over R
 rounds, and reads `getrusage` around each: the loop's own CPU (SELF) against its children's
 (the harness processes and grading, once waited for). Prints one JSON object: per harness the
-median and spread over rounds of CPU-seconds a rollout, turns a rollout and wall time.
+median and spread over rounds of CPU-seconds a rollout, turns a rollout, the share of prompt
+tokens the engine copied from stored prefixes instead of computing, and wall time.
 
     .venv/bin/python bench/harness_cpu.py POLICY_DIR [--harnesses codex,claude-code,opencode,openhands]
         [--tasks 20] [--rounds 2]
@@ -48,6 +49,7 @@ def one(policy: Path, harness: str, tasks: int, out: Path) -> dict[str, Any]:
         "children_cpu_s": (cpu_s(resource.RUSAGE_CHILDREN) - kids0) / n,
         "loop_cpu_s": (cpu_s(resource.RUSAGE_SELF) - own0) / n,
         "turns": float((ev.get("turns") or {}).get("per_rollout") or 0.0),
+        "prefill_reused_share": float((ev.get("prefill") or {}).get("reused_share") or 0.0),
         "wall_s": time.monotonic() - t0,
     }
 

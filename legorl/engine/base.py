@@ -87,6 +87,23 @@ class RecordsRouting(Protocol):
     records_routing: bool  # False for a dense model or when the config did not ask
 
 
+@runtime_checkable
+class CountsPrefill(Protocol):
+    """An in-process engine that counts the prompt tokens it was given and those it copied from
+    stored prefixes instead of computing (`hf`): an agent's turns re-send their transcript, so
+    the share reused is most of what a turn costs the engine."""
+
+    stats: dict[str, int]
+
+
+def prefill_share(engine: Engine | None) -> dict[str, float] | None:
+    """Prompt tokens given, reused and the share reused; None for an engine that does not count."""
+    if not isinstance(engine, CountsPrefill):
+        return None
+    given, reused = engine.stats.get("prompt_tokens", 0), engine.stats.get("reused_tokens", 0)
+    return {"prompt_tokens": given, "reused_tokens": reused, "reused_share": round(reused / given, 4) if given else 0.0}
+
+
 def records_routing(engine: Engine) -> bool:
     return isinstance(engine, RecordsRouting) and engine.records_routing
 

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from legorl.engine.base import prefill_share
 from legorl.engine.registry import make_engine
 from legorl.harness.actions import ActionFormat, format_of
 from legorl.loop.config import RunConfig
@@ -120,6 +121,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for key in ("count", "action_share", "parse_share", "prompt_tokens", "seconds", CONTEXT_FLAG, SILENT_EXIT_FLAG):
         if turns.get(key) is not None:
             t.add_row(f"turns/{key}", f"{turns[key]:g}")
+    if prefill := summary.get("prefill"):
+        t.add_row("prefill/reused_share", f"{prefill['reused_share']:g}")
     console.print(t)
 
 
@@ -157,6 +160,8 @@ async def evaluate(
     summary["turns"] = turn_summary(records, fmt)
     summary["endpoint"] = endpoint or f"{cfg.engine.kind}:{cfg.engine.model}"
     summary["harness"] = cfg.harness.name
+    if (prefill := prefill_share(engine)) is not None:
+        summary["prefill"] = prefill
     summary["per_task"] = (
         {r.trajectory.instance_id: r.trajectory.outcome.status.value for r in records} if k == 1 else {}
     )

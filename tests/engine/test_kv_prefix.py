@@ -108,6 +108,23 @@ async def test_sessions_starting_at_once_copy_one_prefill_of_their_shared_prompt
         await asyncio.gather(reusing.close(), fresh.close())
 
 
+async def test_the_share_of_prompt_tokens_reused_is_what_the_engine_copied() -> None:
+    """`legorl eval` reports the share (`prefill_share`); an engine that does not count has none."""
+    from legorl.engine.base import prefill_share
+    from legorl.engine.scripted import ScriptedEngine
+
+    engine = HFEngine("tiny-qwen3", TOK, seed=0)
+    try:
+        assert prefill_share(engine) == {"prompt_tokens": 0, "reused_tokens": 0, "reused_share": 0.0}
+        await first_turns(engine)
+        share = prefill_share(engine)
+        assert share is not None and share["reused_tokens"] == engine.stats["reused_tokens"] > 0
+        assert share["reused_share"] == round(share["reused_tokens"] / share["prompt_tokens"], 4) < 1
+    finally:
+        await engine.close()
+    assert prefill_share(ScriptedEngine(["x"], TOK)) is None and prefill_share(None) is None
+
+
 async def test_new_weights_empty_the_store() -> None:
     engine = HFEngine("tiny-qwen3", seed=0)
     try:
