@@ -6,10 +6,12 @@ says little on its own. This evaluates a finished `legorl train` run's warm star
 weights the control started from, `RUN_DIR/control_start.pt`) and its end checkpoint again
 through the run's harness config, interleaved for R rounds on the same held-out tasks, and
 prints one JSON object: every draw, and per checkpoint the pooled rate with its 95% Wilson
-interval beside the run's own row.
+interval beside the run's own row. With `--steps`, the checkpoints of those GSPO steps too
+(a run that kept them: `[trainer] keep_checkpoints`), so the held-out rate can be read
+along the run, not only at its ends: does the gain grow with steps, or peak and fall?
 
     .venv/bin/python bench/eval_resample.py RUN_DIR --config examples/quickstart-codex.toml
-        [--rounds 2] [--tasks 200]
+        [--rounds 2] [--tasks 200] [--steps 5,10]
 
 A bench run (minutes per draw through a native harness), never a test.
 """
@@ -88,15 +90,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tasks", type=int, default=200)
     ap.add_argument("--work", type=Path, default=Path("/tmp/legorl-eval-resample"))
+    ap.add_argument("--steps", default="", help="comma-separated GSPO steps whose kept checkpoints to draw too")
     args = ap.parse_args()
+    try:
+        steps = [int(s) for s in args.steps.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--steps: {args.steps!r} is not a comma-separated list of step numbers")
     if not (args.run_dir / CONTROL_START_FILE).is_file():
         raise SystemExit(f"{args.run_dir}: no {CONTROL_START_FILE} (a run with a warm start and a control writes it)")
     end = end_policy(args.run_dir, args.work / "end")
     warm = warm_start_policy(args.run_dir, end, args.work / "warm_start")
+    mid = {f"step_{k}": end_policy(args.run_dir, args.work / f"step_{k}", step=k) for k in steps}
     report = json.loads((args.run_dir / "heldout_results.json").read_text())["evaluations"]
-    draws: dict[str, list[dict[str, Any]]] = {"warm_start": [], "end": []}
+    policies = {"warm_start": warm, **mid, "end": end}
+    draws: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
     for r in range(args.rounds):
-        for name, policy in (("warm_start", warm), ("end", end)):
+        for name, policy in policies.items():
             t0 = time.monotonic()
             row = draw(policy, args.config, args.tasks, args.work / f"{name}-{r}")
             draws[name].append(row)
@@ -109,6 +118,7 @@ def main() -> None:
         "run_rows": {k: report[k]["resolved_rate"] for k in ("warm_start", "end") if k in report},
         "resampled": {k: pooled(v) for k, v in draws.items()},
         "gain_points": pooled_gain(draws["warm_start"], draws["end"]),
+        **({"gain_points_at": {k: pooled_gain(draws["warm_start"], draws[k]) for k in mid}} if mid else {}),
     }
     print(json.dumps(out))
 

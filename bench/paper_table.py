@@ -169,11 +169,17 @@ def store_figures(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def end_policy(run_dir: Path, into: Path) -> Path:
-    """The end checkpoint as an HF model directory with the policy's tokenizer beside it."""
+def end_policy(run_dir: Path, into: Path, step: int | None = None) -> Path:
+    """The end checkpoint (or step `step`'s, if the run kept it) as an HF model directory with
+    the policy's tokenizer beside it."""
     from legorl.models import resolve_model
 
     steps = sorted((run_dir / "checkpoints").glob("step_*"))
+    if step is not None:
+        kept = [int(s.name.removeprefix("step_")) for s in steps]
+        steps = [s for s in steps if int(s.name.removeprefix("step_")) == step]
+        if not steps:
+            raise SystemExit(f"{run_dir}: no checkpoint of step {step} (kept: {kept}; [trainer] keep_checkpoints)")
     if not steps:
         raise SystemExit(f"{run_dir}: no checkpoint")
     shutil.rmtree(into, ignore_errors=True)
