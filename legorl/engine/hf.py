@@ -426,7 +426,7 @@ class HFEngine:
             if match is None:
                 self._put(store, row_prefix(batch, r, req.prompt_ids))
             elif self._fwd.keep is not None:
-                self._put(store, row_prefix(batch, r, req.prompt_ids, base=match[0]))
+                self._put(store, row_prefix(batch, r, req.prompt_ids, reused=match))
 
     def _groups(self, admitted: list[Request]) -> list[list[tuple[Request, tuple[Prefix, int] | None]]]:
         store = self._store()

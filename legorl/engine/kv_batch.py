@@ -48,7 +48,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
-from legorl.engine.kv_prefix import Prefix, common_prefix
+from legorl.engine.kv_prefix import Prefix
 
 
 class GrowingLayer(DynamicLayer):
@@ -270,24 +270,26 @@ class BatchedForward:
         return self._run(ids_B_T, batch.valid_B_S, pos_B_T, batch.cache)
 
 
-def row_prefix(batch: KVBatch, r: int, tokens: list[int], base: Prefix | None = None) -> Prefix | None:
+def row_prefix(batch: KVBatch, r: int, tokens: list[int], reused: tuple[Prefix, int] | None = None) -> Prefix | None:
     """Row r's cached columns as a stored prefix of its `tokens` (the cache holds all but the
     last sampled one), copied out so the batch's buffers are not kept alive by it.
 
     A stored prefix holds the columns of every one of its tokens. A row cut to its window
-    (every layer windowed) holds only its last ones: right after a prefill that reused `base`
-    (`tokens` its prompt, every one of them cached or cut), the leading columns are `base`'s,
-    so a reused prompt is kept whole and the next turn reuses all of it, not only what it
-    shared with `base`. None if the row was cut and no `base` covers what it lost."""
+    (every layer windowed) holds only its last ones: right after a prefill that `reused` a
+    stored prefix's first m tokens (`tokens` its prompt, every one of them cached or cut), the
+    leading columns are that prefix's, so a reused prompt is kept whole and the next turn
+    reuses all of it, not only what it shared with the prefix. None if the row was cut and
+    the reused tokens do not cover what it lost."""
     assert batch.dropped_B is not None
     n = min(int(batch.valid_B_S[r].sum()), len(tokens))
     head = int(batch.dropped_B[r])
-    if head > 0 and (base is None or head + n != len(tokens) or common_prefix(base.ids, tokens) < head):
+    if head > 0 and (reused is None or head + n != len(tokens) or reused[1] < head):
         return None
     keys = [layer.keys[r, :, layer.keys.shape[-2] - n :].clone() for layer in batch.cache.layers]
     values = [layer.values[r, :, layer.values.shape[-2] - n :].clone() for layer in batch.cache.layers]
     if head > 0:
-        assert base is not None
+        assert reused is not None
+        base = reused[0]
         keys = [torch.cat([b[:, :head], k], dim=1) for b, k in zip(base.keys_H_L_D, keys, strict=True)]
         values = [torch.cat([b[:, :head], v], dim=1) for b, v in zip(base.values_H_L_D, values, strict=True)]
     return Prefix(tuple(tokens[: head + n]), keys, values)
