@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from legorl.engine.kv_prefix import id_array
 from legorl.types import FinishReason, Routing, SamplingParams, TokenStep, as_routing
 
 
@@ -77,6 +78,7 @@ class Request:
         device: torch.device,
     ) -> None:
         self.prompt_ids = prompt_ids
+        self.prompt_N = id_array(prompt_ids)  # what prefix matching compares
         self.params = params
         self.loop = loop
         self.outbox = outbox

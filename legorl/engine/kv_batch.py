@@ -48,7 +48,7 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin, LinearAttentionLayer
 
-from legorl.engine.kv_prefix import Prefix
+from legorl.engine.kv_prefix import Prefix, id_array
 
 
 class GrowingLayer(DynamicLayer):
@@ -292,7 +292,8 @@ def row_prefix(batch: KVBatch, r: int, tokens: list[int], reused: tuple[Prefix, 
         base = reused[0]
         keys = [torch.cat([b[:, :head], k], dim=1) for b, k in zip(base.keys_H_L_D, keys, strict=True)]
         values = [torch.cat([b[:, :head], v], dim=1) for b, v in zip(base.values_H_L_D, values, strict=True)]
-    return Prefix(tuple(tokens[: head + n]), keys, values)
+    ids = tokens[: head + n]
+    return Prefix(tuple(ids), keys, values, id_array(ids))
 
 
 def regroup(parts: list[tuple[KVBatch, list[int]]], keep: int | None = None) -> KVBatch | None:
@@ -308,7 +309,8 @@ def regroup(parts: list[tuple[KVBatch, list[int]]], keep: int | None = None) -> 
     def cut(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """Rows of `t` (.., S_part on dim 2 or 1) as their last S columns, left-padded."""
         dim = t.dim() - 2 if t.dim() == 4 else 1
-        t = t[rows].narrow(dim, max(0, t.shape[dim] - S), min(S, t.shape[dim]))
+        # cut, then select: a prefill's rows hold whole prompts, of which S columns are kept
+        t = t.narrow(dim, max(0, t.shape[dim] - S), min(S, t.shape[dim]))[rows]
         if t.shape[dim] < S:
             shape = list(t.shape)
             shape[dim] = S - t.shape[dim]

@@ -172,8 +172,10 @@ async def test_context_limit_ends_with_length_and_too_long_prompts_are_refused()
         assert g.finish_reason == FinishReason.LENGTH and len(g.completion_ids) <= 3
         with pytest.raises(ContextLengthExceeded, match="context"):
             await engine.generate(PROMPTS[1] + [5, 6, 7], SamplingParams())
-        with pytest.raises(ValueError, match="outside the vocabulary"):
-            await engine.generate([1, 99999], SamplingParams())
+        with pytest.raises(ValueError, match=r"outside the vocabulary .*\[99999, -2\]"):
+            await engine.generate([1, 99999, -2], SamplingParams())
+        with pytest.raises(ValueError, match=r"outside the vocabulary .*\[99999\]"):
+            await engine.generate([1.0, 99999], SamplingParams())  # not plain ints: checked one at a time
         with pytest.raises(ValueError, match="top_p"):
             await engine.generate([1, 2], SamplingParams(top_p=0.0))
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import torch
 
@@ -38,6 +39,8 @@ def test_the_store_keeps_the_longest_match_drops_what_a_newer_entry_extends_and_
     store.clear()
     assert len(store) == 0 and store.tokens == 0
     assert common_prefix(tuple(range(200)), list(range(130)) + [0]) == 130
+    assert common_prefix((), [1, 2]) == 0 and common_prefix((5,), [6]) == 0
+    assert common_prefix(np.arange(50), list(range(40))) == 40  # one a prefix of the other
 
 
 def chat(turns: list[str]) -> list[int]:
