@@ -53,9 +53,9 @@ def id_array(ids: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
-    """How many leading ids `a` and `b` share. Vectorised: a harness's prompt is 15-30k ids,
-    compared against every stored prefix at each admission, and an id-by-id Python loop over
-    them was nearly a quarter of the engine thread's time inside Codex (a py-spy profile of a training run)."""
+    """How many leading ids `a` and `b` share, in one vectorised pass: a harness's prompt is
+    15-30k ids, compared against every stored prefix at each admission (19 prefixes of Codex's
+    27.5k ids: 5.5 ms a match compared 64 ids at a time in Python, 2.3 ms so)."""
     a_N, b_N = id_array(a), id_array(b)
     n = min(len(a_N), len(b_N))
     differ_N = a_N[:n] != b_N[:n]
