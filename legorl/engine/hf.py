@@ -222,7 +222,8 @@ class HFEngine:
 
     async def stream(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenStep]:
         ids_N = self._check(prompt_ids, params)
-        req = Request(ids_N.tolist(), params, asyncio.get_running_loop(), self._outbox, self.tokenizer, self.device)
+        loop = asyncio.get_running_loop()
+        req = Request(ids_N.tolist(), params, loop, self._outbox, self.tokenizer, self.device, prompt_N=ids_N)
         with self._cv:
             self._pending.append(req)
             self._cv.notify()

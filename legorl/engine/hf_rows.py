@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import torch
 
 from legorl.engine.kv_prefix import id_array
@@ -76,9 +77,10 @@ class Request:
         outbox: Outbox,
         tokenizer: Any,
         device: torch.device,
+        prompt_N: np.ndarray | None = None,
     ) -> None:
         self.prompt_ids = prompt_ids
-        self.prompt_N = id_array(prompt_ids)  # what prefix matching compares
+        self.prompt_N = id_array(prompt_ids if prompt_N is None else prompt_N)  # what prefix matching compares
         self.params = params
         self.loop = loop
         self.outbox = outbox
