@@ -12,6 +12,9 @@ alone (a step's reward also moves with which tasks it drew):
     other_listed      another listed function, which passes
     unlisted          a name the output does not list
     no_fix            no `sed` line after the test output
+and `renamed`, apart from the kinds: the share of `sed` fixes whose new line defines another
+function than the one it replaces (`s|^def add.*|def xor(a, b): ...|`), a name not copied
+even from a few tokens back in the same command.
 
 and, for each held-out evaluation (its rollouts grouped by the policy version that wrote
 them: 0 the start, then the warm start's, the end's, the control's; and by harness), how often the rollout
@@ -42,6 +45,7 @@ from legorl.store.phase_steps import HELDOUT_STEP
 KINDS = ("failing_first", "failing_later", "first_not_failing", "other_listed", "unlisted", "no_fix")
 _LISTED = re.compile(r"^(?:PASS|FAIL) (\w+)", re.MULTILINE)
 _SED_NAME = re.compile(r"def (\w+)")
+_SED_PAIR = re.compile(r"\^def (\w+)\.\*\|def (\w+)\(")
 
 
 def choice(observation: str, fixed: str | None) -> str:
@@ -68,7 +72,15 @@ def _strings(node: object) -> list[str]:
 
 
 def rollout_choice(db: sqlite3.Connection, traj_id: int) -> str:
-    return choice(*observed(db, traj_id))
+    observation, fixed, _ = observed(db, traj_id)
+    return choice(observation, fixed)
+
+
+def renamed(action: str) -> bool | None:
+    """Whether a `sed` fix's new line defines another function than the one it replaces (None:
+    no such pair to compare, e.g. a garbled command)."""
+    m = _SED_PAIR.search(action)
+    return None if m is None else m.group(1) != m.group(2)
 
 
 def failing_position(observation: str) -> int | None:
@@ -77,9 +89,10 @@ def failing_position(observation: str) -> int | None:
     return listed.index(failing) + 1 if failing in listed else None
 
 
-def observed(db: sqlite3.Connection, traj_id: int) -> tuple[str, str | None]:
-    """One rollout's last test output and the function its first fix after it rewrote."""
-    observation, fixed = "", None
+def observed(db: sqlite3.Connection, traj_id: int) -> tuple[str, str | None, bool | None]:
+    """One rollout's last test output, the function its first fix after it rewrote, and
+    whether that fix renamed it (`renamed`)."""
+    observation, fixed, other = "", None, None
     rows = db.execute(
         "SELECT new_items, tool_calls, response_text FROM turns WHERE traj_id = ? AND side_call = 0 ORDER BY idx",
         (traj_id,),
@@ -94,7 +107,8 @@ def observed(db: sqlite3.Connection, traj_id: int) -> tuple[str, str | None]:
         if fixed is None and observation and "sed" in action:
             m = _SED_NAME.search(action)
             fixed = m.group(1) if m else ""
-    return observation, fixed
+            other = renamed(action)
+    return observation, fixed, other
 
 
 def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
@@ -109,10 +123,15 @@ def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
         "JOIN turns tu ON tu.traj_id = t.id AND tu.idx = 0 WHERE t.step = ? AND t.masked = 0",
         (HELDOUT_STEP,),
     )
+    pairs: dict[tuple[int, str], list[int]] = collections.defaultdict(lambda: [0, 0])  # renamed, comparable
     for traj_id, version, harness in rows.fetchall():
-        observation, fixed = observed(db, traj_id)
+        observation, fixed, other = observed(db, traj_id)
+        key = (int(version or 0), harness or "")
+        if other is not None:
+            pairs[key][0] += other
+            pairs[key][1] += 1
         if (pos := failing_position(observation)) is not None:
-            cell = named[(int(version or 0), harness or "")][pos]
+            cell = named[key][pos]
             cell[0] += choice(observation, fixed).startswith("failing")
             cell[1] += 1
     return [
@@ -121,6 +140,7 @@ def heldout_by_position(db: sqlite3.Connection) -> list[dict[str, object]]:
             "harness": h,
             "named_failing_by_line": {str(p): round(k / n, 3) for p, (k, n) in sorted(named[v, h].items())},
             "rollouts_by_line": {str(p): n for p, (_, n) in sorted(named[v, h].items())},
+            "renamed": round(pairs[v, h][0] / pairs[v, h][1], 3) if pairs[v, h][1] else None,
         }
         for v, h in sorted(named)
     ]
@@ -130,14 +150,23 @@ def run_choices(run_dir: Path) -> dict[str, object]:
     db = sqlite3.connect(f"file:{run_dir / 'run.sqlite'}?mode=ro", uri=True)
     counts: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     rewards: dict[int, float] = collections.defaultdict(float)
+    pairs: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])  # renamed, comparable
     for traj_id, step, reward in db.execute("SELECT id, step, reward FROM trajectories WHERE step >= 0 AND masked = 0"):
-        counts[step][rollout_choice(db, traj_id)] += 1
+        observation, fixed, other = observed(db, traj_id)
+        counts[step][choice(observation, fixed)] += 1
         rewards[step] += reward or 0.0
+        if other is not None:
+            pairs[step][0] += other
+            pairs[step][1] += 1
     steps = []
     for step in sorted(counts):
         n = sum(counts[step].values())
         shares = {k: round(counts[step][k] / n, 3) for k in KINDS}
-        steps.append({"step": step, "rollouts": n, "reward": round(rewards[step] / n, 3), **shares})
+        k, m = pairs[step]
+        renamed_share = round(k / m, 3) if m else None
+        steps.append(
+            {"step": step, "rollouts": n, "reward": round(rewards[step] / n, 3), **shares, "renamed": renamed_share}
+        )
     return {"run": str(run_dir), "steps": steps, "heldout": heldout_by_position(db)}
 
 

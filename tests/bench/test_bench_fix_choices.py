@@ -93,7 +93,30 @@ def test_heldout_rollouts_are_split_by_evaluation_and_by_the_failing_line() -> N
             **cc,
             "named_failing_by_line": {"1": 1.0, "2": 0.0},
             "rollouts_by_line": {"1": 1, "2": 1},
+            "renamed": 0.0,
         },
-        {"policy_version": 5, **cc, "named_failing_by_line": {"2": 1.0}, "rollouts_by_line": {"2": 1}},
-        {"policy_version": 5, "harness": "opencode", "named_failing_by_line": {"2": 0.0}, "rollouts_by_line": {"2": 1}},
+        {"policy_version": 5, **cc, "named_failing_by_line": {"2": 1.0}, "rollouts_by_line": {"2": 1}, "renamed": 0.0},
+        {
+            "policy_version": 5,
+            "harness": "opencode",
+            "named_failing_by_line": {"2": 0.0},
+            "rollouts_by_line": {"2": 1},
+            "renamed": 0.0,
+        },
     ]
+
+
+@pytest.mark.parametrize(
+    ("action", "expected"),
+    [
+        (FIX, False),
+        ("sed -i 's|^def add.*|def xor(a, b): return a ^ b|' calc.py", True),
+        ('sed -i \'s|^def add.*|defume": "terge', None),
+    ],
+)
+def test_a_fix_that_defines_another_function_than_it_replaces_is_renamed(action: str, expected: bool | None) -> None:
+    """The copy inside one command: the new line must define the function the `sed` address
+    names; a garbled command has no pair to compare."""
+    from bench.fix_choices import renamed
+
+    assert renamed(action) is expected
