@@ -29,6 +29,13 @@ import uvicorn
 log = logging.getLogger(__name__)
 
 
+KEEP_ALIVE_S = 75
+"""How long a served connection may idle between requests. Longer than any client keeps one
+(Node's undici 4 s, httpx 5 s, nginx's upstream default 60 s), so the client, never the
+server, ends an idle connection: a server that closes one just as the client reuses it
+resets the client's next request. uvicorn's own default is 5 s."""
+
+
 def http_impl() -> str:
     """httptools when installed (several times cheaper per request than h11)."""
     return "httptools" if importlib.util.find_spec("httptools") else "h11"
@@ -180,10 +187,10 @@ def guarded_httptools(header_timeout_s: float) -> type[asyncio.Protocol] | None:
 def tcp_server(app: Any, host: str, port: int, *, what: str, header_timeout_s: float | None = None) -> LoopServer:
     """A LoopServer for `app` on a freshly bound `host:port` (port 0: a free one; read it
     from `.sock`), with the HTTP options of our TCP front ends (proxy, engine server):
-    httptools when installed, 75 s keep-alive, a 2048-connection backlog. Not started
+    httptools when installed, `KEEP_ALIVE_S` keep-alive, a 2048-connection backlog. Not started
     yet: `await start()`. With `header_timeout_s`, served by `guarded_httptools`."""
     sock = bind_tcp(host, port)
     http: Any = http_impl()
     if header_timeout_s is not None:
         http = guarded_httptools(header_timeout_s) or http
-    return LoopServer(app, sock, what=what, http=http, timeout_keep_alive=75, backlog=2048)
+    return LoopServer(app, sock, what=what, http=http, timeout_keep_alive=KEEP_ALIVE_S, backlog=2048)

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from legorl.asgi_serve import LoopServer, guarded_httptools
+from legorl.asgi_serve import KEEP_ALIVE_S, LoopServer, guarded_httptools
 
 Scope = dict[str, Any]
 PINNED = "legorl.pinned"  # scope key: the request came in on a session socket (pinned, needs no token)
@@ -81,7 +81,9 @@ class SessionSocket:
         cfg = getattr(getattr(self.app.app, "ctx", None), "cfg", None)  # the proxy's: its header timeout
         guarded = guarded_httptools(cfg.header_timeout_s) if cfg is not None else None
         extra = {"http": guarded} if guarded is not None else {}
-        self._server = LoopServer(self.app, sock, what=f"session socket {self.path}", **extra)
+        self._server = LoopServer(
+            self.app, sock, what=f"session socket {self.path}", timeout_keep_alive=KEEP_ALIVE_S, **extra
+        )
         await self._server.start()
 
     async def stop(self) -> None:

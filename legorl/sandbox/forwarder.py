@@ -74,15 +74,44 @@ def listen_in_netns(netns_path: str, port: int, host: str = "127.0.0.1") -> sock
     return sock
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Copy `reader` into `writer` until an orderly end, passed on as one (True). False when
+    either side failed: a reset, or a `writer` already closing, into which asyncio would
+    drop the bytes without an error."""
     try:
         while chunk := await reader.read(65536):
+            if writer.is_closing():
+                return False
             writer.write(chunk)
             await writer.drain()
-        if writer.can_write_eof():
+        if writer.can_write_eof() and not writer.is_closing():
             writer.write_eof()
+        return True
     except (ConnectionError, OSError):
-        pass
+        return False
+
+
+async def _relay(
+    client: tuple[asyncio.StreamReader, asyncio.StreamWriter], up: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
+    """Both directions until both have ended in order, or until one fails: then the other
+    side is dropped too. An HTTP server may close a kept-alive connection just as the client
+    reuses it; the client then sees a reset and retries on a new connection. Relaying only
+    the failed direction would leave the harness's request read and never answered, its
+    connection open until the sandbox's timeout."""
+    directions = {
+        asyncio.ensure_future(_pipe(client[0], up[1])),
+        asyncio.ensure_future(_pipe(up[0], client[1])),
+    }
+    try:
+        while directions:
+            done, directions = await asyncio.wait(directions, return_when=asyncio.FIRST_COMPLETED)
+            if not all(d.result() for d in done):
+                client[1].transport.abort()  # the harness sees a reset, as it would without us
+                return
+    finally:
+        for d in directions:
+            d.cancel()
 
 
 class Forwarder:
@@ -113,7 +142,7 @@ class Forwarder:
                 log.warning("proxy socket %s unreachable: %s", self.target, e)
                 return
             try:
-                await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+                await _relay((reader, writer), (up_r, up_w))
             finally:
                 up_w.close()
         except asyncio.CancelledError:
