@@ -39,7 +39,7 @@ async def test_socket_is_pinned_to_its_session(tmp_path) -> None:
 async def test_an_idle_connection_outlives_the_clients_own_keep_alive(tmp_path) -> None:
     """The socket keeps an idle connection open longer than clients keep theirs (Node's
     undici: 4 s), so it never closes one under a harness that is reusing it: uvicorn's own
-    5 s did, and the request that met the close was reset (tests/sandbox/test_forwarder_reset.py)."""
+    5 s did, and the request that met the close was reset (tests/sandbox/test_forwarder.py)."""
     import asyncio
     import json
 
