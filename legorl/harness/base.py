@@ -90,13 +90,16 @@ class HostHarness(Protocol):
     """A harness whose own process runs beside the sandboxes, warm across rollouts
     (`warm_mini.py`, `openhands_warm.py`): only its actions run in the agent sandbox. Its
     `run` gets the session's host-side URL, and the sandbox gets no proxy socket (no network
-    at all). Started once by the worker (`start`), closed with it (`aclose`); `driver` is
-    its process (`warm.WarmDriver`)."""
+    at all). Started once by the worker (`start`), closed with it (`aclose`), replaced once
+    idle when it may be wedged (`retire`: a rollout ran out its time before one model call);
+    `driver` is its process (`warm.WarmDriver`)."""
 
     name: str
     driver: HarnessProcess
 
     async def start(self) -> None: ...
+
+    async def retire(self) -> None: ...
 
     async def aclose(self) -> None: ...
 

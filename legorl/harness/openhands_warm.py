@@ -85,6 +85,10 @@ class WarmOpenHands:
         """Start the driver (idempotent); returns once the SDK is imported."""
         await self.driver.start()
 
+    async def retire(self) -> None:
+        """A fresh driver for the next rollout, once none runs on this one."""
+        await self.driver.retire()
+
     async def aclose(self) -> None:
         await self.driver.aclose()
 
@@ -136,7 +140,7 @@ class WarmOpenHands:
         except DriverGone as e:
             return unfinished(self.name, t0, gone=e)
         if msg is None:  # past its time: the driver was told to cancel it
-            return unfinished(self.name, t0, r=r, timeout_s=timeout_s)
+            return unfinished(self.name, t0, r=r, timeout_s=timeout_s, log_tail=self.driver.log_tail(4000))
         result = msg.get("result") or {}
         verdict = verdict_of_result(result)
         details = {

@@ -118,6 +118,7 @@ class WarmDriver:
     _home: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
     in_flight: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)  # requests being served
     _served: int = field(default=0, init=False, repr=False)  # rollouts since the driver started
+    _retiring: bool = field(default=False, init=False, repr=False)  # replace it once no rollout runs on it
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -176,6 +177,7 @@ class WarmDriver:
         """End the driver (stdin closed, then killed); the next `start` spawns a new one."""
         proc, reader = self.proc, self._reader
         self.proc = self._reader = None  # at once: a rollout starting meanwhile gets a new driver
+        self._served, self._retiring = 0, False
         if proc is not None and proc.stdin is not None and proc.returncode is None:
             with contextlib.suppress(OSError):
                 proc.stdin.close()
@@ -189,6 +191,14 @@ class WarmDriver:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+    async def retire(self) -> None:
+        """Replace the driver once no rollout runs on it (now, if none does): the next rollout
+        starts a fresh one. For a driver that may be wedged (a rollout ran out its time without
+        one model call), without failing the rollouts still running on it."""
+        self._retiring = True
+        if not self.rollouts:
+            await self._stop()
 
     async def aclose(self) -> None:
         await self._stop()
@@ -284,8 +294,9 @@ class WarmDriver:
             r.closed = True
             self.rollouts.pop(rid, None)
             self._served += 1
-            if self.recycle_after and self._served >= self.recycle_after and not self.rollouts:
-                self._served = 0  # a long-lived harness process grows a little per rollout: bound it
+            if self.recycle_after and self._served >= self.recycle_after:
+                self._retiring = True  # a long-lived harness process grows a little per rollout: bound it
+            if self._retiring and not self.rollouts:
                 await self._stop()
         if msg is not None and r.sandbox_error:
             raise SandboxError(r.sandbox_error)
@@ -293,10 +304,17 @@ class WarmDriver:
 
 
 def unfinished(
-    name: str, t0: float, *, gone: DriverGone | None = None, r: WarmRollout | None = None, timeout_s: float = 0.0
+    name: str,
+    t0: float,
+    *,
+    gone: DriverGone | None = None,
+    r: WarmRollout | None = None,
+    timeout_s: float = 0.0,
+    log_tail: str = "",
 ) -> AgentRun:
     """The AgentRun of a warm rollout that did not finish: its driver went away (`gone`,
-    infrastructure: retried), or it ran past `timeout_s` (`agent_timeout`: the agent's)."""
+    infrastructure: retried), or it ran past `timeout_s` (`agent_timeout`: the agent's, with
+    the driver's log tail as its output)."""
     if gone is not None:
         return AgentRun(
             -1,
@@ -309,6 +327,7 @@ def unfinished(
         timed_out=True,
         resource_exhausted=r is not None and r.exhausted,
         duration_s=time.monotonic() - t0,
+        stderr_tail=log_tail,
         status=Status.AGENT_TIMEOUT,
         details={"error": f"{name} ran past {timeout_s:g} s", "harness": name},
     )

@@ -116,6 +116,10 @@ class WarmMiniSweAgent:
         self._config_path = self._config_path or resolve_config(self.config)
         await self.driver.start()
 
+    async def retire(self) -> None:
+        """A fresh driver for the next rollout, once none runs on this one."""
+        await self.driver.retire()
+
     async def aclose(self) -> None:
         await self.driver.aclose()
 
@@ -152,7 +156,7 @@ class WarmMiniSweAgent:
         except DriverGone as e:
             return unfinished(self.name, t0, gone=e)
         if msg is None:  # past its time: the driver was told to cancel it
-            return unfinished(self.name, t0, r=r, timeout_s=timeout_s)
+            return unfinished(self.name, t0, r=r, timeout_s=timeout_s, log_tail=self.driver.log_tail(4000))
         verdict = verdict_of_exit(
             str(msg.get("exit_status") or ""),
             str(msg.get("error") or ""),

@@ -16,6 +16,9 @@ failures the session brought on itself (its own concurrent load, a stream it did
 call past its concurrency limit) are the agent's: graded as they stand, flagged
 `agent_faults`, never masked, so no agent can escape its zero by making our side look faulty.
 A session closed from outside its rollout (a management call) is ours: `session_closed`.
+A harness that ran out its time before one model call reached its session is ours as well
+(`timed_out_before_first_call`): the policy was never asked anything, so nothing it did can
+have spent that time; a first call still unanswered at the limit is the agent's timeout.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ CONTEXT_FLAG = "context_exceeded"  # the harness's prompt reached the model's wi
 SILENT_EXIT_FLAG = "exited_before_first_call"  # the harness failed before it asked the model anything
 AGENT_FAULTS_FLAG = "agent_faults"  # failed calls the session brought on itself (proxy/blame.py): graded
 SESSION_CLOSED = "session_closed"  # the proxy session was closed from outside while the rollout ran
+# timed out before one model call reached its session: the policy was never asked anything, so
+# the time went to the harness's start or to a request lost on its way (ours: retried, masked)
+NO_FIRST_CALL = "timed_out_before_first_call"
 HINT_CHARS = 800
 
 
@@ -59,6 +65,7 @@ class RolloutAttempt:
     agent_faults: dict[str, int] = field(default_factory=dict)  # failed calls by agent-side cause (graded)
     closed_externally: bool = False  # its session was closed by someone else mid-rollout (ours)
     aborted_tokens: int = 0  # completion tokens of its aborted calls (never in the trajectory)
+    requests: int | None = None  # model calls that reached its session (None: relayed to an external endpoint)
 
     @property
     def sampled_tokens(self) -> int:
@@ -73,6 +80,8 @@ class RolloutAttempt:
             return str(o.evidence.get("cause", o.status.value))
         if self.closed_externally:
             return SESSION_CLOSED
+        if o.status is Status.AGENT_TIMEOUT and self.requests == 0:
+            return NO_FIRST_CALL
         return "engine_error" if self.engine_errors else None
 
     @property
@@ -95,6 +104,17 @@ def silent_exit(attempt: RolloutAttempt) -> str | None:
         return None
     tail = (run.stderr_tail or run.stdout_tail).strip()
     return tail[-HINT_CHARS:] or f"exit status {run.exit_code}, no output"
+
+
+def stalled_before_first_call(attempt: RolloutAttempt) -> str | None:
+    """The harness's last output when it ran out its time before its first model call: whether it
+    started at all and what it last said, so a bare `agent_timeout` shows a startup that never
+    finished apart from a first request that got no answer."""
+    run = attempt.result.agent
+    if run is None or not run.timed_out or any(not t.side_call for t in attempt.turns):
+        return None
+    said = [(n, t.strip()) for n, t in (("stderr", run.stderr_tail), ("stdout", run.stdout_tail))]
+    return "\n".join(f"{n}: {t[-HINT_CHARS:]}" for n, t in said if t) or "no output"
 
 
 def outcome_of(attempt: RolloutAttempt, retried_after: list[str]) -> Outcome:
@@ -123,6 +143,8 @@ def outcome_of(attempt: RolloutAttempt, retried_after: list[str]) -> Outcome:
     if (hint := silent_exit(attempt)) is not None:
         flags.append(SILENT_EXIT_FLAG)
         evidence["agent_output_tail"] = hint
+    elif (stalled := stalled_before_first_call(attempt)) is not None:
+        evidence["agent_output_tail"] = stalled
     evidence.setdefault("diff", attempt.result.diff)
     evidence.setdefault("timings", {k: round(v, 4) for k, v in attempt.timings.items()})
     if retried_after:

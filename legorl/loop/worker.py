@@ -26,7 +26,7 @@ from legorl.harness.registry import make_harness
 from legorl.http_auth import new_token
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
-from legorl.loop.record import RolloutAttempt, RolloutRecord, masked_record, record_of
+from legorl.loop.record import NO_FIRST_CALL, RolloutAttempt, RolloutRecord, masked_record, record_of
 from legorl.models import load_tokenizer
 from legorl.proxy.renderer_choice import make_renderer
 from legorl.proxy.server import ProxyServer
@@ -171,6 +171,8 @@ class RolloutWorker:
         for k in range(self.retries + 1):
             attempt = await self._attempt(task, image, step, sid if k == 0 else f"{sid}-retry{k}", agent)
             cause = attempt.infra_cause
+            if cause == NO_FIRST_CALL and isinstance(agent, HostHarness):
+                await agent.retire()  # its process may be wedged: the retry and the next rollouts get a new one
             if cause is None or k == self.retries:
                 return record_of(task, step, attempt, failed, self.cfg.harness.side_calls, retried_tokens=lost)
             failed.append(f"{attempt.session_id}: {cause}")
@@ -231,6 +233,7 @@ class RolloutWorker:
             agent_faults=dict(session.agent_faults),
             closed_externally=session.closed_externally,
             aborted_tokens=sum(len(t.completion_ids) for t in session.aborted),
+            requests=session.requests,
         )
 
     async def group(

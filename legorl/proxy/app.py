@@ -373,6 +373,7 @@ class ProxyApp:
         try:
             body, size = await self._read_json(scope, receive)
             session = ctx.sessions.resolve(sid, from_url)
+            session.requests += 1
             if size > ctx.cfg.offload_bytes:  # parse and tokenise on a thread; cache only if accepted
 
                 def work(r: Renderer) -> tuple[Parsed, list[int]]:

@@ -58,6 +58,7 @@ class Session:
         # failed calls the session brought on itself (its own concurrent load, a stream it did not
         # read, a request that broke the proxy), by cause: graded, never masked (`proxy/blame.py`)
         self.agent_faults: dict[str, int] = {}
+        self.requests = 0  # model-call requests that reached this session, whatever became of them
         self.in_flight = 0  # model calls admitted and not yet finished
         self.admitted = 0  # model calls admitted so far
         self.closed_externally = False  # closed by a management call, not by its owner
@@ -81,6 +82,7 @@ class Session:
             "context_errors": self.context_errors,
             "agent_faults": dict(self.agent_faults),
             "in_flight": self.in_flight,
+            "requests": self.requests,
             "side_calls": sum(1 for t in self.turns if t.side_call),
             "opened_at": self.opened_at,
             "closed": self.closed,

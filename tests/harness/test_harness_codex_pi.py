@@ -227,7 +227,7 @@ def test_hang_is_agent_timeout() -> None:
     """A model call that never returns: the wall-clock limit kills the harness and its
     turn-limit wrapper (turn_limit.py, shared by both) at once → `agent_timeout`."""
     _need("codex")
-    setup = Setup("codex", timeout_s=10, engine_options={"latency_s": 120})
+    setup = Setup("codex", timeout_s=20, engine_options={"latency_s": 120})  # the call reaches the session
     t0 = time.monotonic()
     rec = asyncio.run(rollouts(setup, shipped(1)))[0]
     o = rec.trajectory.outcome

@@ -191,7 +191,7 @@ def test_a_harness_past_its_time_is_an_agent_timeout() -> None:
     ends the harness → `agent_timeout`, not masked. (A short limit alone is not a hang: idle,
     Gemini CLI resolves the task in ~2 s.)"""
     _need("gemini-cli")
-    setup = Setup("gemini-cli", timeout_s=10, engine_options={"latency_s": 120})
+    setup = Setup("gemini-cli", timeout_s=20, engine_options={"latency_s": 120})  # the call reaches the session
     rec = asyncio.run(rollouts(setup, shipped(1)))[0]
     assert rec.result.agent is not None and rec.result.agent.status is Status.AGENT_TIMEOUT, summary(rec)
     o = rec.trajectory.outcome

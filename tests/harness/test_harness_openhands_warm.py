@@ -90,7 +90,7 @@ async def test_agent_timeout_and_a_killed_driver() -> None:
     """A command that outlives the rollout's limit → agent_timeout (graded, not masked); the
     driver killed mid-rollout → infra_error (masked), and the next rollout starts a new one."""
     engine = scripted(call("terminal", command="echo started; sleep 60", timeout=120), FINISH)
-    setup = Setup("openhands-warm", timeout_s=6)
+    setup = Setup("openhands-warm", timeout_s=15)  # past the first model call: a timeout before it is ours
     cfg = run_config(setup)
     try:
         async with RolloutWorker(cfg, engine) as w:
@@ -128,3 +128,33 @@ async def test_the_driver_is_recycled_between_rollouts() -> None:
     finally:
         await engine.close()
     assert pids[0] is not None and pids[1] is None  # the second rollout started a new one
+
+
+async def test_a_retired_driver_is_replaced_once_no_rollout_runs_on_it() -> None:
+    """`retire` (what the worker calls when a rollout ran out its time before one model call:
+    the driver may be wedged) stops an idle driver at once, and a busy one only after its last
+    rollout ends: the rollouts running on it are not failed for it."""
+    cfg = run_config(Setup("openhands-warm"))
+    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            first, second = shipped(2)
+            pending = asyncio.create_task(w.rollout(first))
+            for _ in range(600):  # until the rollout runs on the driver
+                await asyncio.sleep(0.05)
+                if w.harness.driver.rollouts:
+                    break
+            busy = w.harness.driver.proc
+            await w.harness.retire()
+            assert w.harness.driver.proc is busy and busy.returncode is None  # its rollout still runs on it
+            rec = await asyncio.wait_for(pending, 120)
+            assert rec.trajectory.outcome.status is Status.RESOLVED, summary(rec)
+            assert w.harness.driver.proc is None and busy.returncode is not None  # stopped once idle
+            rec = await asyncio.wait_for(w.rollout(second), 120)
+            assert rec.trajectory.outcome.status is Status.RESOLVED, summary(rec)
+            idle = w.harness.driver.proc
+            assert idle is not None and idle.pid != busy.pid
+            await w.harness.retire()
+            assert w.harness.driver.proc is None and idle.returncode is not None  # idle: at once
+    finally:
+        await engine.close()

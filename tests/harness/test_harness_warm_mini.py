@@ -80,8 +80,8 @@ async def test_commands_run_in_the_sandbox_not_on_the_host(tmp_path: Path) -> No
 
 async def test_command_timeout_and_agent_timeout() -> None:
     cfg = config(
-        {"kind": "scripted", "scripted_completions": [FENCE.format("echo started; sleep 30")]}, agent_timeout_s=4
-    )
+        {"kind": "scripted", "scripted_completions": [FENCE.format("echo started; sleep 120")]}, agent_timeout_s=15
+    )  # long enough for the first model call on a loaded machine: a timeout before it is ours, not the agent's
     rec = (await run(cfg))[0]
     assert rec.trajectory.outcome.status is Status.AGENT_TIMEOUT and not rec.trajectory.outcome.masked
     cfg.harness.options["command_timeout_s"] = 1

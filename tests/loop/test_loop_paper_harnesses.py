@@ -74,7 +74,8 @@ def test_one_gspo_step_inside_the_harness(name: str, tmp_path: Path) -> None:
         items = store.list_trajectories(limit=50)["items"]
         demos = [i for i in items if i["step"] == WARM_START_STEP]
         assert len(demos) == 2 and all(i["status"] == "resolved" for i in demos), [
-            (i["status"], i["n_turns"]) for i in demos
+            (i["harness"], i["status"], i["n_turns"], (store.get_trajectory(i["session_id"]) or {}).get("outcome"))
+            for i in demos
         ]
         rollouts = [i for i in items if i["step"] == 0]
         assert len(rollouts) == 2 * cfg.run.tasks_per_step
