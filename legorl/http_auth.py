@@ -44,8 +44,11 @@ def is_loopback(host: str) -> bool:
 
 
 def new_token() -> str:
-    """A fresh random token (256 bits, URL-safe)."""
-    return secrets.token_urlsafe(32)
+    """A fresh random token (256 bits, URL-safe), never beginning with "-": one in 64 would,
+    and a command line reads such a value after `--token` or `--api-key` as an option."""
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 def policy(what: str, host: str, token: str | None, insecure: bool) -> str | None:

@@ -93,14 +93,13 @@ class WarmOpenHands:
         await self.driver.aclose()
 
     def _argv(self, base_url: str) -> list[str]:
-        """The in-sandbox driver's options (`openhands_driver.parser`) for one conversation."""
+        """The in-sandbox driver's options (`openhands_driver.parser`) for one conversation.
+        Free-form values are joined to their option (`--api-key=...`): the run's secret is
+        URL-safe base64, and one in 64 begins with "-", which argparse would read as an option."""
         return [
-            "--base-url",
-            base_url,
-            "--model",
-            self.model,
-            "--api-key",
-            self.api_key,
+            f"--base-url={base_url}",
+            f"--model={self.model}",
+            f"--api-key={self.api_key}",
             "--workspace",
             "/",  # replaced by the rollout's mirror in the warm driver
             "--prompt-file",

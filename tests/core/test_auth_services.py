@@ -15,7 +15,7 @@ import pytest
 from legorl.engine.registry import EngineConfig
 from legorl.engine.scripted import ScriptedEngine
 from legorl.engine.serve import EngineServer, serve_engine
-from legorl.http_auth import policy
+from legorl.http_auth import new_token, policy
 from legorl.models import load_tokenizer
 from legorl.monitor.demo import write_demo_run
 from legorl.monitor.ui.server import UIServerThread, serve_ui
@@ -66,6 +66,15 @@ def test_policy_insecure_only_on_loopback(monkeypatch: pytest.MonkeyPatch) -> No
         policy("ui", "0.0.0.0", None, insecure=True)
     with pytest.raises(SystemExit, match="only letters"):
         policy("proxy", "127.0.0.1", "a:b", insecure=False)  # ':' separates the session in a key
+
+
+def test_a_fresh_token_never_begins_with_a_dash() -> None:
+    """URL-safe base64 begins with "-" one time in 64; a command line would read such a token
+    after `--token` or `--api-key` as an option (every warm OpenHands rollout of such a run
+    waited out its timeout)."""
+    tokens = [new_token() for _ in range(4000)]  # ~62 would begin with "-" otherwise
+    assert not [t for t in tokens if t.startswith("-")]
+    assert len(set(tokens)) == 4000 and min(map(len, tokens)) >= 43
 
 
 def test_cli_refuses_insecure_off_loopback_in_one_line(tmp_path: Path) -> None:

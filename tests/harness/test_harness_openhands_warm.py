@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 import uuid
 
 import pytest
@@ -156,5 +157,45 @@ async def test_a_retired_driver_is_replaced_once_no_rollout_runs_on_it() -> None
             assert idle is not None and idle.pid != busy.pid
             await w.harness.retire()
             assert w.harness.driver.proc is None and idle.returncode is not None  # idle: at once
+    finally:
+        await engine.close()
+
+
+async def test_a_run_secret_that_begins_with_a_dash_still_reaches_the_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's secret is URL-safe base64: one in 64 begins with "-". Passed as a separate
+    argument, argparse read it as an option, the conversation never started, and every rollout
+    of that run waited out its timeout (found by CI through the mixed config's demonstrations)."""
+    import secrets
+
+    import legorl.loop.worker as worker
+
+    monkeypatch.setattr(worker, "new_token", lambda: "-" + secrets.token_urlsafe(32))
+    cfg = run_config(Setup("openhands-warm", timeout_s=120))
+    engine = make_engine(EngineConfig.model_validate(cfg.engine.model_dump()), load_tokenizer("tiny-qwen3"))
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            assert w.proxy.secret.startswith("-")
+            rec = await asyncio.wait_for(w.rollout(shipped(1)[0]), 120)
+        assert rec.trajectory.outcome.status is Status.RESOLVED, summary(rec)
+    finally:
+        await engine.close()
+
+
+async def test_options_the_driver_cannot_read_end_the_rollout_at_once_as_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    """argparse exits (SystemExit) on what it cannot read; the driver reports that as a crash
+    straight away instead of leaving the host to wait for the rollout until its timeout."""
+    from legorl.harness.openhands_warm import WarmOpenHands
+
+    monkeypatch.setattr(WarmOpenHands, "_argv", lambda self, base_url: ["--no-such-option"])
+    cfg = run_config(Setup("openhands-warm", timeout_s=300))
+    engine = scripted(FINISH)
+    try:
+        async with RolloutWorker(cfg, engine) as w:
+            t0 = time.monotonic()
+            rec = await asyncio.wait_for(w.rollout(shipped(1)[0]), 120)
+        o = rec.trajectory.outcome
+        assert o.status is Status.INFRA_ERROR and o.masked, summary(rec)
+        assert "SystemExit" in str(o.evidence), o.evidence
+        assert time.monotonic() - t0 < 60  # not the 300-s limit
     finally:
         await engine.close()

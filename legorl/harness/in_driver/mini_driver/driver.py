@@ -88,7 +88,8 @@ def run_one(job: dict[str, Any]) -> None:
         result = agent.run(job["task"])
         out.update(exit_status=result.get("exit_status", ""), submission=result.get("submission", ""))
         out["n_calls"] = agent.n_calls
-    except Exception as e:  # noqa: BLE001 - what the agent re-raises (API errors) is reported
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - what the agent re-raises (API errors) is reported
+        # (SystemExit too: a thread that ends without "done" leaves the host waiting until its timeout)
         out.update(exit_status=type(e).__name__, error="".join(traceback.format_exception_only(e))[-2000:])
     warm_protocol.write(out)
 

@@ -93,7 +93,9 @@ def run_one(job: dict[str, Any]) -> None:
         ]
         result.update(oh.run(args, tools=tools, workspace=workspace, on_start=lambda c: _started(rid, c)))
         result["startup"]["import_s"] = 0.0  # paid once, by the driver (its "ready" message)
-    except Exception as e:  # noqa: BLE001 - every failure is reported as data; the host classifies it
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - every failure is data; the host classifies it
+        # SystemExit too: argparse exits on options it cannot read, and a thread that ends
+        # without "done" leaves the host waiting for this rollout until its timeout
         result["status"] = "crashed"
         result["error"] = f"{type(e).__name__}: {e}"
         result["traceback"] = traceback.format_exc()[-4000:]
