@@ -80,7 +80,7 @@ def assert_learns(tmp_path: Path, max_staleness: int, steps: int) -> None:
     assert start <= 0.05  # the untrained policy does not solve these
     assert warm >= start + 0.15  # the warm start taught the commands
     # and GSPO taught where to apply them: on held-out tasks (this slice measured +22 points,
-    # +15 with seed 1; the full quickstart +31) and on its own training rollouts (384 per side)
+    # +15 with seed 1; the full quickstart +31) and, synchronously, on its own training rollouts (384 per side)
     assert end >= warm + 0.05, res
     with sqlite3.connect(tmp_path / "run" / "run.sqlite") as db:
         rate = dict(db.execute("SELECT step, value FROM metrics WHERE key = 'resolved_rate'"))
@@ -89,7 +89,16 @@ def assert_learns(tmp_path: Path, max_staleness: int, steps: int) -> None:
         # two-proportion z-test at 5%), not a fixed margin: the slice's per-step noise is ~±4 points
         # and the rise mostly happens in the first update, so thirds against thirds flaked.
         last = sum(rate[s] for s in range(steps - 3, steps)) / 3
-        assert rise_is_significant(rate[0], 128, last, 384), rate
+        if not max_staleness:
+            assert rise_is_significant(rate[0], 128, last, 384), rate
+        else:
+            # Asynchronously, step 1's rollouts are sampled by the warm-started policy too, and on
+            # the training split (which its demonstrations covered) it starts near its plateau:
+            # one CI run had 47.6% on the 210 rollouts the warm-started version sampled and 50.6%
+            # on the last three steps, while held-out rose 34.4 -> 56.3%. A +3-point rise on these
+            # samples is not significant half the time, so here the check is that the training
+            # rollouts did not collapse; the learning claim is the held-out one above.
+            assert last >= rate[0] - 0.10, rate
         # every rollout of every phase is in the run store, graded
         rows = dict(
             db.execute("SELECT step < 0, count(*) FROM trajectories WHERE status IS NOT NULL GROUP BY step < 0")
