@@ -94,13 +94,18 @@ class RolloutAttempt:
         return timings
 
 
+def asked_the_policy(attempt: RolloutAttempt) -> bool:
+    """Whether the attempt recorded a turn of the policy's own (side calls aside)."""
+    return any(not t.side_call for t in attempt.turns)
+
+
 def silent_exit(attempt: RolloutAttempt) -> str | None:
     """The harness's last words when it failed before its first model call (exit status not 0,
     no turn recorded, no context refusal to explain it): a `no_patch` alone would not say why."""
     run = attempt.result.agent
     if run is None or run.exit_code == 0 or run.timed_out or attempt.context_errors:
         return None
-    if any(not t.side_call for t in attempt.turns):
+    if asked_the_policy(attempt):
         return None
     tail = (run.stderr_tail or run.stdout_tail).strip()
     return tail[-HINT_CHARS:] or f"exit status {run.exit_code}, no output"
@@ -111,7 +116,7 @@ def stalled_before_first_call(attempt: RolloutAttempt) -> str | None:
     started at all and what it last said, so a bare `agent_timeout` shows a startup that never
     finished apart from a first request that got no answer."""
     run = attempt.result.agent
-    if run is None or not run.timed_out or any(not t.side_call for t in attempt.turns):
+    if run is None or not run.timed_out or asked_the_policy(attempt):
         return None
     said = [(n, t.strip()) for n, t in (("stderr", run.stderr_tail), ("stdout", run.stdout_tail))]
     return "\n".join(f"{n}: {t[-HINT_CHARS:]}" for n, t in said if t) or "no output"
