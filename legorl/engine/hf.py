@@ -77,6 +77,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from legorl.compute_thread import in_own_thread
 from legorl.engine.base import EngineError, check_prompt, collect
 from legorl.engine.hf_rows import Outbox, Request, Row, eos_ids
 from legorl.engine.kv_batch import BatchedForward, KVBatch, regroup, row_prefix
@@ -275,7 +276,7 @@ class HFEngine:
             self.policy_version = int(version)  # the generation thread empties the prefix store on seeing it
 
     async def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        await asyncio.to_thread(self.load_state_dict, state_dict, version)
+        await in_own_thread(self.load_state_dict, state_dict, version)
 
     async def update_weights_from_disk(self, path: str | Path, version: int) -> None:
         """Load an HF checkpoint directory (same architecture) and copy its weights in."""
@@ -286,7 +287,7 @@ class HFEngine:
             fresh = load_model(str(path), "cpu", "float32", "eager")
             self.load_state_dict(fresh.state_dict(), version)
 
-        await asyncio.to_thread(load)
+        await in_own_thread(load)
 
     # ---- generation thread --------------------------------------------------------------
 

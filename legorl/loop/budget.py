@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from legorl.compute_thread import in_own_thread
 from legorl.loop.config import RunConfig
 from legorl.loop.errors import RunError
 from legorl.types import SamplingParams
@@ -95,7 +96,7 @@ async def check_budget(cfg: RunConfig, trainer: Any, engine: Any, tokenizer: Any
     p0 = first_prompt_tokens(tokenizer, statement)
     n = max(16, min(512, cfg.trainer.max_tokens_per_microbatch - 1))  # small calls understate throughput
     # best of two: the first call pays one-off costs (thread pools, allocator, lazy init)
-    train_tps = max([await asyncio.to_thread(trainer_tokens_per_s, trainer, n) for _ in range(2)])
+    train_tps = max([await in_own_thread(trainer_tokens_per_s, trainer, n) for _ in range(2)])
     prefill_tps = None
     if cfg.engine.kind == "hf" and cfg.engine.device == "cpu":
         vocab = trainer.lm.get_input_embeddings().weight.shape[0]

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from legorl.compute_thread import in_own_thread
 from legorl.engine.base import EngineError
 from legorl.engine.registry import make_engine
 from legorl.loop import memory
@@ -110,7 +111,7 @@ async def warm_start(run: Run) -> list[Trajectory] | None:
     cfg, trainer, ws = run.cfg, run.trainer, run.cfg.warm_start
     if ws.checkpoint is not None:
         try:
-            loaded = await asyncio.to_thread(trainer.load_weights, ws.checkpoint)
+            loaded = await in_own_thread(trainer.load_weights, ws.checkpoint)
         except ValueError as e:
             raise RunError(f"warm_start.checkpoint: {e} (trainer.model is {cfg.trainer.model!r})") from None
         run.console.print(f"warm start: weights from {loaded}")
@@ -150,7 +151,7 @@ async def warm_start(run: Run) -> list[Trajectory] | None:
     def log(step: int, m: dict[str, float]) -> None:
         run.store.log_metrics(WARM_START_STEP, {**m, "sft/step": float(step)})
 
-    await asyncio.to_thread(trainer.sft, demos, ws.sft_config(cfg.run.seed), log)
+    await in_own_thread(trainer.sft, demos, ws.sft_config(cfg.run.seed), log)
     trainer.bump_version()  # new weights: turns sampled from now on say so
     await trainer.sync_weights()
     return demos if ws.control_steps else None
@@ -217,7 +218,7 @@ async def control(run: Run) -> None:
     trainer.restore(start.weights)
     demos = start.demos
     del start  # the loaded copy of the weights and AdamW state: not kept through the control's SFT
-    await asyncio.to_thread(trainer.sft, demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
+    await in_own_thread(trainer.sft, demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
     trainer.bump_version()
     await trainer.sync_weights()
 
@@ -274,7 +275,7 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
     sampled_by = trainer.version  # the weights these rollouts were (mostly) sampled with
     if run.ranks > 1:
         broadcast((trajs, step + 1))
-    metrics = await asyncio.to_thread(
+    metrics = await in_own_thread(
         trainer.step,
         trajs,
         data_state={**trainer.data_state, "next_step": step + 1},  # and the run's id (run_dir.py)
@@ -299,7 +300,7 @@ async def train_on(run: Run, records: list[RolloutRecord], step: int, t0: float,
     store.log_metrics(step, metrics)
     store.end_step(step)  # closed in the store before its checkpoint is published (a resume skips it)
     if trainer.checkpoint_due():  # the same collective order as the followers' train_step: save, then sync
-        await asyncio.to_thread(save_or_fail, trainer, f"step {step}", step)
+        await in_own_thread(save_or_fail, trainer, f"step {step}", step)
     try:
         await trainer.sync_weights()
     except (EngineError, OSError) as e:

@@ -24,7 +24,6 @@ the store holds every committed record.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
@@ -33,6 +32,7 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
+from legorl.compute_thread import in_own_thread
 from legorl.engine.registry import make_engine
 from legorl.loop import memory, phases
 from legorl.loop.budget import check_budget
@@ -246,7 +246,7 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
         if ran and run.ranks == 1:  # a kill in step 0 resumes at step 0 without redoing these (under
             # torchrun a checkpoint is a collective the followers join only in train_step)
             after = "the warm start" if cfg.warm_start.enabled else "the held-out start evaluation"
-            await asyncio.to_thread(phases.save_or_fail, trainer, after, None)
+            await in_own_thread(phases.save_or_fail, trainer, after, None)
     elif run.heldout and cfg.warm_start.enabled and cfg.warm_start.control_steps:  # resumed after the warm start
         control = phases.control_start_kept(run)
         if not control:

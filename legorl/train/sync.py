@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from legorl.compute_thread import in_own_thread
 from legorl.engine.base import WeightsFromDisk, WeightsInPlace
 
 
@@ -76,7 +77,7 @@ class DiskSync:
         self.untie = untie
 
     async def push(self, lm: nn.Module, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        path = await asyncio.to_thread(self._write, lm, state_dict, version)
+        path = await in_own_thread(self._write, lm, state_dict, version)
         await asyncio.gather(*(e.update_weights_from_disk(path, version) for e in self.engines))
         self._prune()
 

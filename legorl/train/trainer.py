@@ -14,7 +14,6 @@ the engines (`sync.py`) and `await train_step(...)` does both. Checkpoints are w
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import logging
 import time
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from legorl.compute_thread import in_own_thread
 from legorl.config import ConfigError
 from legorl.packed_families import packing_refusal
 from legorl.train import checkpoint as ckpt
@@ -403,7 +403,7 @@ class Trainer:
         """Push the current weights as `self.version` through the configured WeightSync."""
         if self.weight_sync is None:
             return
-        state = await asyncio.to_thread(self.state_dict_for_engines)
+        state = await in_own_thread(self.state_dict_for_engines)
         if self.dist.is_main:
             await self.weight_sync.push(self.lm, state, self.version)
 
@@ -415,7 +415,7 @@ class Trainer:
         advantages: Advantages | None = None,
     ) -> dict[str, float]:
         """`step` off the event loop, then `sync_weights`."""
-        metrics = await asyncio.to_thread(self.step, trajectories, data_state=data_state, advantages=advantages)
+        metrics = await in_own_thread(self.step, trajectories, data_state=data_state, advantages=advantages)
         await self.sync_weights()
         return metrics
 
