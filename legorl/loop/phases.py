@@ -212,12 +212,15 @@ async def control(run: Run) -> None:
     from `control_start.pt`, then dropped), `control_steps` more SFT steps at the final SFT
     learning rate, sync the engine."""
     trainer = run.trainer
-    start = load_control_start(run)
-    if start is None:
-        raise RunError(f"no {CONTROL_START_FILE} in {run.cfg.run.dir}: the control cannot start")
-    trainer.restore(start.weights)
-    demos = start.demos
-    del start  # the loaded copy of the weights and AdamW state: not kept through the control's SFT
+
+    def restored() -> list[Trajectory]:
+        start = load_control_start(run)
+        if start is None:
+            raise RunError(f"no {CONTROL_START_FILE} in {run.cfg.run.dir}: the control cannot start")
+        trainer.restore(start.weights)
+        return start.demos  # the loaded copy of the weights and AdamW state is not kept through the SFT
+
+    demos = await in_own_thread(restored)
     await in_own_thread(trainer.sft, demos, run.cfg.warm_start.control_config(run.cfg.run.seed))
     trainer.bump_version()
     await trainer.sync_weights()

@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from legorl.compute_thread import in_own_thread
 from legorl.engine.base import Engine, ServesModelDir, WeightsFromDisk, WeightsInPlace
 from legorl.harness.actions import format_of
 from legorl.harness.install import HarnessNotInstalled
@@ -119,7 +120,7 @@ async def resume_from_checkpoint(trainer: Trainer, check: Callable[[Path, dict[s
             f"--resume: no checkpoint in {trainer.cfg.checkpoint_dir}: nothing to resume "
             "(start the run again with --overwrite)"
         )
-    trainer.load_checkpoint(ckpt)
+    await in_own_thread(trainer.load_checkpoint, ckpt)
     if check is not None:
         check(ckpt, trainer.data_state)
     await trainer.sync_weights()  # the engine must sample from the restored weights

@@ -230,10 +230,10 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
         if cfg.warm_start.enabled:
             demos = await timed("warm_start", phases.warm_start(run))
             if demos is not None and run.heldout:  # a resume still runs the control from it
-                phases.keep_control_start(run, demos)
+                await in_own_thread(phases.keep_control_start, run, demos)
                 control = True
             if cfg.warm_start.episodes and cfg.warm_start.gspo_moments == "fresh":
-                trainer.fresh_moments()  # after the control's start kept the SFT's own
+                await in_own_thread(trainer.fresh_moments)  # after the control's start kept the SFT's own
             if "warm_start" in at:
                 await timed("eval_warm_start", phases.evaluate(run, "warm_start"))
         trainer.data_state = {
@@ -254,7 +254,7 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
                 f"[yellow]no {CONTROL_START_FILE} in {cfg.run.dir} (written by an older legorl): "
                 "the control is not run[/yellow]"
             )
-    phases.hold_kl_reference(run)  # after the warm start, before the first GSPO update
+    await in_own_thread(phases.hold_kl_reference, run)  # after the warm start, before the first GSPO update
     t_gspo = time.monotonic()
     memory.release()  # each step's `mem/peak_rss_gb` is its own (memory.step_memory)
     memory.reset_peak()
