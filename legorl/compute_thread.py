@@ -13,7 +13,10 @@ of the work alone: its one worker did a third of its CPU). A thread that exits f
 calls. Measured by `bench/omp_teams.py`, recorded in docs/measured.md.
 
 Use it for every call that runs torch kernels while an in-process engine may serve: SFT, GSPO
-steps, weight copies and writes, checkpoints. A thread costs ~0.1 ms; these calls take seconds.
+steps, weight copies and writes, checkpoints, and `torch.save`/`torch.load` of weights. The
+event loop's own thread counts too: it lives as long as the run, so one parallel region there
+(a `torch.save` of the weights copies them in parallel) keeps a team for the rest of it.
+A thread costs ~0.1 ms; these calls take seconds.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ async def _phases(run: Run, start: int, summary: dict[str, Any], trackers: Track
                 await in_own_thread(phases.keep_control_start, run, demos)
                 control = True
             if cfg.warm_start.episodes and cfg.warm_start.gspo_moments == "fresh":
-                await in_own_thread(trainer.fresh_moments)  # after the control's start kept the SFT's own
+                trainer.fresh_moments()  # after the control's start kept the SFT's own
             if "warm_start" in at:
                 await timed("eval_warm_start", phases.evaluate(run, "warm_start"))
         trainer.data_state = {
