@@ -86,3 +86,49 @@ def train(config: Path, launcher: list[str] = LEGORL) -> subprocess.CompletedPro
     return subprocess.run(
         [*launcher, "train", str(config)], cwd=config.parent, capture_output=True, text=True, timeout=900, check=False
     )
+
+
+def calc_warm_start_config(
+    run_dir: Path, agent: Path, *, heldout: int, run: str = "", engine: str = "", trainer: str = ""
+) -> str:
+    """The smallest run through every phase: one GSPO step of one calc task through the
+    `command` harness (`agent`) on the tiny hf model, a warm start by the quickstart's
+    demonstrator with its control, and held-out evaluations after the warm start and at the
+    end. `run`, `engine`, `trainer`: more lines for those tables."""
+    return f"""
+[run]
+dir = "{run_dir}"
+tasks = "quickstart-calc"
+steps = 1
+tasks_per_step = 1
+group_size = 2
+{run}
+[calc_tasks]
+train = 8
+heldout = 4
+[heldout]
+tasks = {heldout}
+at = ["warm_start", "end"]
+[engine]
+kind = "hf"
+model = "quickstart-qwen3"
+{engine}
+[proxy]
+max_tokens = 4
+[harness]
+name = "command"
+command_file = "{agent}"
+[trainer]
+model = "quickstart-qwen3"
+lr = 1e-5
+{trainer}
+[warm_start]
+episodes = 2
+steps = 2
+batch_size = 2
+warmup_steps = 0
+control_steps = 2
+[warm_start.engine]
+kind = "quickstart-expert"
+model = "quickstart-qwen3"
+"""

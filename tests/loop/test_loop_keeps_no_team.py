@@ -17,46 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.helpers.loop_util import one_call_agent
+from tests.helpers.loop_util import calc_warm_start_config, one_call_agent
 from tests.helpers.paths import ROOT
-
-CONFIG = """
-[run]
-dir = "{dir}"
-tasks = "quickstart-calc"
-steps = 1
-tasks_per_step = 1
-group_size = 2
-max_concurrent_rollouts = 2
-[calc_tasks]
-train = 8
-heldout = 4
-[heldout]
-tasks = 2
-at = ["warm_start", "end"]
-[engine]
-kind = "hf"
-model = "quickstart-qwen3"
-num_threads = 2
-[proxy]
-max_tokens = 4
-[harness]
-name = "command"
-command_file = "{agent}"
-[trainer]
-model = "quickstart-qwen3"
-lr = 1e-5
-kl_coef = 0.1
-[warm_start]
-episodes = 2
-steps = 2
-batch_size = 2
-warmup_steps = 0
-control_steps = 2
-[warm_start.engine]
-kind = "quickstart-expert"
-model = "quickstart-qwen3"
-"""
 
 SCRIPT = """
 import asyncio, json, os, threading, time
@@ -91,7 +53,16 @@ def test_a_run_leaves_no_openmp_team_on_any_thread(tmp_path: Path) -> None:
     agent = tmp_path / "agent.sh"
     agent.write_text(one_call_agent(max_tokens=4))
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.format(dir=tmp_path / "run", agent=agent))
+    config.write_text(
+        calc_warm_start_config(
+            tmp_path / "run",
+            agent,
+            heldout=2,
+            run="max_concurrent_rollouts = 2",
+            engine="num_threads = 2",
+            trainer="kl_coef = 0.1",
+        )
+    )
     env = {**os.environ, "RUN_CONFIG": str(config), "TOKENIZERS_PARALLELISM": "false"}
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(SCRIPT)],

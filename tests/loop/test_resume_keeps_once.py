@@ -23,46 +23,11 @@ from pathlib import Path
 import pytest
 
 from legorl.loop.report import RESULTS_FILE, is_complete
-from tests.helpers.loop_util import one_call_agent
+from tests.helpers.loop_util import calc_warm_start_config, one_call_agent
 
 LEGORL = [sys.executable, "-m", "legorl.cli"]
 HELDOUT = 3
 AGENT = one_call_agent(max_tokens=4, sleep_s=1)
-CONFIG = f"""
-[run]
-dir = "{{dir}}"
-tasks = "quickstart-calc"
-steps = 1
-tasks_per_step = 1
-group_size = 2
-max_concurrent_rollouts = 1
-[calc_tasks]
-train = 8
-heldout = 4
-[heldout]
-tasks = {HELDOUT}
-at = ["warm_start", "end"]
-[engine]
-kind = "hf"
-model = "quickstart-qwen3"
-[proxy]
-max_tokens = 4
-[harness]
-name = "command"
-command_file = "{{agent}}"
-[trainer]
-model = "quickstart-qwen3"
-lr = 1e-5
-[warm_start]
-episodes = 2
-steps = 2
-batch_size = 2
-warmup_steps = 0
-control_steps = 2
-[warm_start.engine]
-kind = "quickstart-expert"
-model = "quickstart-qwen3"
-"""
 
 
 def _count(run_dir: Path, sql: str) -> int:
@@ -80,7 +45,9 @@ def resumed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("keeps_once")
     (root / "agent.sh").write_text(AGENT)
     config = root / "run.toml"
-    config.write_text(CONFIG.format(dir=root / "run", agent=root / "agent.sh"))
+    config.write_text(
+        calc_warm_start_config(root / "run", root / "agent.sh", heldout=HELDOUT, run="max_concurrent_rollouts = 1")
+    )
     run_dir = root / "run"
     graded_end = "SELECT count(*) FROM trajectories WHERE session_id LIKE 'eval-end-%' AND status IS NOT NULL"
     proc = subprocess.Popen(
